@@ -1,0 +1,89 @@
+// The only translation unit that includes torch headers: it turns tensors into FwdParams and
+// calls a kernel library's launcher on the current stream. Registered as the torch op
+// flashtune_C::fwd; flashtune/ops.py wraps it in the public custom op.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "common/params.h"
+
+namespace {
+
+// Python validates every input with a clear message first; these checks only keep a bad
+// internal call from becoming an out-of-bounds kernel.
+void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const at::Tensor& out, const std::optional<at::Tensor>& lse,
+         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale) {
+  TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
+  TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
+              "flashtune: last dimension must be contiguous");
+  const bool varlen = cu_seqlens_q.has_value();
+  TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flashtune: cu_seqlens_q and cu_seqlens_k together");
+  TORCH_CHECK(q.dim() == (varlen ? 3 : 4), "flashtune: q has the wrong rank");
+
+  flashtune::FwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  const int r = varlen ? 0 : 1;  // index of the sequence dimension
+  p.q_batch_stride = varlen ? 0 : q.stride(0);
+  p.k_batch_stride = varlen ? 0 : k.stride(0);
+  p.v_batch_stride = varlen ? 0 : v.stride(0);
+  p.o_batch_stride = varlen ? 0 : out.stride(0);
+  p.q_row_stride = q.stride(r), p.q_head_stride = q.stride(r + 1);
+  p.k_row_stride = k.stride(r), p.k_head_stride = k.stride(r + 1);
+  p.v_row_stride = v.stride(r), p.v_head_stride = v.stride(r + 1);
+  p.o_row_stride = out.stride(r), p.o_head_stride = out.stride(r + 1);
+  p.heads_q = int32_t(q.size(r + 1));
+  p.heads_kv = int32_t(k.size(r + 1));
+  TORCH_CHECK(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "flashtune: heads_q % heads_kv");
+  p.head_ratio = p.heads_q / p.heads_kv;
+  if (varlen) {
+    p.cu_seqlens_q = cu_seqlens_q->data_ptr<int32_t>();
+    p.cu_seqlens_k = cu_seqlens_k->data_ptr<int32_t>();
+    p.batch = int32_t(cu_seqlens_q->numel() - 1);
+    p.seqlen_q = int32_t(max_seqlen_q);
+    p.seqlen_k = int32_t(max_seqlen_k);
+    if (lse.has_value()) {  // (heads, total_q)
+      p.lse_batch_stride = 0;
+      p.lse_head_stride = lse->stride(0);
+    }
+  } else {
+    p.batch = int32_t(q.size(0));
+    p.seqlen_q = int32_t(q.size(1));
+    p.seqlen_k = int32_t(k.size(1));
+    if (lse.has_value()) {  // (batch, heads, seqlen_q)
+      p.lse_batch_stride = lse->stride(0);
+      p.lse_head_stride = lse->stride(1);
+    }
+  }
+  p.softmax_scale = float(softmax_scale);
+  p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  if (p.batch == 0 || p.seqlen_q == 0) return;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  auto fn = reinterpret_cast<flashtune::FwdLaunchFn>(launcher);
+  const int err = fn(&p, stream);
+  TORCH_CHECK(err == 0, "flashtune: kernel launch failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY(flashtune_C, m) {
+  m.def(
+      "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
+      "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+      "float softmax_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) { m.impl("fwd", &fwd); }

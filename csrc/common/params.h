@@ -1,0 +1,37 @@
+// The arguments of one attention forward launch, shared by every kernel family.
+// Plain C++ (no torch, no CUDA headers) so kernels compile fast; binding.cpp fills it.
+#pragma once
+#include <stdint.h>
+
+namespace flashtune {
+
+struct FwdParams {
+  const void* q;  // (batch, seqlen_q, heads_q, hdim) or varlen (total_q, heads_q, hdim)
+  const void* k;  // (batch, seqlen_k, heads_kv, hdim) or varlen (total_k, heads_kv, hdim)
+  const void* v;
+  void* o;        // same layout as q
+  float* lse;     // (batch, heads_q, seqlen_q) or varlen (heads_q, total_q); may be null
+
+  // Varlen: int32 prefix sums of length batch+1; null for fixed-length batches.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+
+  // Strides in elements. The last dimension is contiguous.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;  // varlen: batch offset is cu_seqlens_q[b]
+
+  int32_t batch, heads_q, heads_kv, head_ratio;  // head_ratio = heads_q / heads_kv (GQA)
+  int32_t seqlen_q, seqlen_k;                     // fixed lengths, or the maxima for varlen
+
+  float softmax_scale;       // natural-log domain, for the LSE
+  float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works with exp2
+};
+
+// Every generated kernel library exports `<kernel name>_launch` with this signature.
+// Returns a cudaError_t value (0 = success).
+typedef int (*FwdLaunchFn)(const FwdParams* params, void* stream);
+
+}  // namespace flashtune

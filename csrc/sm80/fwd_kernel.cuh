@@ -1,0 +1,298 @@
+// FlashAttention-2-style forward for sm_80 and newer: mma.sync m16n8k16, ldmatrix, a cp.async
+// K/V ring in swizzled shared memory, online softmax in the exp2 domain.
+//
+// One CTA computes kBlockM query rows of one (batch, head); each warp owns kRowsPerWarp of them,
+// so the softmax needs no cross-warp communication. The generated translation unit wraps
+// fwd_body<Traits> in an extern "C" kernel whose name spells out the configuration.
+#pragma once
+#include <math.h>
+
+#include "common/params.h"
+#include "common/ptx_sm80.cuh"
+#include "sm80/kernel_traits.cuh"
+
+namespace flashtune {
+namespace sm80 {
+
+// Copies `kRows` rows of a [rows][kHeadDim] tile into swizzled shared memory; rows at or beyond
+// `rows_valid` are zero-filled (their source address is clamped to row 0 and never read).
+// Each thread keeps one column chunk and walks rows kRowsPerPass apart, so its addresses are a
+// base plus compile-time steps rather than one live register pair per chunk.
+template <class T, int kRows>
+__device__ __forceinline__ void load_tile_async(typename T::Elem* smem, const typename T::Elem* gmem,
+                                                int64_t row_stride, int rows_valid, int tid) {
+  constexpr int kRowsPerPass = T::kThreads / T::kChunksPerRow;
+  static_assert(T::kThreads % T::kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "even split");
+  const int row0 = tid / T::kChunksPerRow;
+  const int col = (tid % T::kChunksPerRow) * 8;
+  // 32-bit in-tile offsets (a tile spans < 2^31 elements); the tile base pointer is 64-bit.
+  const int step = kRowsPerPass * int(row_stride);
+  int offset = row0 * int(row_stride) + col;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    const bool valid = row < rows_valid;
+    cp_async_16(smem + swizzled<T::kHeadDim>(row, col), gmem + (valid ? offset : col), valid);
+    offset += step;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void fwd_body(const FwdParams& p) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
+  constexpr int MT = T::kMTiles;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + T::kQElems;                    // kStages buffers of [BN][D]
+  Elem* sV = sK + T::kStages * T::kKVElems;      // kStages buffers of [BN][D]
+
+  // Causal CTAs run heaviest (longest rows) first so the tail of the grid is short.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / p.head_ratio;
+
+  // Sequence extents and offsets of this batch entry (varlen reads them from cu_seqlens).
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  int64_t q_off = int64_t(batch) * p.q_batch_stride, k_off = int64_t(batch) * p.k_batch_stride;
+  int64_t v_off = int64_t(batch) * p.v_batch_stride, o_off = int64_t(batch) * p.o_batch_stride;
+  int64_t lse_off = int64_t(batch) * p.lse_batch_stride;
+  if (p.cu_seqlens_q != nullptr) {
+    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
+    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
+    q_off = int64_t(q_start) * p.q_row_stride;
+    o_off = int64_t(q_start) * p.o_row_stride;
+    k_off = int64_t(k_start) * p.k_row_stride;
+    v_off = int64_t(k_start) * p.v_row_stride;
+    lse_off = q_start;
+  }
+  if (m_block * BM >= seqlen_q) return;  // uniform across the CTA: no barrier is skipped
+
+  const Elem* gQ = static_cast<const Elem*>(p.q) + q_off + int64_t(head) * p.q_head_stride +
+                   int64_t(m_block) * BM * p.q_row_stride;
+  const Elem* gK = static_cast<const Elem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + v_off + int64_t(kv_head) * p.v_head_stride;
+
+  // Bottom-right causal: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
+  const int causal_shift = seqlen_k - seqlen_q;
+  int n_blocks = (seqlen_k + BN - 1) / BN;
+  if (T::kCausal) {
+    const int last_visible = (m_block + 1) * BM - 1 + causal_shift;  // of the CTA's last row
+    n_blocks = min(n_blocks, last_visible < 0 ? 0 : last_visible / BN + 1);
+  }
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
+  const int warp_row = warp * T::kRowsPerWarp;
+
+  // ---- Prologue: groups [Q + K0], V0, K1, V1, ..., K(S-1). Empty groups keep counts uniform.
+  const int rows_q = seqlen_q - m_block * BM;
+  load_tile_async<T, BM>(sQ, gQ, p.q_row_stride, rows_q, tid);
+#pragma unroll
+  for (int s = 0; s < T::kStages; ++s) {
+    if (s > 0) {
+      if (s - 1 < n_blocks)
+        load_tile_async<T, BN>(sV + (s - 1) * T::kKVElems, gV + int64_t(s - 1) * BN * p.v_row_stride,
+                               p.v_row_stride, seqlen_k - (s - 1) * BN, tid);
+      cp_async_commit();
+    }
+    if (s < n_blocks)
+      load_tile_async<T, BN>(sK + s * T::kKVElems, gK + int64_t(s) * BN * p.k_row_stride,
+                             p.k_row_stride, seqlen_k - s * BN, tid);
+    cp_async_commit();
+  }
+
+  float acc_o[MT][T::kOTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < T::kOTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.f;
+  float row_max[MT][2], row_sum[MT][2];  // rows g and g+8 of each m tile
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[mt][r] = -INFINITY;
+      row_sum[mt][r] = 0.f;
+    }
+  const float scale_log2 = p.softmax_scale_log2;
+
+  for (int j = 0; j < n_blocks; ++j) {
+    const int stage = j % T::kStages;
+    const Elem* sKj = sK + stage * T::kKVElems;
+    const Elem* sVj = sV + stage * T::kKVElems;
+
+    cp_async_wait<T::kPendingGroups>();  // K_j (and Q) landed
+    __syncthreads();                     // ... for every thread; and P V_(j-1) is done everywhere
+    {
+      const int jv = j + T::kStages - 1;  // refill the V buffer that P V_(j-1) just released
+      if (jv < n_blocks)
+        load_tile_async<T, BN>(sV + (jv % T::kStages) * T::kKVElems,
+                               gV + int64_t(jv) * BN * p.v_row_stride, p.v_row_stride,
+                               seqlen_k - jv * BN, tid);
+      cp_async_commit();
+    }
+
+    // ---- S = Q K_j^T
+    float acc_s[MT][T::kSTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int row = warp_row + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldmatrix_x4(a[mt], sQ + swizzled<D>(row, kk * 16 + (lane >> 4) * 8));
+      }
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; nt += 2) {
+        uint32_t b[4];  // b0,b1 of n tile nt, then of nt+1
+        const int key = nt * 8 + (lane >> 4) * 8 + (lane & 7);
+        ldmatrix_x4(b, sKj + swizzled<D>(key, kk * 16 + ((lane >> 3) & 1) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(acc_s[mt][nt], a[mt], b[0], b[1]);
+          mma_16816<Elem>(acc_s[mt][nt + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+
+    // ---- Masks: only the last (tail) block and, for causal, blocks crossing the diagonal.
+    const bool tail = (j + 1) * BN > seqlen_k;
+    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_block * BM + causal_shift;
+    if (tail || diagonal) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = j * BN + nt * 8 + 2 * t + (e & 1);
+            const int row = m_block * BM + warp_row + mt * 16 + g + 8 * (e >> 1);
+            if (col >= seqlen_k || (T::kCausal && col > row + causal_shift))
+              acc_s[mt][nt][e] = -INFINITY;
+          }
+    }
+
+    // ---- Online softmax (exp2 domain, scale folded into one FMA per score).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float m = row_max[mt][r];
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt)
+          m = fmaxf(m, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));  // a row lives in one quad
+        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+        // A row that has seen only masked keys keeps max -inf: subtract 0, not -inf (no NaN).
+        const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        row_max[mt][r] = m;
+        row_sum[mt][r] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < T::kOTiles; ++dt) {
+          acc_o[mt][dt][2 * r] *= alpha;
+          acc_o[mt][dt][2 * r + 1] *= alpha;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[mt][nt][e] = fast_exp2(fmaf(acc_s[mt][nt][e], scale_log2, -m_scaled));
+            sum += acc_s[mt][nt][e];
+          }
+        row_sum[mt][r] += sum;  // per-thread partial; reduced across the quad at the end
+      }
+
+    // P in 16 bits as MMA A fragments: two adjacent n8 tiles of S form one k16 fragment, so this
+    // is a pure reshape, and the f32 scores die here rather than living through P V.
+    uint32_t frag_p[MT][BN / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        frag_p[mt][kk][0] = pack2<Elem>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        frag_p[mt][kk][1] = pack2<Elem>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        frag_p[mt][kk][2] = pack2<Elem>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        frag_p[mt][kk][3] = pack2<Elem>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+
+    cp_async_wait<T::kPendingGroups>();  // V_j landed
+    __syncthreads();                     // ... for every thread; and every warp is done with K_j
+    {
+      const int jk = j + T::kStages;  // refill the K buffer that S_j just released
+      if (jk < n_blocks)
+        load_tile_async<T, BN>(sK + stage * T::kKVElems, gK + int64_t(jk) * BN * p.k_row_stride,
+                               p.k_row_stride, seqlen_k - jk * BN, tid);
+      cp_async_commit();
+    }
+
+    // ---- O += P V_j
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int dt = 0; dt < T::kOTiles; dt += 2) {
+        uint32_t b[4];  // transposed: (key 2t.., dim g) fragments of d tiles dt and dt+1
+        const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        ldmatrix_x4_trans(b, sVj + swizzled<D>(key, dt * 8 + (lane >> 4) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(acc_o[mt][dt], frag_p[mt][kk], b[0], b[1]);
+          mma_16816<Elem>(acc_o[mt][dt + 1], frag_p[mt][kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // ---- Epilogue: normalise, stage O through shared memory (Q's buffer), 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading sQ; no copy is still landing
+  Elem* gO = static_cast<Elem*>(p.o) + o_off + int64_t(head) * p.o_head_stride +
+             int64_t(m_block) * BM * p.o_row_stride;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[mt][r];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      // A row that sees no key (causal with seqlen_k < seqlen_q, or seqlen_k = 0): O = 0, LSE = -inf.
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int row = warp_row + mt * 16 + g + 8 * r;
+#pragma unroll
+      for (int dt = 0; dt < T::kOTiles; ++dt) {
+        const uint32_t packed =
+            pack2<Elem>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(sQ + swizzled<D>(row, dt * 8 + 2 * t)) = packed;
+      }
+      if (p.lse != nullptr && t == 0 && m_block * BM + row < seqlen_q) {
+        const float lse = l > 0.f ? row_max[mt][r] * p.softmax_scale + logf(l) : -INFINITY;
+        p.lse[lse_off + int64_t(head) * p.lse_head_stride + m_block * BM + row] = lse;
+      }
+    }
+  __syncwarp();  // each warp stores only the rows it wrote
+#pragma unroll
+  for (int i = 0; i < T::kRowsPerWarp * T::kChunksPerRow / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int row = warp_row + c / T::kChunksPerRow;
+    const int col = (c % T::kChunksPerRow) * 8;
+    if (m_block * BM + row < seqlen_q)
+      *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + col) =
+          *reinterpret_cast<const uint4*>(sQ + swizzled<D>(row, col));
+  }
+}
+
+}  // namespace sm80
+}  // namespace flashtune

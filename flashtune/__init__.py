@@ -1,0 +1,18 @@
+"""flashtune: build, verify, benchmark and tune our own attention kernels for the GPU at hand.
+
+`import flashtune` stays light (the CLI starts fast); the attention functions and torch are
+loaded on first use of these names.
+"""
+__version__ = "0.1.0"
+
+_OPS = ("flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
+        "FlashtuneInputError")
+__all__ = ["__version__", *_OPS]
+
+
+def __getattr__(name):
+    if name in _OPS:
+        from flashtune import ops
+
+        return getattr(ops, name)
+    raise AttributeError(f"module 'flashtune' has no attribute {name!r}")

@@ -1,0 +1,4 @@
+"""`python -m flashtune` runs the CLI."""
+from flashtune.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""Architecture facts as data: the one table every other module asks.
+
+Popular articles get several of these wrong (the RTX 5090 is sm_120, not sm_89; the
+4090 does have FP8 tensor cores; wgmma exists only on sm_90a), so they live here once.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    name: str  # nvcc target, e.g. "sm_89", "sm_90a"
+    compute_capability: tuple[int, int]
+    mma_sync: bool  # f16/bf16 mma.sync (the sm80 kernel family)
+    fp8: bool  # FP8 (e4m3/e5m2) tensor cores
+    tma: bool  # Tensor Memory Accelerator
+    wgmma: bool  # warpgroup MMA (the sm90 kernel family); needs the "a" target
+    max_smem_per_block: int  # bytes, opt-in maximum for one CTA
+    smem_per_sm: int  # bytes
+    max_threads_per_sm: int
+    min_nvcc: tuple[int, int]  # oldest nvcc that can target this arch
+    torch_arch_list: str  # TORCH_CUDA_ARCH_LIST entry for builds
+    example_gpus: tuple[str, ...]
+
+    @property
+    def compute_capability_str(self) -> str:
+        return "{}.{}".format(*self.compute_capability)
+
+
+_KB = 1024
+
+ARCHS: dict[str, ArchFacts] = {
+    a.name: a
+    for a in (
+        ArchFacts("sm_80", (8, 0), True, False, False, False, 163 * _KB, 164 * _KB, 2048,
+                  (11, 0), "8.0", ("A100", "A30", "A800")),
+        ArchFacts("sm_86", (8, 6), True, False, False, False, 99 * _KB, 100 * _KB, 1536,
+                  (11, 1), "8.6", ("RTX 3090", "RTX A6000", "A10", "A40")),
+        ArchFacts("sm_89", (8, 9), True, True, False, False, 99 * _KB, 100 * _KB, 1536,
+                  (11, 8), "8.9", ("RTX 4090", "L40S", "L4")),
+        # Plain sm_90: what the sm80 family compiles to on an H100/H200. TMA and FP8
+        # mma.sync compile here; wgmma and setmaxnreg need sm_90a.
+        ArchFacts("sm_90", (9, 0), True, True, True, False, 227 * _KB, 228 * _KB, 2048,
+                  (12, 0), "9.0", ("H100", "H200", "H800")),
+        ArchFacts("sm_90a", (9, 0), True, True, True, True, 227 * _KB, 228 * _KB, 2048,
+                  (12, 0), "9.0a", ("H100", "H200", "H800")),
+        # Blackwell datacenter: tcgen05 replaces wgmma.
+        ArchFacts("sm_100a", (10, 0), True, True, True, False, 227 * _KB, 228 * _KB, 2048,
+                  (12, 8), "10.0a", ("B200", "GB200")),
+        ArchFacts("sm_120", (12, 0), True, True, True, False, 99 * _KB, 100 * _KB, 1536,
+                  (12, 8), "12.0", ("RTX 5090", "RTX PRO 6000")),
+    )
+}
+
+# Compute capability -> the arch flashtune builds for. 9.0 maps to sm_90a because the
+# Hopper kernels need it; plain sm_90 is only reachable by asking for it by name.
+_ARCH_FOR_CC: dict[tuple[int, int], str] = {
+    (8, 0): "sm_80",
+    (8, 6): "sm_86",
+    (8, 9): "sm_89",
+    (9, 0): "sm_90a",
+    (10, 0): "sm_100a",
+    (12, 0): "sm_120",
+}
+
+# GPU name pattern -> compute capability, for `--gpu NAME`. Matching picks the longest
+# pattern contained in the name, so "A100" beats "A10" and "L40S" beats "L4".
+KNOWN_GPUS: dict[str, tuple[int, int]] = {
+    "A100": (8, 0), "A800": (8, 0), "A30": (8, 0),
+    "RTX 3090": (8, 6), "RTX 3080": (8, 6), "RTX A6000": (8, 6), "A40": (8, 6), "A10": (8, 6),
+    "RTX 4090": (8, 9), "RTX 4080": (8, 9), "RTX 6000 Ada": (8, 9), "L40S": (8, 9),
+    "L40": (8, 9), "L4": (8, 9),
+    "H100": (9, 0), "H200": (9, 0), "H800": (9, 0), "GH200": (9, 0),
+    "B200": (10, 0), "GB200": (10, 0),
+    "RTX 5090": (12, 0), "RTX 5080": (12, 0), "RTX PRO 6000": (12, 0),
+}
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    name: str
+    needs: str  # the ArchFacts capability the family cannot run without
+    description: str
+
+
+KERNEL_FAMILIES: dict[str, KernelFamily] = {
+    "sm80": KernelFamily("sm80", "mma_sync",
+                         "FlashAttention-2 style: mma.sync + ldmatrix + cp.async (sm_80 and newer)"),
+    "sm90": KernelFamily("sm90", "wgmma",
+                         "FlashAttention-3 style: wgmma + TMA + warp specialisation (sm_90a only)"),
+}
+
+
+def known_arch_names() -> list[str]:
+    return list(ARCHS)
+
+
+def get_arch(name: str) -> ArchFacts:
+    """Look up an arch by "sm_89", "sm89", "89", "8.9", "sm_90a", "9.0a", "120"..."""
+    text = str(name).strip().lower()
+    m = re.fullmatch(r"(?:sm_?|compute_?)?(\d+)(?:\.(\d+))?(a?)", text)
+    if m:
+        major_or_digits, minor, suffix = m.groups()
+        digits = major_or_digits + minor if minor is not None else major_or_digits
+        key = f"sm_{digits}{suffix}"
+        if key in ARCHS:
+            return ARCHS[key]
+        # "sm_100" has no plain entry: the only sm_100 target we know is sm_100a.
+        if not suffix and f"{key}a" in ARCHS and key not in ARCHS:
+            return ARCHS[f"{key}a"]
+    raise ValueError(
+        f"unknown arch {name!r}; known archs: {', '.join(ARCHS)} "
+        "(also written as sm89, 89 or 8.9)"
+    )
+
+
+def arch_for_compute_capability(major: int, minor: int) -> ArchFacts:
+    """The arch flashtune targets for a device of this compute capability."""
+    key = _ARCH_FOR_CC.get((int(major), int(minor)))
+    if key is None:
+        # e.g. 8.7 (Jetson Orin) or 12.1: shared-memory limits differ, so guessing a
+        # neighbour would give wrong numbers.
+        known = ", ".join(f"{a}.{b} ({n})" for (a, b), n in _ARCH_FOR_CC.items())
+        raise ValueError(
+            f"compute capability {major}.{minor} is not in flashtune's arch table; "
+            f"known: {known}"
+        )
+    return ARCHS[key]
+
+
+def lookup_gpu(name: str) -> tuple[str, tuple[int, int]] | None:
+    """(pattern, compute capability) of the longest KNOWN_GPUS pattern in `name`."""
+    lowered = name.lower()
+    hits = [p for p in KNOWN_GPUS if p.lower() in lowered]
+    if not hits:
+        return None
+    best = max(hits, key=len)
+    return best, KNOWN_GPUS[best]
+
+
+def family_runs_on(family: str, arch: ArchFacts) -> bool:
+    return getattr(arch, KERNEL_FAMILIES[family].needs)
+
+
+def default_family(arch: ArchFacts) -> str:
+    """sm90 where wgmma exists, else the portable sm80 family.
+
+    sm_100a gets sm80 too: its native tcgen05 kernels are not written yet.
+    """
+    return "sm90" if arch.wgmma else "sm80"

@@ -1,0 +1,111 @@
+"""Every attention backend `flashtune bench` can put side by side, behind one interface.
+
+A backend takes (batch, seqlen, heads, head_dim) q, k, v and returns a callable that runs
+one forward pass (inputs already in the layout the backend prefers, so layout changes stay
+out of the timing). A backend that is absent, or refuses a shape, raises `Unavailable`
+with the reason; the benchmark shows that reason and goes on.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+class Unavailable(Exception):
+    """This backend cannot run here or cannot run this shape; str() says why."""
+
+
+@dataclass(frozen=True)
+class Case:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    scale: float
+
+
+Runner = Callable[[], torch.Tensor]  # returns output as (batch, seqlen, heads, head_dim)
+
+
+def _flashtune(case: Case) -> Runner:
+    """The active profile's kernel (`flashtune bench --profile` sets it)."""
+    from flashtune import ops
+
+    def run() -> torch.Tensor:
+        return ops.flash_attn_func(case.q, case.k, case.v, softmax_scale=case.scale, causal=case.causal)
+
+    try:
+        run()  # builds or loads the spec for this shape
+    except ops.FlashtuneInputError as e:
+        raise Unavailable(str(e)) from e
+    return run
+
+
+def _sdpa(backend_name: str) -> Callable[[Case], Runner]:
+    def make(case: Case) -> Runner:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        sq, sk = case.q.shape[1], case.k.shape[1]
+        if case.causal and sq != sk:
+            raise Unavailable("SDPA's is_causal is top-left aligned; flashtune's is bottom-right")
+        hq, hkv = case.q.shape[2], case.k.shape[2]
+        # SDPA's preferred layout, prepared once outside the timed region.
+        q = case.q.transpose(1, 2).contiguous()
+        k = case.k.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+        v = case.v.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+        if backend_name == "MATH":
+            need = 3 * q.shape[0] * hq * sq * sk * 4  # fp32 scores, softmax, and a copy
+            free, _ = torch.cuda.mem_get_info()
+            if need > 0.8 * free:
+                raise Unavailable(f"the {need / 2**30:.0f} GiB score matrix does not fit in memory")
+
+        def run() -> torch.Tensor:
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=case.scale)
+            return out.transpose(1, 2)
+
+        try:
+            run()
+        except RuntimeError as e:  # SDPA says why it refused, in a warning plus this error
+            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+        return run
+
+    return make
+
+
+def _flash_attn_module(module: str, attr: str = "flash_attn_func") -> Callable[[Case], Runner]:
+    def make(case: Case) -> Runner:
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # ImportError, or a broken install
+            raise Unavailable(f"{module} is not importable ({type(e).__name__})") from e
+
+        def run() -> torch.Tensor:
+            out = fn(case.q, case.k, case.v, softmax_scale=case.scale, causal=case.causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        try:
+            run()
+        except Exception as e:
+            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+        return run
+
+    return make
+
+
+BACKENDS: dict[str, Callable[[Case], Runner]] = {
+    "flashtune": _flashtune,
+    "sdpa-flash": _sdpa("FLASH_ATTENTION"),
+    "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
+    "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),
+    "sdpa-math": _sdpa("MATH"),
+    "flash-attn2": _flash_attn_module("flash_attn"),
+    "flash-attn3": _flash_attn_module("flash_attn_interface"),
+    "flash-attn4": _flash_attn_module("flash_attn.cute"),
+}
+DEFAULT_BACKENDS = tuple(BACKENDS)

@@ -1,0 +1,201 @@
+"""`flashtune bench`: a controlled A/B of attention backends, side by side in one process.
+
+Same shapes, same inputs, only the backend switched. Per row: median ms of CUDA-event
+timings after warm-up (inputs rotated so no run reads another's data from L2), TFLOPS,
+peak memory of the call, relative L2 error against an fp32 reference on a sample, and the
+kernel names the profiler saw. The grid and the FLOP count follow the FlashAttention
+papers (DESIGN.md, "Benchmark convention").
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HDIMS = (64, 128, 256)
+TOKENS_PER_BATCH = 16384  # batch = 16384 // seqlen
+HIDDEN = 2048  # heads = 2048 // hdim
+L2_FLUSH_BYTES = 2 * 60 * 2**20  # rotate inputs until twice the largest L2 (H100/H200) is touched
+SAMPLE_HEADS = 2  # heads of batch entry 0 checked against the fp32 reference
+
+
+@dataclass(frozen=True)
+class Shape:
+    dtype: str
+    hdim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    batch: int
+    heads: int
+    heads_kv: int
+
+    @property
+    def flops(self) -> float:
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.causal)
+
+    @property
+    def input_bytes(self) -> int:
+        elem = 2
+        return elem * self.batch * self.hdim * (self.seqlen_q * self.heads + 2 * self.seqlen_k * self.heads_kv)
+
+
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool) -> float:
+    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count."""
+    flops = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
+    return flops / 2 if causal else flops
+
+
+def fa_grid(seqlens: Iterable[int] = SEQLENS, hdims: Iterable[int] = HDIMS,
+            causal: Iterable[bool] = (False, True), dtype: str = "bfloat16", batch: int | None = None,
+            heads: int | None = None, heads_kv: int | None = None) -> list[Shape]:
+    """The FA benchmark grid; batch and heads follow the convention unless given."""
+    shapes = []
+    for hdim in hdims:
+        for is_causal in causal:
+            for s in seqlens:
+                b = batch or max(1, TOKENS_PER_BATCH // s)
+                h = heads or max(1, HIDDEN // hdim)
+                hkv = heads_kv or h
+                if h % hkv:
+                    raise ValueError(f"--heads-kv {hkv} must divide --heads {h}")
+                shapes.append(Shape(dtype, hdim, is_causal, s, s, b, h, hkv))
+    return shapes
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+# ---------------------------------------------------------------------------- measuring
+
+def _kernel_names(run: Callable[[], object]) -> list[str]:
+    """CUDA kernels one call launches, from the torch profiler (copies and memsets left out)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    names = []
+    for event in prof.events():
+        if event.device_type.name == "CUDA" and not event.name.startswith(("Memcpy", "Memset")):
+            if event.name not in names:
+                names.append(event.name)
+    return names
+
+
+def _time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> list[float]:
+    """CUDA-event times of `repeats` calls, cycling through input sets (a cold L2 each time)."""
+    import torch
+
+    for i in range(warmup):
+        runners[i % len(runners)]()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        starts[i].record()
+        runners[i % len(runners)]()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _make_inputs(shape: Shape, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, shape.dtype)
+
+    def rand(s, h):
+        return torch.randn(shape.batch, s, h, shape.hdim, device="cuda", dtype=dtype, generator=gen)
+
+    return rand(shape.seqlen_q, shape.heads), rand(shape.seqlen_k, shape.heads_kv), rand(shape.seqlen_k, shape.heads_kv)
+
+
+def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int = 5,
+                  seed: int = 0) -> list[dict]:
+    """One row per backend for this shape: same inputs for all."""
+    import torch
+
+    from flashtune.backends import BACKENDS, Case, Unavailable
+    from flashtune.reference import attention_reference, rel_l2
+
+    scale = 1.0 / math.sqrt(shape.hdim)
+    sets = max(1, min(8, math.ceil(L2_FLUSH_BYTES / max(1, shape.input_bytes))))
+    inputs = [_make_inputs(shape, seed + i) for i in range(sets)]
+    cases = [Case(q, k, v, shape.causal, scale) for q, k, v in inputs]
+    q0, k0, v0 = inputs[0]
+    group = shape.heads // shape.heads_kv
+    sample_h = min(SAMPLE_HEADS, shape.heads)
+    ref, _ = attention_reference(q0[:1, :, :sample_h], k0[:1, :, :max(1, math.ceil(sample_h / group))],
+                                 v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
+    rows = []
+    for name in backends:
+        row = {"backend": name, **asdict(shape), "ms": None, "tflops": None, "peak_mem_mb": None,
+               "rel_err": None, "kernel": None, "status": "ok"}
+        try:
+            runners = [BACKENDS[name](case) for case in cases]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            out = runners[0]()
+            torch.cuda.synchronize()
+            row["peak_mem_mb"] = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+            row["rel_err"] = rel_l2(out[:1, :, :sample_h], ref)
+            del out
+            row["kernel"] = "; ".join(_kernel_names(runners[0]))
+            times = _time_ms(runners, warmup, repeats)
+            row["ms"] = statistics.median(times)
+            row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
+        except Unavailable as e:
+            row["status"] = f"unavailable: {e}"
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "unavailable: out of memory"
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def speedups(rows: list[dict], ours: str = "flashtune") -> dict[str, float | None]:
+    """Geomean over shapes of (backend ms / flashtune ms): > 1 means flashtune is faster."""
+    by_shape: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r["ms"]:
+            key = (r["dtype"], r["hdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["batch"], r["heads"], r["heads_kv"])
+            by_shape.setdefault(key, {})[r["backend"]] = r["ms"]
+    others = sorted({r["backend"] for r in rows} - {ours})
+    return {b: geomean(t[b] / t[ours] for t in by_shape.values() if b in t and ours in t) for b in others}
+
+
+def environment() -> dict:
+    """The header of every result: what ran, where."""
+    import platform
+
+    import torch
+
+    from flashtune import __version__
+    from flashtune.gpu import nvidia_smi_driver_version
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "gpu": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+        "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "flashtune": __version__, "python": platform.python_version(),
+        "command": " ".join(["flashtune", *sys.argv[1:]]),
+    }
+
+
+def run_bench(shapes: list[Shape], backends: list[str], repeats: int,
+              on_shape: Callable[[Shape, list[dict]], None] | None = None) -> dict:
+    rows = []
+    for shape in shapes:
+        shape_rows = measure_shape(shape, backends, repeats)
+        rows += shape_rows
+        if on_shape:
+            on_shape(shape, shape_rows)
+    return {"header": environment(), "rows": rows, "speedup_geomean": speedups(rows)}

@@ -1,0 +1,97 @@
+"""How a `flashtune bench` result is shown: rich table, CSV, and the TFLOPS plot."""
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+ROW_FIELDS = ("backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads",
+              "heads_kv", "ms", "tflops", "peak_mem_mb", "rel_err", "kernel", "status")
+
+
+def _shape_key(r: dict) -> tuple:
+    return (r["dtype"], r["hdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["batch"], r["heads"], r["heads_kv"])
+
+
+def shape_table(rows: list[dict], ours: str = "flashtune") -> Table:
+    """One line per (shape, backend), with flashtune's speed-up over that backend."""
+    table = Table(show_lines=False)
+    for col in ("hdim", "causal", "seqlen", "b x h", "backend", "ms", "TFLOPS", "peak MB", "rel err",
+                "flashtune x", "kernel / status"):
+        table.add_column(col, justify="left" if col in ("backend", "kernel / status") else "right",
+                         overflow="fold")
+    ours_ms = {_shape_key(r): r["ms"] for r in rows if r["backend"] == ours and r["ms"]}
+    for r in rows:
+        mine = ours_ms.get(_shape_key(r))
+        ratio = f"{r['ms'] / mine:.2f}" if (r["ms"] and mine and r["backend"] != ours) else ""
+        table.add_row(
+            str(r["hdim"]), "yes" if r["causal"] else "no",
+            str(r["seqlen_q"]) if r["seqlen_q"] == r["seqlen_k"] else f"{r['seqlen_q']}/{r['seqlen_k']}",
+            f"{r['batch']}x{r['heads']}" + (f"/{r['heads_kv']}" if r["heads_kv"] != r["heads"] else ""),
+            r["backend"],
+            f"{r['ms']:.3f}" if r["ms"] else "-",
+            f"{r['tflops']:.0f}" if r["tflops"] else "-",
+            f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "-",
+            f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",
+            ratio,
+            (r["kernel"] or "")[:70] if r["status"] == "ok" else f"[yellow]{r['status']}[/]")
+    return table
+
+
+def render(result: dict, console: Console) -> None:
+    console.print(shape_table(result["rows"]))
+    h = result["header"]
+    console.print(f"{h['gpu']} (cc {h['compute_capability']}), driver {h['driver']}, torch {h['torch']}, "
+                  f"CUDA {h['cuda']}, cuDNN {h['cudnn']}")
+    parts = [f"{b}: {g:.2f}x" for b, g in result["speedup_geomean"].items() if g]
+    if parts:
+        console.print("flashtune speed-up, geomean over shapes (backend ms / flashtune ms): " + ", ".join(parts))
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ROW_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def plot(result: dict, path: str) -> None:
+    """TFLOPS against seqlen per backend, one panel per (hdim, causal). Needs the `plot` extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("--plot needs matplotlib: pip install 'flashtune[plot]'") from e
+    panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in result["rows"]:
+        if r["tflops"]:
+            panels[(r["hdim"], r["causal"])][r["backend"]].append((r["seqlen_q"], r["tflops"]))
+    keys = sorted(panels)
+    if not keys:
+        raise ValueError("nothing to plot: no backend produced a timing")
+    cols = 2
+    rows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for backend, points in sorted(panels[key].items()):
+            points.sort()
+            style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"hdim {key[0]}, {'causal' if key[1] else 'non-causal'}")
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOPS")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    h = result["header"]
+    fig.suptitle(f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,210 @@
+"""The `flashtune` command line. This file only wires options to the modules that do the work.
+
+Adding a command: write its logic in its own module, then a few lines here.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from flashtune import __version__, build_command, detect as detect_report, profile_report
+from flashtune.profiles import ProfileError, find_profile, list_profiles
+from flashtune.backends import BACKENDS, DEFAULT_BACKENDS
+from flashtune.gpu import detect_gpus
+from flashtune.spec import SpecError
+from flashtune.toolchain import ToolchainError
+
+EXIT_INPUT_ERROR = 2  # bad profile, bad option value, unusable toolchain (click uses 2 for usage too)
+
+# What a person did wrong (or must fix on the machine): one red line, no traceback.
+USER_ERRORS = (ProfileError, SpecError, ToolchainError, ValueError)
+
+
+class FlashtuneGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as err:
+            click.secho(f"error: {err}", fg="red", err=True)
+            ctx.exit(EXIT_INPUT_ERROR)
+
+
+def make_console() -> Console:
+    # Rich falls back to 80 columns when not on a terminal; wide tables would be cut.
+    return Console(width=None if sys.stdout.isatty() else 160, soft_wrap=False)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.group(cls=FlashtuneGroup)
+@click.version_option(__version__, prog_name="flashtune")
+def cli() -> None:
+    """Detect the GPU, pick a tile profile, build, verify and benchmark flashtune's attention kernel."""
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--arch", help="Describe a target arch you do not have, e.g. sm_89, sm_90a, sm_120.")
+@click.option("--gpu", "gpu_name", help='Describe a target GPU by name, e.g. "RTX 4090".')
+def detect(as_json: bool, arch: str | None, gpu_name: str | None) -> None:
+    """GPU, arch, capabilities, toolchain and matching profile.
+
+    Exit code 0 when a GPU was detected (or a target described), 3 when no GPU is visible.
+    """
+    report = detect_report.collect_report(arch=arch, gpu_name=gpu_name)
+    if as_json:
+        print_json(report)
+    else:
+        detect_report.render_report(report, make_console())
+    sys.exit(detect_report.exit_code(report))
+
+
+@cli.group(cls=FlashtuneGroup, invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def profiles(ctx: click.Context, as_json: bool) -> None:
+    """List the shipped profiles (`profiles show NAME` for one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    shipped = list_profiles()
+    if as_json:
+        print_json([profile_report.summary(p) for p in shipped])
+    else:
+        profile_report.render_list(shipped, make_console())
+
+
+@profiles.command("show")
+@click.argument("name_or_path")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def profiles_show(name_or_path: str, as_json: bool) -> None:
+    """One profile with derived numbers: threads, shared memory, CTAs per SM."""
+    profile = find_profile(name_or_path)
+    if as_json:
+        print_json(profile_report.details(profile))
+    else:
+        profile_report.render_details(profile, make_console())
+
+
+@cli.command()
+@click.option("--profile", "profile_name", metavar="NAME|PATH",
+              help="Profile to build (default: the one matching this machine's GPU).")
+@click.option("--arch", help="Target arch, e.g. sm_89, sm_90, sm_120 (default: the profile's). "
+                             "Cross-compiles: no GPU needed.")
+@click.option("--hdim", "hdims", type=int, multiple=True, help="Only this head dim (repeatable).")
+@click.option("--dtype", "dtypes", type=click.Choice(["float16", "bfloat16"]), multiple=True,
+              help="Only this dtype (repeatable).")
+@click.option("--force", is_flag=True, help="Rebuild even what the cache holds.")
+@click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: CPU count).")
+@click.option("--verbose", is_flag=True, help="Print each kernel's build log path and ptxas report.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def build(profile_name, arch, hdims, dtypes, force, jobs, verbose, as_json) -> None:
+    """JIT-compile a profile's attention kernels into the cache.
+
+    One kernel per (dtype, head dim, causal, tile) of the profile, each with its exact,
+    config-named symbol; plus the torch binding. Example:
+
+        flashtune build --profile rtx5090 --arch sm_120
+
+    Exit codes: 0 built or cached, 1 a compile failed, 2 bad input or toolchain.
+    """
+    profile, reason = build_command.resolve_profile(profile_name)
+    console = None if as_json else make_console()
+    if console:
+        console.print(f"profile [bold]{profile.name}[/] ({reason})")
+    report = build_command.run_build(profile, arch, dtypes, hdims, force, jobs, console)
+    if as_json:
+        print_json(report)
+    else:
+        build_command.render(report, console)
+        if verbose:
+            for k in report["kernels"]:
+                console.print(f"{k['name']}: log {k['log']}")
+    sys.exit(build_command.EXIT_BUILD_FAILED if report["failures"] else 0)
+
+
+def _int_list(ctx, param, value: str | None):
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 512,1024,4096")
+
+
+@cli.command()
+@click.option("--profile", "profile_name", metavar="NAME|PATH", help="Profile for the flashtune backend.")
+@click.option("--seqlens", callback=_int_list, help="Comma-separated, default 512,...,16384.")
+@click.option("--hdims", callback=_int_list, help="Comma-separated, default 64,128,256.")
+@click.option("--batch", type=click.IntRange(min=1), help="Default 16384 // seqlen.")
+@click.option("--heads", type=click.IntRange(min=1), help="Default 2048 // hdim.")
+@click.option("--heads-kv", type=click.IntRange(min=1), help="K/V heads for GQA/MQA (default = heads).")
+@click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default both).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--backends", default=",".join(DEFAULT_BACKENDS), show_default=True,
+              help="Comma-separated; absent ones show as such.")
+@click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True,
+              help="Timed runs per row (median reported).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON ('-' for stdout).")
+@click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-' for stdout).")
+@click.option("--plot", "plot_path", metavar="FILE.png", help="TFLOPS vs seqlen plot (needs the plot extra).")
+def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, backends, repeats,
+          json_path, csv_path, plot_path) -> None:
+    """Side-by-side A/B: flashtune against every attention backend present.
+
+    Same shapes and inputs in one process, only the backend switched; median of CUDA-event
+    timings, TFLOPS, peak memory, error against fp32, and the kernel that ran. Example:
+
+        flashtune bench --hdims 128 --seqlens 1024,4096 --json out.json --plot out.png
+
+    Exit codes: 0 done, 2 bad input, 3 no GPU visible.
+    """
+    from flashtune import bench as bench_mod, bench_report
+
+    if not detect_gpus():
+        click.secho("error: no GPU is visible; bench needs one (see `flashtune detect`)", fg="red", err=True)
+        sys.exit(detect_report.EXIT_NO_GPU)
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; known: {', '.join(BACKENDS)}", param_hint="--backends")
+    if profile_name:
+        from flashtune import ops
+
+        ops.use_profile(profile_name)
+    shapes = bench_mod.fa_grid(seqlens or bench_mod.SEQLENS, hdims or bench_mod.HDIMS,
+                               (False, True) if causal is None else (causal,), dtype, batch, heads, heads_kv)
+    console = make_console() if json_path != "-" and csv_path != "-" else Console(stderr=True)
+    with Progress(TextColumn("[bold]bench[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True) as bar:
+        task = bar.add_task("", total=len(shapes))
+        result = bench_mod.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.update(
+            task, advance=1, description=f"hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"))
+    bench_report.render(result, console)
+    if json_path:
+        _write(json_path, json.dumps(result, indent=1))
+    if csv_path:
+        _write(csv_path, bench_report.to_csv(result["rows"]))
+    if plot_path:
+        bench_report.plot(result, plot_path)
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        click.echo(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""`flashtune detect`: what GPU, arch, features, toolchain and profile, and what to watch out for.
+
+`collect_report` builds a plain dict (what --json prints); `render_report` draws it
+for people. Exit codes: 0 when a GPU was detected or a target described, 3 when no
+GPU is visible.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flashtune import __version__
+from flashtune.arch import KERNEL_FAMILIES, default_family
+from flashtune.format import human_bytes, yes_no
+from flashtune.gpu import GpuInfo, describe_target, detect_gpus
+from flashtune.profiles import ProfileError, list_profiles, select_profile_with_reason
+from flashtune.toolchain import Toolchain, detect_toolchain
+
+EXIT_OK = 0
+EXIT_NO_GPU = 3
+
+SM120_MIN_NVCC = (12, 8)
+NO_GPU_MESSAGE = ("No NVIDIA GPU is visible to torch (torch.cuda.is_available() is False). "
+                  "Builds can still cross-compile: describe a target with --arch sm_XX or --gpu NAME.")
+
+
+def toolchain_warnings(tc: Toolchain) -> list[str]:
+    """Warnings about the toolchain that hold whatever the GPU."""
+    warnings = []
+    if tc.torch_version == "unknown":
+        warnings.append("torch cannot be imported: install torch (a CUDA build)")
+    elif tc.torch_cuda is None:
+        warnings.append(f"torch {tc.torch_version} is CPU-only: it cannot build or run CUDA kernels; "
+                        "install a CUDA build of torch")
+    if tc.nvcc_version is None:
+        warnings.append(f"no working nvcc found (CUDA_HOME={tc.cuda_home}): builds need the CUDA toolkit; "
+                        "install it or set CUDA_HOME")
+    else:
+        if tc.nvcc_version < SM120_MIN_NVCC:
+            warnings.append(f"nvcc {tc.nvcc_version_str} is older than 12.8 and cannot target sm_120 "
+                            "(RTX 50xx, RTX PRO 6000)")
+        if tc.torch_cuda_major is not None and tc.nvcc_version[0] != tc.torch_cuda_major:
+            warnings.append(f"nvcc is CUDA {tc.nvcc_version_str} but torch was built with CUDA {tc.torch_cuda}: "
+                            "the major versions must match for extension builds (set CUDA_HOME)")
+    if tc.ninja_version is None:
+        warnings.append("ninja not found: torch's JIT builds need it (pip install ninja)")
+    return warnings
+
+
+def gpu_warnings(gpu: GpuInfo, tc: Toolchain) -> list[str]:
+    """Warnings that matter for this GPU (or target)."""
+    cc = "{}.{}".format(*gpu.compute_capability)
+    arch = gpu.arch
+    if arch is None:
+        return [f"compute capability {cc} is not in flashtune's arch table: no kernel family or "
+                "profile is known for it (pass --arch to build for a known one)"]
+    warnings = []
+    if not arch.fp8:
+        warnings.append(f"{arch.name} has no FP8 tensor cores: FP8 profiles (fp8: {{qk: e4m3}}) are "
+                        "refused here; use float16/bfloat16")
+    if arch.name == "sm_90":
+        warnings.append("plain sm_90 has no wgmma: FA3-style kernels need the sm_90a target; "
+                        "this target uses the sm80 (mma.sync) family")
+    elif arch.name == "sm_100a":
+        warnings.append("sm_100a has tcgen05 instead of wgmma and flashtune's tcgen05 kernels are not "
+                        "written yet: the sm80 (mma.sync) family runs here")
+    elif not arch.wgmma:
+        warnings.append(f"FA3-style (wgmma) kernels need sm_90a: {gpu.name} ({arch.name}) cannot run "
+                        "them whatever the build flags; flashtune uses the sm80 (mma.sync) family here")
+    if tc.nvcc_version is not None and tc.nvcc_version < arch.min_nvcc:
+        need = "{}.{}".format(*arch.min_nvcc)
+        warnings.append(f"nvcc {tc.nvcc_version_str} is too old for {arch.name}: it needs nvcc >= {need}")
+    return warnings
+
+
+def _gpu_entry(gpu: GpuInfo, tc: Toolchain, profiles: list) -> dict:
+    arch = gpu.arch
+    entry = {
+        "index": gpu.index,
+        "name": gpu.name,
+        "described_target": gpu.is_target,
+        "compute_capability": "{}.{}".format(*gpu.compute_capability),
+        "arch": arch.name if arch else None,
+        "sm_count": gpu.sm_count,
+        "smem_per_sm": gpu.smem_per_sm,
+        "smem_per_block_optin": gpu.smem_per_block_optin,
+        "l2_bytes": gpu.l2_bytes,
+        "memory_bytes": gpu.memory_bytes,
+        "driver": gpu.driver,
+        "capabilities": ({"mma_sync": arch.mma_sync, "fp8": arch.fp8, "tma": arch.tma, "wgmma": arch.wgmma}
+                         if arch else None),
+        "kernel_family": default_family(arch) if arch else None,
+        "profile": None,
+        "profile_error": None,
+        "warnings": gpu_warnings(gpu, tc),
+    }
+    try:
+        selection = select_profile_with_reason(gpu=gpu, profiles=profiles)
+        entry["profile"] = {"name": selection.profile.name, "path": str(selection.profile.path),
+                            "reason": selection.reason}
+    except ProfileError as err:
+        entry["profile_error"] = str(err)
+    return entry
+
+
+def collect_report(arch: str | None = None, gpu_name: str | None = None,
+                   gpus_provider: Callable[[], list[GpuInfo]] | None = None,
+                   toolchain: Toolchain | None = None) -> dict:
+    """Everything `detect` knows, as JSON-ready data. --arch/--gpu describe a target instead."""
+    tc = toolchain or detect_toolchain()
+    is_target = arch is not None or gpu_name is not None
+    gpus = [describe_target(arch, gpu_name)] if is_target else (gpus_provider or detect_gpus)()
+    profiles = list_profiles()
+    return {
+        "flashtune_version": __version__,
+        "gpu_visible": bool(gpus) and not is_target,
+        "described_target": is_target,
+        "message": None if gpus else NO_GPU_MESSAGE,
+        "gpus": [_gpu_entry(g, tc, profiles) for g in gpus],
+        "toolchain": {
+            "torch_version": tc.torch_version,
+            "torch_cuda": tc.torch_cuda,
+            "nvcc_path": tc.nvcc_path,
+            "nvcc_version": tc.nvcc_version_str,
+            "cuda_home": tc.cuda_home,
+            "ninja_version": tc.ninja_version,
+            "cuobjdump_path": tc.cuobjdump_path,
+        },
+        "warnings": toolchain_warnings(tc),
+    }
+
+
+def exit_code(report: dict) -> int:
+    return EXIT_OK if report["gpus"] else EXIT_NO_GPU
+
+
+def _kv_table(title: str) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left", title_style="bold")
+    table.add_column("key", style="cyan", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    return table
+
+
+def render_report(report: dict, console: Console) -> None:
+    for gpu in report["gpus"]:
+        title = (f"Target: {gpu['name']} (described, not detected)" if gpu["described_target"]
+                 else f"GPU {gpu['index']}: {gpu['name']}")
+        table = _kv_table(escape(title))
+        caps = gpu["capabilities"] or {}
+        rows = [
+            ("compute capability", gpu["compute_capability"]),
+            ("arch", gpu["arch"] or "unknown"),
+            ("SMs", gpu["sm_count"]),
+            ("shared memory / SM", human_bytes(gpu["smem_per_sm"])),
+            ("shared memory / block (opt-in)", human_bytes(gpu["smem_per_block_optin"])),
+            ("L2", human_bytes(gpu["l2_bytes"])),
+            ("memory", human_bytes(gpu["memory_bytes"])),
+            ("driver", gpu["driver"]),
+            ("mma.sync (f16/bf16)", yes_no(caps.get("mma_sync"))),
+            ("FP8 tensor cores", yes_no(caps.get("fp8"))),
+            ("TMA", yes_no(caps.get("tma"))),
+            ("wgmma", yes_no(caps.get("wgmma"))),
+        ]
+        family = gpu["kernel_family"]
+        rows.append(("kernel family", f"{family}: {KERNEL_FAMILIES[family].description}" if family else "none"))
+        for key, value in rows:
+            table.add_row(key, escape("unknown" if value is None else str(value)))
+        profile = gpu["profile"]
+        table.add_row("profile", escape(f"{profile['name']} ({profile['reason']})") if profile
+                      else f"[red]none[/]: {escape(gpu['profile_error'] or '')}")
+        console.print(table)
+        for warning in gpu["warnings"]:
+            console.print(f"[yellow]warning:[/] {escape(warning)}")
+        console.print()
+
+    if report["message"]:
+        console.print(f"[bold red]{escape(report['message'])}[/]")
+        console.print()
+
+    tc = report["toolchain"]
+    table = _kv_table("Toolchain")
+    for key, value in (("torch", tc["torch_version"]), ("torch CUDA", tc["torch_cuda"] or "none (CPU-only build)"),
+                       ("nvcc", tc["nvcc_path"]), ("nvcc version", tc["nvcc_version"]),
+                       ("CUDA_HOME for builds", tc["cuda_home"]), ("ninja", tc["ninja_version"]),
+                       ("cuobjdump", tc["cuobjdump_path"] or "not found (pip install nvidia-cuda-cuobjdump)")):
+        table.add_row(key, escape(str(value) if value is not None else "not found"))
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")

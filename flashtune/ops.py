@@ -1,0 +1,318 @@
+"""The public attention functions: flash_attn-compatible names, checks, kernel choice.
+
+`flash_attn_func` / `flash_attn_varlen_func` validate their inputs (a clear error for each
+bad one), then call the custom op `flashtune::attention_fwd`, whose implementation picks
+the KernelSpec for the call's shape from the active profile, builds or loads it, and
+launches it through `flashtune_C::fwd`. The custom op has a fake implementation, so
+`torch.compile` traces calls without graph breaks.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from flashtune.build import load_binding, load_kernel
+from flashtune.gpu import GpuInfo, detect_gpus
+from flashtune.profiles import Profile, ProfileError, find_profile, select_profile
+from flashtune.spec import KernelSpec
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
+           "select_spec", "FlashtuneInputError"]
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_ALIGN_ELEMS = 8  # 16-byte vector loads of 16-bit elements
+_MAX_TILE_ROWS = 256  # the kernels address a tile with 32-bit offsets: rows * row_stride < 2^31
+
+
+class FlashtuneInputError(ValueError):
+    """A call flashtune cannot serve as asked; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------- profile state
+
+@dataclass
+class _State:
+    explicit: Profile | None = None  # use_profile()
+    per_device: dict | None = None  # device index -> Profile (auto-matched or from env)
+
+
+_state = _State(per_device={})
+_state_lock = threading.Lock()
+
+
+def use_profile(name_or_path: str | os.PathLike | None) -> Profile | None:
+    """Choose the profile every later call uses (None: back to auto-matching the GPU).
+
+    The environment variable FLASHTUNE_PROFILE does the same without code changes.
+    """
+    with _state_lock:
+        _state.explicit = find_profile(name_or_path) if name_or_path is not None else None
+        _state.per_device.clear()
+        _spec_cache.clear()
+        return _state.explicit
+
+
+def _device_gpu(index: int) -> GpuInfo:
+    for gpu in detect_gpus():
+        if gpu.index == index:
+            return gpu
+    raise FlashtuneInputError(f"CUDA device {index} is not visible")
+
+
+def _check_runs_on(profile: Profile, gpu: GpuInfo) -> None:
+    """SASS for sm_XY runs on the same major with minor >= Y; sm_90a only on 9.0."""
+    (am, an), (gm, gn) = profile.arch.compute_capability, gpu.compute_capability
+    runs = am == gm and an <= gn and (not profile.arch.name.endswith("a") or an == gn)
+    if not runs:
+        raise FlashtuneInputError(
+            f"profile {profile.name} builds for {profile.arch.name}, which cannot run on "
+            f"{gpu.name} (compute capability {gm}.{gn}); choose a profile for this GPU "
+            "(`flashtune detect` names it; `flashtune profiles` lists all)")
+
+
+def active_profile(device: torch.device | int | None = None) -> Profile:
+    """The profile calls on `device` use: use_profile(), else $FLASHTUNE_PROFILE, else the match."""
+    index = torch.device("cuda", torch.cuda.current_device()).index if device is None else (
+        device if isinstance(device, int) else device.index or 0)
+    profile = _state.per_device.get(index)
+    if profile is not None:
+        return profile
+    with _state_lock:
+        gpu = _device_gpu(index)
+        if _state.explicit is not None:
+            profile = _state.explicit
+        elif os.environ.get("FLASHTUNE_PROFILE"):
+            profile = find_profile(os.environ["FLASHTUNE_PROFILE"])
+        else:
+            profile = select_profile(gpu=gpu)
+        _check_runs_on(profile, gpu)
+        _state.per_device[index] = profile
+        return profile
+
+
+# ---------------------------------------------------------------------------- kernel choice
+
+_spec_cache: dict[tuple, KernelSpec] = {}
+
+
+def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
+                seqlen_q: int, seqlen_k: int) -> KernelSpec:
+    """The KernelSpec that serves a call of this shape under `profile`."""
+    dtype_name = dtype if isinstance(dtype, str) else _DTYPE_NAMES[dtype]
+    try:
+        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k)
+    except ProfileError as e:
+        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
+                                  f"(head dims: {', '.join(map(str, profile.head_dims))}): {e}") from e
+    if dtype_name not in profile.dtypes:
+        raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
+                                  f"(dtypes: {', '.join(profile.dtypes)})")
+    key = (profile.name, profile.path, dtype_name, hdim, bool(causal), tile)
+    spec = _spec_cache.get(key)
+    if spec is None:
+        spec = KernelSpec(profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal),
+                          fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags)
+        _spec_cache[key] = spec
+    return spec
+
+
+# ---------------------------------------------------------------------------- checks
+
+def _fail(msg: str) -> None:
+    raise FlashtuneInputError(f"flashtune: {msg}")
+
+
+def _check_tensors(q, k, v, varlen: bool) -> None:
+    rank, layout = (3, "(total, heads, head_dim)") if varlen else (4, "(batch, seqlen, heads, head_dim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            _fail(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPE_NAMES:
+            _fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16 "
+                  "(cast with .to(torch.bfloat16))")
+        if t.stride(-1) != 1:
+            _fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
+                  f"{tuple(t.stride())}; call .contiguous()")
+        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]) or t.storage_offset() % _ALIGN_ELEMS:
+            _fail(f"{name}'s strides {tuple(t.stride())} / storage offset {t.storage_offset()} are "
+                  f"not multiples of {_ALIGN_ELEMS} elements (16 bytes); call .contiguous()")
+        row_stride = t.stride(-3)
+        if row_stride * _MAX_TILE_ROWS >= 2**31:
+            _fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "
+                  "offsets; call .contiguous()")
+    if not (q.dtype == k.dtype == v.dtype):
+        _fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        _fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        _fail(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if not varlen and q.shape[0] != k.shape[0]:
+        _fail(f"q and k must share the batch size, got {q.shape[0]} and {k.shape[0]}")
+    if not varlen and q.shape[0] > 65535:
+        _fail(f"at most 65535 batch entries per call, got {q.shape[0]}")
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_kv == 0 or heads_q % heads_kv:
+        _fail(f"heads of q ({heads_q}) must be a multiple of heads of k/v ({heads_kv}) (GQA/MQA)")
+    if heads_q > 65535:
+        _fail(f"at most 65535 heads, got {heads_q}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _fail("flashtune computes the forward pass only; run it under torch.no_grad() or "
+              "torch.inference_mode(), or detach the inputs")
+
+
+def _check_devices(q, k, v, *cu_seqlens) -> None:
+    """Checked last, so every other input error is reported (and testable) without a GPU."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            _fail(f"{name} is on {t.device}; flashtune runs on CUDA tensors (move it with .cuda())")
+    if not (q.device == k.device == v.device):
+        _fail(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    for name, cu in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens):
+        if cu.device != q.device:
+            _fail(f"{name} is on {cu.device}, q on {q.device}; put them on the same device")
+
+
+def _check_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+    if dropout_p:
+        _fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
+    if tuple(window_size) != (-1, -1):
+        _fail(f"window_size={tuple(window_size)}: sliding-window attention is not supported; "
+              "pass (-1, -1)")
+    if softcap:
+        _fail(f"softcap={softcap} is not supported; pass 0.0")
+    if alibi_slopes is not None:
+        _fail("alibi_slopes are not supported; pass None")
+
+
+def _softmax_scale(softmax_scale: float | None, hdim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(hdim)
+    scale = float(softmax_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        _fail(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return scale
+
+
+def _check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
+                      covers_all: bool) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        _fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1")
+    if cu.numel() < 1 or cu.stride(0) != 1:
+        _fail(f"{name} must be contiguous with at least one element (batch+1)")
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # its values cannot be read during graph capture
+    values = cu.tolist()
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0 or any(n < 0 for n in lengths):
+        _fail(f"{name} must start at 0 and never decrease, got {values[:8]}...")
+    if values[-1] > total or (covers_all and values[-1] != total):
+        _fail(f"{name}[-1] = {values[-1]} must {'equal' if covers_all else 'not exceed'} the "
+              f"{total} rows of the packed tensor")
+    if lengths and max(lengths) > max_seqlen:
+        _fail(f"a sequence in {name} has {max(lengths)} tokens, more than max_seqlen {max_seqlen}")
+
+
+# ---------------------------------------------------------------------------- the custom op
+
+@torch.library.custom_op("flashtune::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                  max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (same layout as q, contiguous) and the log-sum-exp (float32, natural log)."""
+    out, lse = _empty_outputs(q, cu_seqlens_q is not None)
+    if q.numel() == 0:
+        return out, lse
+    profile = active_profile(q.device)
+    spec = select_spec(profile, q.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k)
+    kernel = load_kernel(spec)
+    load_binding()
+    torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q, max_seqlen_k, softmax_scale)
+    return out, lse
+
+
+# Tests and `flashtune verify` set this: outputs start as NaN, so an element the kernel
+# forgot to write cannot pass for a correct one.
+poison_outputs = False
+
+
+def _empty_outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    if poison_outputs:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return out, lse
+
+
+@attention_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
+    return _empty_outputs(q, cu_seqlens_q is not None)
+
+
+# ---------------------------------------------------------------------------- public API
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    *, return_lse=False):
+    """Attention over (batch, seqlen, heads, head_dim) tensors, as flash_attn.flash_attn_func.
+
+    GQA/MQA: k and v may have fewer heads than q (a divisor). causal masks bottom-right
+    aligned (key j is visible to query i iff j <= i + seqlen_k - seqlen_q). Returns out,
+    or (out, lse) with return_lse=True (lse: float32, (batch, heads, seqlen_q)), or
+    (out, lse, None) with return_attn_probs=True, as flash_attn does.
+    """
+    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    _check_tensors(q, k, v, varlen=False)
+    _check_devices(q, k, v)
+    scale = _softmax_scale(softmax_scale, q.shape[-1])
+    out, lse = attention_fwd(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal))
+    return _pack(out, lse, return_lse, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, return_lse=False):
+    """Attention over packed (total, heads, head_dim) sequences delimited by int32 cu_seqlens.
+
+    As flash_attn.flash_attn_varlen_func; lse is (heads, total_q).
+    """
+    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    if block_table is not None:
+        _fail("block_table (paged KV cache) is not supported; pass None")
+    _check_tensors(q, k, v, varlen=True)
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        _fail("max_seqlen_q and max_seqlen_k must be >= 0")
+    # Every row of q gets an output row, so cu_seqlens_q must cover q exactly; k may be padded.
+    _check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, covers_all=True)
+    _check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, covers_all=False)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        _fail(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
+              f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    if cu_seqlens_q.numel() - 1 > 65535:
+        _fail("at most 65535 sequences per call")
+    _check_devices(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    scale = _softmax_scale(softmax_scale, q.shape[-1])
+    out, lse = attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                             bool(causal))
+    return _pack(out, lse, return_lse, return_attn_probs)
+
+
+def _pack(out, lse, return_lse, return_attn_probs):
+    if return_attn_probs:
+        return out, lse, None
+    if return_lse:
+        return out, lse
+    return out

@@ -1,0 +1,91 @@
+"""`flashtune profiles` and `profiles show`: the shipped profiles and their derived numbers."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flashtune.format import human_bytes
+from flashtune.profiles import Profile
+from flashtune.tiles import ctas_per_sm, shared_memory_bytes, threads_per_cta
+
+
+def _match_text(profile: Profile) -> str:
+    parts = list(profile.match_names)
+    parts += ["cc {}.{}".format(*cc) for cc in profile.match_compute_capabilities]
+    return ", ".join(parts) or "only with --profile"
+
+
+def summary(profile: Profile) -> dict:
+    return {
+        "name": profile.name,
+        "arch": profile.arch.name,
+        "family": profile.family,
+        "match": {"names": list(profile.match_names),
+                  "compute_capability": ["{}.{}".format(*cc) for cc in profile.match_compute_capabilities]},
+        "head_dims": list(profile.head_dims),
+        "dtypes": list(profile.dtypes),
+        "fp8": profile.fp8,
+        "path": str(profile.path),
+        "description": profile.description,
+    }
+
+
+def details(profile: Profile) -> dict:
+    """The profile plus, per config, the numbers the resource model derives."""
+    arch = profile.arch
+    configs = []
+    for entry in profile.configs:
+        tile = entry.tile
+        smem = shared_memory_bytes(profile.family, entry.hdim, tile, profile.fp8_qk)
+        configs.append({
+            "hdim": entry.hdim,
+            "causal": entry.causal_label,
+            "seqlen": [entry.seqlen_min, entry.seqlen_max],
+            "block_m": tile.block_m,
+            "block_n": tile.block_n,
+            "num_warps": tile.num_warps,
+            "num_warpgroups": tile.num_warpgroups,
+            "stages": tile.stages,
+            "threads": threads_per_cta(profile.family, tile),
+            "smem_bytes": smem,
+            "smem_limit_bytes": arch.max_smem_per_block,
+            "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
+            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, profile.fp8_qk),
+        })
+    return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags), "configs": configs}
+
+
+def render_list(profiles: list[Profile], console: Console) -> None:
+    table = Table(title="Profiles", title_justify="left", title_style="bold")
+    for column in ("name", "arch", "family", "matches", "head dims", "fp8"):
+        table.add_column(column, no_wrap=column in ("name", "arch", "family"))
+    for p in profiles:
+        fp8 = ", ".join(f"{k}: {v}" for k, v in p.fp8.items()) if p.fp8 else "no"
+        table.add_row(p.name, p.arch.name, p.family, escape(_match_text(p)),
+                      ", ".join(map(str, p.head_dims)), fp8)
+    console.print(table)
+    console.print("Details: flashtune profiles show NAME")
+
+
+def render_details(profile: Profile, console: Console) -> None:
+    data = details(profile)
+    arch = profile.arch
+    console.print(f"[bold]{escape(profile.name)}[/]  {escape(profile.description)}")
+    console.print(f"file: {escape(str(profile.path))}")
+    console.print(f"family {profile.family} on {arch.name}; matches: {escape(_match_text(profile))}")
+    console.print(f"dtypes: {', '.join(profile.dtypes)}; fp8: {profile.fp8 or 'no'}; "
+                  f"nvcc flags: {' '.join(profile.nvcc_flags) or 'none'}")
+    console.print(f"{arch.name} limits: {human_bytes(arch.max_smem_per_block)} shared memory per block, "
+                  f"{human_bytes(arch.smem_per_sm)} per SM, {arch.max_threads_per_sm} threads per SM")
+    table = Table(title_justify="left")
+    warps_header = "warpgroups" if profile.family == "sm90" else "warps"
+    for column in ("hdim", "causal", "seqlen", "tile", warps_header, "stages", "threads",
+                   "smem", "% of limit", "CTAs/SM"):
+        table.add_column(column, no_wrap=True)
+    for entry, row in zip(profile.configs, data["configs"]):
+        warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
+        table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, f"{row['block_m']}x{row['block_n']}",
+                      str(warps), str(row["stages"]), str(row["threads"]),
+                      f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%", str(row["ctas_per_sm"]))
+    console.print(table)

@@ -1,0 +1,56 @@
+"""The fp32 reference every correctness check compares against, and the error metric.
+
+Plain PyTorch math in float32 with flashtune's conventions: bottom-right causal alignment,
+GQA by head grouping, and rows that see no key give O = 0 and LSE = -inf.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq))."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    qf = q.float().transpose(1, 2)  # (b, h, sq, d)
+    kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if causal:
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + (sk - sq), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
+    probs = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(torch.float32).min))
+    probs = torch.nan_to_num(probs, nan=0.0)
+    out = torch.matmul(probs, vf).transpose(1, 2)
+    if sk == 0:
+        out = torch.zeros_like(out)
+    return out, lse
+
+
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None):
+    """Packed (total, h, d) inputs -> (out fp32 (total_q, h, d), lse fp32 (h, total_q))."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for i in range(len(cq) - 1):
+        qs, ks = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]]
+        vs = v[ck[i]:ck[i + 1]]
+        o, l = attention_reference(qs[None], ks[None], vs[None], causal, softmax_scale)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; NaN anywhere in x gives inf (never passes)."""
+    x, ref = x.double(), ref.double()
+    if torch.isnan(x).any():
+        return float("inf")
+    denom = ref.norm().item()
+    diff = (x - ref).norm().item()
+    return diff / denom if denom > 0 else diff

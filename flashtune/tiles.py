@@ -1,0 +1,194 @@
+"""Tile configs and the resource model: the one place that knows each family's limits.
+
+Profile validation and (later) the tuner's search space both ask `check_tile`, so a
+config that passes here is one the kernels are written to accept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
+
+HEAD_DIMS = (64, 128, 256)
+
+SM80_NUM_WARPS = (1, 2, 4, 8)
+SM80_ROWS_PER_WARP = (16, 32)
+SM80_STAGES = (1, 2, 3)
+SM80_REGISTER_BUDGET = 192  # accumulator+fragment registers per thread (rough model)
+
+SM90_WARPGROUPS = (1, 2, 3)  # consumer warpgroups = block_m / 64
+SM90_STAGES = (2, 3, 4)
+SM90_MAX_BLOCK_N = 256  # wgmma N limit
+SM90_BARRIER_BYTES = 1024  # mbarriers + alignment slack
+
+RESERVED_SMEM_PER_CTA = 1024  # the driver keeps 1 KB of each CTA's shared memory
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int  # total warps of the CTA (sm90: consumers + the producer warpgroup)
+    stages: int
+    num_warpgroups: int | None = None  # sm90 only: consumer warpgroups
+
+    @property
+    def label(self) -> str:
+        shape = f"{self.block_m}x{self.block_n}"
+        if self.num_warpgroups is not None:
+            return f"{shape}_wg{self.num_warpgroups}_s{self.stages}"
+        return f"{shape}_w{self.num_warps}_s{self.stages}"
+
+
+def sm90_tile(block_m: int, block_n: int, stages: int) -> TileConfig:
+    """An sm90 config with the warp counts derived from block_m (64 rows per warpgroup)."""
+    warpgroups = block_m // 64
+    return TileConfig(block_m, block_n, 4 * (warpgroups + 1), stages, warpgroups)
+
+
+@dataclass(frozen=True)
+class TileProblem:
+    key: str  # the config field at fault, e.g. "block_m"
+    problem: str
+    allowed: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.problem}; allowed: {self.allowed}"
+
+
+def _check_family(family: str) -> None:
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(KERNEL_FAMILIES)}")
+
+
+def threads_per_cta(family: str, cfg: TileConfig) -> int:
+    _check_family(family)
+    if family == "sm90":
+        return 128 * (cfg.block_m // 64 + 1)  # consumers + one producer warpgroup
+    return 32 * cfg.num_warps
+
+
+def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False) -> int:
+    """Shared memory one CTA needs: Q once, K and V per pipeline stage.
+
+    With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit.
+    """
+    _check_family(family)
+    qk_elem = 1 if fp8 else 2
+    v_elem = 2
+    q_bytes = qk_elem * cfg.block_m * hdim
+    kv_bytes_per_stage = cfg.block_n * hdim * (qk_elem + v_elem)
+    total = q_bytes + cfg.stages * kv_bytes_per_stage
+    if family == "sm90":
+        total += SM90_BARRIER_BYTES
+    return total
+
+
+def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: bool = False) -> int:
+    """How many CTAs fit on one SM, by shared memory and by threads (capped at 32)."""
+    smem = shared_memory_bytes(family, hdim, cfg, fp8) + RESERVED_SMEM_PER_CTA
+    by_smem = arch.smem_per_sm // smem
+    by_threads = arch.max_threads_per_sm // threads_per_cta(family, cfg)
+    return min(by_smem, by_threads, 32)
+
+
+def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
+               fp8: bool = False) -> list[TileProblem]:
+    """Everything wrong with this config on this arch (empty when it is valid)."""
+    _check_family(family)
+    problems: list[TileProblem] = []
+
+    def add(key: str, problem: str, allowed: str) -> None:
+        problems.append(TileProblem(key, problem, allowed))
+
+    if not family_runs_on(family, arch):
+        needs = KERNEL_FAMILIES[family].needs
+        add("family", f"family {family} needs {needs}, which {arch.name} lacks",
+            "sm80 on every arch; sm90 only on sm_90a")
+    if fp8 and not arch.fp8:
+        add("fp8", f"{arch.name} has no FP8 tensor cores",
+            "fp8 on sm_89, sm_90/sm_90a, sm_100a, sm_120; null elsewhere")
+    if hdim not in HEAD_DIMS:
+        add("hdim", f"head dim {hdim} is not supported", ", ".join(map(str, HEAD_DIMS)))
+    for key in ("block_m", "block_n"):
+        value = getattr(cfg, key)
+        if value <= 0 or value % 16:
+            add(key, f"{value} is not a positive multiple of 16", "16, 32, 48, ...")
+
+    if family == "sm80":
+        problems += _sm80_problems(hdim, cfg)
+    else:
+        problems += _sm90_problems(cfg)
+
+    if not problems:  # the size model assumes the shape rules above hold
+        smem = shared_memory_bytes(family, hdim, cfg, fp8)
+        if smem > arch.max_smem_per_block:
+            add("shared_memory", f"needs {smem} bytes, over {arch.name}'s per-block limit",
+                f"at most {arch.max_smem_per_block} bytes (smaller blocks or fewer stages)")
+    return problems
+
+
+def tile_problems(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
+                  fp8: bool = False) -> list[str]:
+    """`check_tile` as readable strings: "key: what is wrong; allowed: ..."."""
+    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8)]
+
+
+def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
+    problems: list[TileProblem] = []
+
+    def add(key: str, problem: str, allowed: str) -> None:
+        problems.append(TileProblem(key, problem, allowed))
+
+    if cfg.num_warpgroups is not None:
+        add("num_warpgroups", "not used by family sm80", "omit it; set num_warps")
+    if cfg.num_warps not in SM80_NUM_WARPS:
+        add("num_warps", f"{cfg.num_warps} warps", ", ".join(map(str, SM80_NUM_WARPS)))
+        return problems  # the rules below divide by num_warps
+    if cfg.stages not in SM80_STAGES:
+        add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM80_STAGES)))
+
+    # Each warp owns whole m16 MMA row tiles of Q (one or two).
+    rows_per_warp = cfg.block_m / cfg.num_warps
+    if rows_per_warp not in SM80_ROWS_PER_WARP:
+        add("block_m", f"block_m/num_warps = {cfg.block_m}/{cfg.num_warps} = {rows_per_warp:g} rows per warp",
+            "16 or 32 rows per warp")
+        return problems
+
+    # Accumulators for S (block_n wide) and O (hdim wide), per m16 row tile.
+    registers = (rows_per_warp / 16) * (hdim + cfg.block_n) / 2
+    if registers > SM80_REGISTER_BUDGET:
+        add("block_n", f"needs about {registers:g} accumulator registers per thread",
+            f"(block_m/num_warps/16) * (hdim + block_n) / 2 <= {SM80_REGISTER_BUDGET}")
+
+    # cp.async moves 16 B (8 elements) per thread per step: tiles must split evenly.
+    threads = 32 * cfg.num_warps
+    for key, rows in (("block_n", cfg.block_n), ("block_m", cfg.block_m)):
+        chunks = rows * hdim // 8
+        if chunks % threads:
+            add(key, f"{key}*hdim/8 = {chunks} 16-byte loads do not split evenly over {threads} threads",
+                f"{key}*hdim/8 a multiple of 32*num_warps")
+    return problems
+
+
+def _sm90_problems(cfg: TileConfig) -> list[TileProblem]:
+    problems: list[TileProblem] = []
+
+    def add(key: str, problem: str, allowed: str) -> None:
+        problems.append(TileProblem(key, problem, allowed))
+
+    warpgroups, rest = divmod(cfg.block_m, 64)
+    if rest or warpgroups not in SM90_WARPGROUPS:
+        add("block_m", f"{cfg.block_m} is not 64 rows per consumer warpgroup x 1-3 warpgroups",
+            "64, 128, 192")
+    elif cfg.num_warpgroups is not None and cfg.num_warpgroups != warpgroups:
+        add("num_warpgroups", f"{cfg.num_warpgroups} does not match block_m/64 = {warpgroups}",
+            f"{warpgroups} for block_m {cfg.block_m}")
+    elif cfg.num_warps != 4 * (warpgroups + 1):
+        add("num_warps", f"{cfg.num_warps} total warps; {warpgroups} consumer warpgroups + 1 producer "
+            f"need {4 * (warpgroups + 1)}", "4 * (block_m/64 + 1), or omit it")
+    if cfg.block_n > SM90_MAX_BLOCK_N:
+        add("block_n", f"{cfg.block_n} is over the wgmma N limit", f"at most {SM90_MAX_BLOCK_N}")
+    if cfg.stages not in SM90_STAGES:
+        add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
+    return problems

@@ -1,0 +1,297 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flashtune.gpu import GpuInfo, describe_target
+from flashtune.arch import arch_for_compute_capability
+from flashtune.paths import profiles_dir
+from flashtune.profiles import (ProfileError, find_profile, list_profiles, load_profile, select_profile,
+                                select_profile_with_reason)
+from flashtune.tiles import TileConfig, tile_problems
+
+SHIPPED = {"rtx3090": "sm_86", "rtx4090": "sm_89", "l40s": "sm_89", "rtx5090": "sm_120",
+           "a100": "sm_80", "h100": "sm_90a", "h200": "sm_90a", "h200-sm80": "sm_90"}
+
+BASE = {
+    "name": "test",
+    "description": "a test profile",
+    "match": {"names": ["RTX 4090"], "compute_capability": ["8.9"]},
+    "family": "sm80",
+    "arch": "sm_89",
+    "dtypes": ["float16", "bfloat16"],
+    "head_dims": [64, 128],
+    "fp8": None,
+    "nvcc_flags": [],
+    "configs": [
+        {"hdim": 64, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64, "num_warps": 4, "stages": 2},
+        {"hdim": 128, "causal": "any", "seqlen": [0, 2048], "block_m": 64, "block_n": 64, "num_warps": 4, "stages": 2},
+        {"hdim": 128, "causal": "any", "seqlen": [2048, None], "block_m": 128, "block_n": 32, "num_warps": 4, "stages": 2},
+    ],
+}
+
+
+def write(tmp_path: Path, data, name="test.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def broken(tmp_path, mutate) -> str:
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "; allowed: " in message, message
+    return message
+
+
+# ---------------------------------------------------------------- shipped profiles
+
+def test_shipped_profiles_all_load():
+    profiles = {p.name: p for p in list_profiles()}
+    assert {name: p.arch.name for name, p in profiles.items()} == SHIPPED
+    for p in profiles.values():
+        assert p.path.parent == profiles_dir()
+        for entry in p.configs:
+            assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, p.fp8_qk) == []
+
+
+def test_shipped_families():
+    profiles = {p.name: p for p in list_profiles()}
+    assert profiles["h100"].family == profiles["h200"].family == "sm90"
+    assert all(p.family == "sm80" for n, p in profiles.items() if n not in ("h100", "h200"))
+    assert profiles["h200-sm80"].match_names == () and profiles["h200-sm80"].match_compute_capabilities == ()
+
+
+def test_tile_for_picks_by_hdim_causal_and_seqlen(tmp_path):
+    rtx = find_profile("rtx4090")
+    assert rtx.tile_for(128, False, 4096, 4096) == TileConfig(128, 32, 4, 2)
+    assert rtx.tile_for(128, True, 4096, 4096) == TileConfig(64, 64, 4, 2)
+    h200 = find_profile("h200")
+    assert (h200.tile_for(128, False, 8192, 8192).block_n, h200.tile_for(128, False, 1, 1).num_warpgroups) == (176, 2)
+    assert h200.tile_for(64, True, 512, 512).block_n == 128
+    custom = load_profile(write(tmp_path, BASE))
+    assert custom.tile_for(128, True, 100, 2047).block_m == 64
+    assert custom.tile_for(128, True, 100, 2048).block_m == 128  # max(seqlen_q, seqlen_k), max exclusive
+    with pytest.raises(ProfileError, match="head dim 256 is not in profile test"):
+        custom.tile_for(256, False, 1, 1)
+
+
+# ---------------------------------------------------------------- validation
+
+def test_valid_base_loads(tmp_path):
+    profile = load_profile(write(tmp_path, BASE))
+    assert profile.name == "test" and profile.match_compute_capabilities == ((8, 9),)
+
+
+def test_unknown_key(tmp_path):
+    assert "test.yaml: colour: unknown key; allowed: name, description" in broken(
+        tmp_path, lambda d: d.update(colour="red"))
+
+
+def test_unknown_config_key(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][0].update(blockm=64))
+    assert ": configs[0].blockm: unknown key; allowed: hdim, causal, seqlen, block_m" in msg
+
+
+def test_num_warpgroups_not_for_sm80(tmp_path):
+    assert "configs[0].num_warpgroups: unknown key" in broken(
+        tmp_path, lambda d: d["configs"][0].update(num_warpgroups=2))
+
+
+def test_missing_key(tmp_path):
+    assert ": configs: missing required key" in broken(tmp_path, lambda d: d.pop("configs"))
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d["configs"][0].update(block_m="128"), "configs[0].block_m: wrong type str"),
+    (lambda d: d["configs"][0].update(stages=True), "configs[0].stages: wrong type bool"),
+    (lambda d: d.update(head_dims=64), "head_dims: wrong type int"),
+    (lambda d: d.update(name=["x"]), "name: wrong type list"),
+    (lambda d: d.update(match=["RTX 4090"]), "match: wrong type list"),
+])
+def test_wrong_type(tmp_path, mutate, key):
+    assert key in broken(tmp_path, mutate)
+
+
+def test_block_not_multiple_of_16(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][0].update(block_n=40))
+    assert "configs[0].block_n: (hdim 64) 40 is not a positive multiple of 16; allowed: 16, 32, 48" in msg
+
+
+def test_shared_memory_over_arch_limit(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][1].update(block_m=64, block_n=128))  # 147456 B on sm_89
+    assert "configs[1].shared_memory: (hdim 128) needs 147456 bytes, over sm_89's per-block limit" in msg
+    assert "allowed: at most 101376 bytes" in msg
+
+
+def test_same_config_fits_on_a100(tmp_path):
+    def to_a100(d):
+        d.update(arch="sm_80")
+        d["configs"][1].update(block_n=128)
+    data = copy.deepcopy(BASE)
+    to_a100(data)
+    load_profile(write(tmp_path, data))
+
+
+def test_fp8_on_arch_without_fp8(tmp_path):
+    msg = broken(tmp_path, lambda d: d.update(arch="sm_86", fp8={"qk": "e4m3"}))
+    assert ": fp8: sm_86 has no FP8 tensor cores; allowed:" in msg
+
+
+def test_fp8_on_sm89_loads_and_shrinks_smem(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["fp8"] = {"qk": "e4m3"}
+    assert load_profile(write(tmp_path, data)).fp8_qk
+
+
+def test_fp8_unknown_format(tmp_path):
+    assert "fp8.qk: unknown format 'e5m3'; allowed: e4m3" in broken(tmp_path, lambda d: d.update(fp8={"qk": "e5m3"}))
+
+
+def test_overlapping_buckets(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][2].update(seqlen=[1024, None]))
+    assert "configs[2].seqlen: hdim 128 causal=false: overlaps configs[1] at [1024, 2048)" in msg
+    assert "exactly once" in msg
+
+
+def test_overlap_from_causal_any(tmp_path):
+    extra = {"hdim": 64, "causal": True, "seqlen": [0, None], "block_m": 64, "block_n": 64,
+             "num_warps": 4, "stages": 2}
+    msg = broken(tmp_path, lambda d: d["configs"].append(extra))
+    assert "hdim 64 causal=true: overlaps configs[0]" in msg
+
+
+def test_missing_bucket_gap(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][2].update(seqlen=[4096, None]))
+    assert ": configs: hdim 128 causal=false: seqlen [2048, 4096) is missing" in msg
+
+
+def test_missing_bucket_top(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][2].update(seqlen=[2048, 8192]))
+    assert "seqlen [8192, inf) is missing" in msg
+
+
+def test_missing_causal_half(tmp_path):
+    msg = broken(tmp_path, lambda d: d["configs"][0].update(causal=False))
+    assert ": configs: hdim 64 causal=true: no config" in msg
+
+
+def test_config_for_hdim_not_listed(tmp_path):
+    msg = broken(tmp_path, lambda d: d.update(head_dims=[64]))
+    assert "configs[1].hdim: 128 is not in head_dims; allowed: 64" in msg
+
+
+def test_bad_seqlen(tmp_path):
+    assert "configs[1].seqlen: max 0 is not an integer above min" in broken(
+        tmp_path, lambda d: d["configs"][1].update(seqlen=[0, 0]))
+
+
+def test_malformed_yaml(tmp_path):
+    path = write(tmp_path, "name: test\nconfigs: [\n  {hdim: 64\n")
+    with pytest.raises(ProfileError, match=r"test.yaml: line \d+, column \d+: malformed YAML .*allowed"):
+        load_profile(path)
+
+
+def test_not_a_mapping(tmp_path):
+    with pytest.raises(ProfileError, match=r"\(top level\): expected a mapping"):
+        load_profile(write(tmp_path, "- just\n- a list\n"))
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d.update(family="sm70"), ": family: unknown family 'sm70'; allowed: sm80, sm90"),
+    (lambda d: d.update(arch="sm_75"), ": arch: unknown arch 'sm_75'; allowed: sm_80"),
+    (lambda d: d.update(family="sm90"), ": family: family sm90 needs wgmma, which sm_89 lacks"),
+    (lambda d: d.update(dtypes=["float32"]), ": dtypes[0]: unknown dtype 'float32'; allowed: float16, bfloat16"),
+    (lambda d: d.update(head_dims=[64, 96]), ": head_dims[1]: head dim 96 is not supported; allowed: 64, 128, 256"),
+    (lambda d: d["match"].update(compute_capability=["sm_89"]), "match.compute_capability[0]: 'sm_89' is not MAJOR.MINOR"),
+    (lambda d: d["configs"][0].update(causal="maybe"), "configs[0].causal: 'maybe'; allowed: true, false or any"),
+])
+def test_other_invalid_values(tmp_path, mutate, expected):
+    assert expected in broken(tmp_path, mutate)
+
+
+def test_sm90_profile_rules(tmp_path):
+    data = copy.deepcopy(BASE)
+    data.update(family="sm90", arch="sm_90a")
+    data["configs"] = [{"hdim": h, "block_m": 128, "block_n": 128, "stages": 2} for h in (64, 128)]
+    assert load_profile(write(tmp_path, data)).configs[0].tile.num_warpgroups == 2
+    data["configs"][0]["num_warpgroups"] = 3
+    with pytest.raises(ProfileError, match=r"configs\[0\].num_warpgroups: \(hdim 64\) 3 does not match block_m/64 = 2"):
+        load_profile(write(tmp_path, data))
+    data["configs"][0].update(num_warpgroups=2, num_warps=12)
+    with pytest.raises(ProfileError, match=r"configs\[0\].num_warps: unknown key"):
+        load_profile(write(tmp_path, data))
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read it"):
+        load_profile(tmp_path / "nope.yaml")
+
+
+# ---------------------------------------------------------------- finding and selecting
+
+def gpu(name, cc):
+    return GpuInfo(0, name, cc, arch_for_compute_capability(*cc), None, None, None, None, None, None)
+
+
+def test_find_by_name_and_path(tmp_path):
+    assert find_profile("rtx5090").arch.name == "sm_120"
+    assert find_profile(str(write(tmp_path, BASE))).name == "test"
+    with pytest.raises(ProfileError, match="did you mean rtx4090.*allowed: a100, h100"):
+        find_profile("rtx4900")
+
+
+def test_explicit_profile_wins():
+    assert select_profile("a100", gpu("NVIDIA GeForce RTX 4090", (8, 9))).name == "a100"
+
+
+@pytest.mark.parametrize("name, cc, expected", [
+    ("NVIDIA GeForce RTX 4090", (8, 9), "rtx4090"),
+    ("NVIDIA L40S", (8, 9), "l40s"),
+    ("NVIDIA L4", (8, 9), "l40s"),
+    ("NVIDIA GeForce RTX 3090", (8, 6), "rtx3090"),
+    ("NVIDIA A10", (8, 6), "rtx3090"),
+    ("NVIDIA A100-SXM4-80GB", (8, 0), "a100"),
+    ("NVIDIA H100 80GB HBM3", (9, 0), "h100"),
+    ("NVIDIA H200", (9, 0), "h200"),
+    ("NVIDIA GeForce RTX 5090", (12, 0), "rtx5090"),
+])
+def test_auto_match_by_name(name, cc, expected):
+    selection = select_profile_with_reason(gpu=gpu(name, cc))
+    assert selection.profile.name == expected
+    assert "matched by name" in selection.reason
+
+
+def test_unknown_card_falls_back_to_compute_capability():
+    selection = select_profile_with_reason(gpu=gpu("NVIDIA RTX 4000 Ada Generation", (8, 9)))
+    assert selection.profile.name == "rtx4090"
+    assert "compute capability 8.9" in selection.reason
+    assert select_profile(gpu=gpu("NVIDIA RTX PRO 6000 Blackwell", (12, 0))).name == "rtx5090"
+
+
+def test_target_from_arch_matches():
+    assert select_profile(gpu=describe_target(arch="sm_90a")).name == "h100"
+    assert select_profile(gpu=describe_target(gpu_name="L40S")).name == "l40s"
+
+
+def test_no_match_names_closest_and_how_to_write_one():
+    with pytest.raises(ProfileError) as info:
+        select_profile(gpu=gpu("NVIDIA B200", (10, 0)))
+    message = str(info.value)
+    assert "no profile matches GPU 'NVIDIA B200' (compute capability 10.0)" in message
+    assert "the closest is" in message and "docs/profiles.md" in message and "flashtune profiles show" in message
+
+
+def test_plain_sm90_target_suggests_h200_sm80():
+    with pytest.raises(ProfileError, match="closest is h200-sm80"):
+        select_profile(gpu=describe_target(arch="sm_90"))
+
+
+def test_no_gpu_no_profile():
+    with pytest.raises(ProfileError, match="no GPU is visible"):
+        select_profile()

@@ -1,0 +1,73 @@
+"""KernelSpec: names, generated source, cache key, and the specs a profile asks for."""
+from __future__ import annotations
+
+import pytest
+
+from flashtune.profiles import find_profile
+from flashtune.spec import KernelSpec, SpecError, specs_for_profile
+from flashtune.tiles import TileConfig, sm90_tile
+
+
+def _spec(**kw):
+    args = dict(family="sm80", arch="sm_89", dtype="bfloat16", hdim=128, tile=TileConfig(128, 64, 4, 2),
+                causal=False)
+    args.update(kw)
+    return KernelSpec(**args)
+
+
+def test_name_spells_out_the_configuration():
+    assert _spec().name == "flashtune_fwd_sm80_bf16_h128_128x64_w4_s2_sm89"
+    assert _spec(dtype="float16", hdim=64, causal=True, arch="sm_120").name == \
+        "flashtune_fwd_sm80_f16_h64_128x64_w4_s2_c_sm120"
+    assert _spec(arch="sm_90").name.endswith("_sm90")
+
+
+def test_source_defines_exactly_that_extern_c_kernel_and_launcher():
+    spec = _spec(causal=True)
+    src = spec.source()
+    assert f'extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)\n{spec.name}(' in src
+    assert f'extern "C" int {spec.name}_launch(' in src
+    assert "Traits<__nv_bfloat16, 128, 128, 64, 4, 2, true>" in src
+
+
+def test_cache_key_follows_everything_the_build_reads():
+    base = _spec()
+    assert base.source_hash() == _spec().source_hash()
+    assert base.source_hash() != _spec(nvcc_flags=("-DFOO",)).source_hash()
+    assert base.source_hash() != _spec(causal=True).source_hash()
+    assert base.source_hash() != _spec(arch="sm_120").source_hash()
+
+
+def test_specs_are_hashable_and_equal_by_value():
+    assert len({_spec(), _spec(), _spec(causal=True)}) == 2
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(dtype="float32"), "dtype 'float32' is not supported"),
+    (dict(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2)), "has no kernel in this flashtune version"),
+    (dict(fp8=True), "FP8 kernels are not written yet"),
+    (dict(tile=TileConfig(128, 64, 2, 2)), "rows per warp"),
+    (dict(hdim=96), "head dim 96 is not supported"),
+    (dict(tile=TileConfig(128, 128, 4, 3), hdim=256), "128x128_w4_s3"),
+])
+def test_unbuildable_specs_are_refused_with_the_reason(kw, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        _spec(**kw)
+
+
+def test_specs_for_profile_cover_dtypes_hdims_and_both_causal_flags():
+    profile = find_profile("rtx5090")
+    specs = specs_for_profile(profile)
+    assert {s.dtype for s in specs} == set(profile.dtypes)
+    assert {s.hdim for s in specs} == set(profile.head_dims)
+    assert {s.causal for s in specs} == {False, True}
+    assert all(s.arch == "sm_120" for s in specs)
+    narrowed = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[64])
+    assert {(s.dtype, s.hdim) for s in narrowed} == {("bfloat16", 64)} and len(narrowed) == 2
+
+
+def test_specs_for_profile_retargets_and_rejects_unknown_choices():
+    profile = find_profile("rtx4090")
+    assert {s.arch for s in specs_for_profile(profile, arch="sm_120")} == {"sm_120"}
+    with pytest.raises(SpecError, match="hdim 96 is not in profile rtx4090"):
+        specs_for_profile(profile, hdims=[96])

@@ -1,0 +1,77 @@
+import pytest
+
+from flashtune.arch import get_arch
+from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_tile, threads_per_cta,
+                             tile_problems)
+
+SM89, SM80, SM90A = get_arch("sm_89"), get_arch("sm_80"), get_arch("sm_90a")
+
+
+def test_sm80_shared_memory_and_occupancy():
+    cfg = TileConfig(128, 64, 4, 2)
+    # Q 128x128x2 + 2 stages x (K 64x128x2 + V 64x128x2)
+    assert shared_memory_bytes("sm80", 128, cfg) == 32768 + 2 * 32768
+    assert threads_per_cta("sm80", cfg) == 128
+    assert ctas_per_sm("sm80", 64, TileConfig(128, 64, 4, 2), SM89) == 2  # 49152 B each
+    assert tile_problems("sm80", 128, cfg, SM80) == []
+
+
+def test_fp8_halves_q_and_k_only():
+    cfg = TileConfig(64, 64, 4, 2)
+    assert shared_memory_bytes("sm80", 128, cfg, fp8=True) == 64 * 128 + 2 * (64 * 128 * 1 + 64 * 128 * 2)
+
+
+def test_sm90_fa3_tiles_fit():
+    for hdim, bm, bn in [(64, 192, 192), (64, 192, 128), (128, 128, 176), (128, 128, 128), (256, 128, 80)]:
+        cfg = sm90_tile(bm, bn, 2)
+        assert cfg.num_warpgroups == bm // 64
+        assert tile_problems("sm90", hdim, cfg, SM90A) == []
+    cfg = sm90_tile(128, 176, 2)
+    assert threads_per_cta("sm90", cfg) == 384
+    assert shared_memory_bytes("sm90", 128, cfg) == 2 * (128 * 128 + 2 * 2 * 176 * 128) + 1024
+
+
+def _keys(family, hdim, cfg, arch, fp8=False):
+    return [p.split(":")[0] for p in tile_problems(family, hdim, cfg, arch, fp8)]
+
+
+@pytest.mark.parametrize("cfg, key", [
+    (TileConfig(120, 64, 4, 2), "block_m"),       # not a multiple of 16
+    (TileConfig(128, 40, 4, 2), "block_n"),       # not a multiple of 16
+    (TileConfig(128, 64, 3, 2), "num_warps"),
+    (TileConfig(128, 64, 4, 4), "stages"),
+    (TileConfig(256, 64, 4, 2), "block_m"),       # 64 rows per warp
+    (TileConfig(64, 128, 4, 2), "shared_memory"),  # d128 64x128 s2 = 147456 B > 99 KB
+])
+def test_sm80_problems(cfg, key):
+    assert key in _keys("sm80", 128, cfg, SM89)
+
+
+def test_sm80_register_budget():
+    assert "block_n" in _keys("sm80", 256, TileConfig(128, 64, 4, 1), SM80)  # 2*(256+64)/2 = 320
+
+
+def test_family_and_fp8_on_wrong_arch():
+    assert "family" in _keys("sm90", 128, sm90_tile(128, 128, 2), SM89)
+    assert "fp8" in _keys("sm80", 64, TileConfig(128, 64, 4, 2), SM80, fp8=True)
+    assert "fp8" not in _keys("sm80", 64, TileConfig(128, 64, 4, 2), SM89, fp8=True)
+
+
+@pytest.mark.parametrize("cfg, key", [
+    (sm90_tile(256, 128, 2), "block_m"),   # 4 consumer warpgroups
+    (sm90_tile(128, 272, 2), "block_n"),   # over the wgmma N limit
+    (sm90_tile(128, 128, 1), "stages"),
+    (TileConfig(128, 128, 12, 2, 3), "num_warpgroups"),
+])
+def test_sm90_problems(cfg, key):
+    assert key in _keys("sm90", 64, cfg, SM90A)
+
+
+def test_problem_text_says_what_is_allowed():
+    (text,) = tile_problems("sm80", 64, TileConfig(128, 64, 4, 5), SM89)
+    assert text.startswith("stages: 5 stages; allowed: 1, 2, 3")
+
+
+def test_unknown_family():
+    with pytest.raises(ValueError, match="unknown kernel family"):
+        tile_problems("sm70", 64, TileConfig(64, 64, 4, 2), SM80)

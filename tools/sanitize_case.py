@@ -1,0 +1,24 @@
+"""Small attention calls for compute-sanitizer (memcheck, racecheck): every kernel path once.
+
+Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE]
+"""
+import sys
+
+import torch
+
+import flashtune
+from flashtune import ops
+
+ops.use_profile(sys.argv[1] if len(sys.argv) > 1 else "h200-sm80")
+torch.manual_seed(0)
+for hdim in (64, 128, 256):
+    for causal in (False, True):
+        q = torch.randn(1, 77, 4, hdim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 130, 2, hdim, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+cu = torch.tensor([0, 3, 3, 70], dtype=torch.int32, device="cuda")
+q = torch.randn(70, 4, 64, device="cuda", dtype=torch.float16)
+flashtune.flash_attn_varlen_func(q, q[:, :2], q[:, 2:], cu, cu, 67, 67, causal=True)
+torch.cuda.synchronize()
+print("sanitize_case: done")
