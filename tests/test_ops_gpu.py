@@ -141,17 +141,22 @@ def test_varlen_mixed_lengths(causal, hdim):
     torch.testing.assert_close(lse[~no_key], ref_lse[~no_key], atol=2e-3, rtol=1e-3)
 
 
-def test_torch_compile_has_no_graph_breaks():
+def test_torch_compile_traces_without_graph_breaks():
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
     from flashtune import flash_attn_func
 
     def f(q, k, v):
         return flash_attn_func(q, k, v, causal=True) * 2
 
     q, k, v = (_rand(1, 256, 4, 64, dtype=torch.bfloat16) for _ in range(3))
-    explanation = torch._dynamo.explain(f)(q, k, v)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    compiled = torch.compile(f, fullgraph=True)
+    recorder = EagerAndRecordGraphs()
+    compiled = torch.compile(f, fullgraph=True, backend=recorder)  # fullgraph: a break raises
     torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
+    assert len(recorder.graphs) == 1
+    assert "flashtune.attention_fwd" in recorder.graphs[0].code
+    inductor = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(inductor(q, k, v), f(q, k, v))
 
 
 def test_results_fresh_per_call():

@@ -11,6 +11,10 @@
 #include "common/ptx_sm80.cuh"
 #include "sm80/kernel_traits.cuh"
 
+#ifndef FLASHTUNE_LAZY_RESCALE
+#define FLASHTUNE_LAZY_RESCALE 0
+#endif
+
 namespace flashtune {
 namespace sm80 {
 
@@ -185,6 +189,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     }
 
     // ---- Online softmax (exp2 domain, scale folded into one FMA per score).
+    float alpha[MT][2];
+    bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -197,14 +203,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
         m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
         // A row that has seen only masked keys keeps max -inf: subtract 0, not -inf (no NaN).
         const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-        const float alpha = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        alpha[mt][r] = fast_exp2(row_max[mt][r] * scale_log2 - m_scaled);
+        rescale |= m != row_max[mt][r];
         row_max[mt][r] = m;
-        row_sum[mt][r] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < T::kOTiles; ++dt) {
-          acc_o[mt][dt][2 * r] *= alpha;
-          acc_o[mt][dt][2 * r + 1] *= alpha;
-        }
+        row_sum[mt][r] *= alpha[mt][r];
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < T::kSTiles; ++nt)
@@ -215,6 +217,19 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
           }
         row_sum[mt][r] += sum;  // per-thread partial; reduced across the quad at the end
       }
+    // Rescaling O costs one multiply per accumulator; once the row maxima settle it is a no-op
+    // (alpha = 1) for the whole warp, so skip it then (a warp-uniform branch).
+#if FLASHTUNE_LAZY_RESCALE
+    if (__any_sync(0xffffffff, rescale))
+#endif
+    {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < T::kOTiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] *= alpha[mt][e >> 1];
+    }
 
     // P in 16 bits as MMA A fragments: two adjacent n8 tiles of S form one k16 fragment, so this
     // is a pure reshape, and the f32 scores die here rather than living through P V.
