@@ -11,11 +11,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Shared memory is addressed with 32-bit shared-window addresses (smem_addr): cheaper in
+// registers than 64-bit generic pointers, which matters in kernels at the register limit.
+
 // 16-byte global->shared copy that bypasses L1; zero-fills when !valid (tails, padding rows).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -24,15 +26,15 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Four 8x8 b16 matrices; lane l supplies the row address of matrix l/8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
+               : "r"(smem));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(smem)));
+               : "r"(smem));
 }
 
 // D = A(16x16, row) * B(16x8, col) + D with f32 accumulation.

@@ -23,7 +23,7 @@ namespace sm80 {
 // Each thread keeps one column chunk and walks rows kRowsPerPass apart, so its addresses are a
 // base plus compile-time steps rather than one live register pair per chunk.
 template <class T, int kRows>
-__device__ __forceinline__ void load_tile_async(typename T::Elem* smem, const typename T::Elem* gmem,
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const typename T::Elem* gmem,
                                                 int64_t row_stride, int rows_valid, int tid) {
   constexpr int kRowsPerPass = T::kThreads / T::kChunksPerRow;
   static_assert(T::kThreads % T::kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "even split");
@@ -36,7 +36,7 @@ __device__ __forceinline__ void load_tile_async(typename T::Elem* smem, const ty
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const int row = row0 + i * kRowsPerPass;
     const bool valid = row < rows_valid;
-    cp_async_16(smem + swizzled<T::kHeadDim>(row, col), gmem + (valid ? offset : col), valid);
+    cp_async_16(smem + 2 * swizzled<T::kHeadDim>(row, col), gmem + (valid ? offset : col), valid);
     offset += step;
   }
 }
@@ -48,9 +48,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   constexpr int MT = T::kMTiles;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
-  Elem* sK = sQ + T::kQElems;                    // kStages buffers of [BN][D]
-  Elem* sV = sK + T::kStages * T::kKVElems;      // kStages buffers of [BN][D]
+  // 32-bit shared addresses, in bytes: Q [BM][D], then kStages K and kStages V buffers [BN][D].
+  constexpr uint32_t kKVBytes = T::kKVElems * sizeof(Elem);
+  const uint32_t sQ = smem_addr(smem_raw);
+  const uint32_t sK = sQ + T::kQElems * sizeof(Elem);
+  const uint32_t sV = sK + T::kStages * kKVBytes;
 
   // Causal CTAs run heaviest (longest rows) first so the tail of the grid is short.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -92,6 +94,20 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
   const int warp_row = warp * T::kRowsPerWarp;
 
+  // ldmatrix row addresses. Every row a lane addresses has (row & 7) == (lane & 7), so within
+  // a 128-byte group the swizzled chunk takes one of 4 lane-dependent values per operand;
+  // everything else is a compile-time offset. Precomputing the 4 keeps the address math to 12
+  // registers instead of one per (k step, tile) that the compiler would otherwise spill.
+  constexpr uint32_t kRowBytes = D * sizeof(Elem);
+  const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
+  uint32_t q_addr[4], k_lane[4], v_lane[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q_addr[i] = sQ + (warp_row + mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
+    k_lane[i] = (hi * 8 + x) * kRowBytes + (((2 * i + mid) ^ x) << 4);
+    v_lane[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
+  }
+
   // ---- Prologue: groups [Q + K0], V0, K1, V1, ..., K(S-1). Empty groups keep counts uniform.
   const int rows_q = seqlen_q - m_block * BM;
   load_tile_async<T, BM>(sQ, gQ, p.q_row_stride, rows_q, tid);
@@ -99,12 +115,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   for (int s = 0; s < T::kStages; ++s) {
     if (s > 0) {
       if (s - 1 < n_blocks)
-        load_tile_async<T, BN>(sV + (s - 1) * T::kKVElems, gV + int64_t(s - 1) * BN * p.v_row_stride,
+        load_tile_async<T, BN>(sV + (s - 1) * kKVBytes, gV + int64_t(s - 1) * BN * p.v_row_stride,
                                p.v_row_stride, seqlen_k - (s - 1) * BN, tid);
       cp_async_commit();
     }
     if (s < n_blocks)
-      load_tile_async<T, BN>(sK + s * T::kKVElems, gK + int64_t(s) * BN * p.k_row_stride,
+      load_tile_async<T, BN>(sK + s * kKVBytes, gK + int64_t(s) * BN * p.k_row_stride,
                              p.k_row_stride, seqlen_k - s * BN, tid);
     cp_async_commit();
   }
@@ -128,15 +144,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
 
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;
-    const Elem* sKj = sK + stage * T::kKVElems;
-    const Elem* sVj = sV + stage * T::kKVElems;
+    const uint32_t sKj = sK + stage * kKVBytes;
+    const uint32_t sVj = sV + stage * kKVBytes;
 
     cp_async_wait<T::kPendingGroups>();  // K_j (and Q) landed
     __syncthreads();                     // ... for every thread; and P V_(j-1) is done everywhere
     {
       const int jv = j + T::kStages - 1;  // refill the V buffer that P V_(j-1) just released
       if (jv < n_blocks)
-        load_tile_async<T, BN>(sV + (jv % T::kStages) * T::kKVElems,
+        load_tile_async<T, BN>(sV + (jv % T::kStages) * kKVBytes,
                                gV + int64_t(jv) * BN * p.v_row_stride, p.v_row_stride,
                                seqlen_k - jv * BN, tid);
       cp_async_commit();
@@ -154,15 +170,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int row = warp_row + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4(a[mt], sQ + swizzled<D>(row, kk * 16 + (lane >> 4) * 8));
-      }
+      for (int mt = 0; mt < MT; ++mt)  // rows warp_row + mt*16 + 0..15, columns kk*16 + 0..15
+        ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; nt += 2) {
-        uint32_t b[4];  // b0,b1 of n tile nt, then of nt+1
-        const int key = nt * 8 + (lane >> 4) * 8 + (lane & 7);
-        ldmatrix_x4(b, sKj + swizzled<D>(key, kk * 16 + ((lane >> 3) & 1) * 8));
+        uint32_t b[4];  // b0,b1 of n tile nt, then of nt+1: keys nt*8 + 0..15, dims kk*16 + 0..15
+        ldmatrix_x4(b, sKj + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<Elem>(acc_s[mt][nt], a[mt], b[0], b[1]);
@@ -249,7 +262,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     {
       const int jk = j + T::kStages;  // refill the K buffer that S_j just released
       if (jk < n_blocks)
-        load_tile_async<T, BN>(sK + stage * T::kKVElems, gK + int64_t(jk) * BN * p.k_row_stride,
+        load_tile_async<T, BN>(sK + stage * kKVBytes, gK + int64_t(jk) * BN * p.k_row_stride,
                                p.k_row_stride, seqlen_k - jk * BN, tid);
       cp_async_commit();
     }
@@ -259,9 +272,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
       for (int dt = 0; dt < T::kOTiles; dt += 2) {
-        uint32_t b[4];  // transposed: (key 2t.., dim g) fragments of d tiles dt and dt+1
-        const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-        ldmatrix_x4_trans(b, sVj + swizzled<D>(key, dt * 8 + (lane >> 4) * 8));
+        uint32_t b[4];  // transposed (key 2t.., dim g) fragments: keys kk*16 + 0..15, d tiles dt, dt+1
+        ldmatrix_x4_trans(b, sVj + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<Elem>(acc_o[mt][dt], frag_p[mt][kk], b[0], b[1]);
@@ -274,6 +286,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   // ---- Epilogue: normalise, stage O through shared memory (Q's buffer), 16-byte stores.
   cp_async_wait<0>();
   __syncthreads();  // every warp is done reading sQ; no copy is still landing
+  Elem* sO = reinterpret_cast<Elem*>(smem_raw);  // O is staged in Q's buffer
   Elem* gO = static_cast<Elem*>(p.o) + o_off + int64_t(head) * p.o_head_stride +
              int64_t(m_block) * BM * p.o_row_stride;
 #pragma unroll
@@ -290,7 +303,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       for (int dt = 0; dt < T::kOTiles; ++dt) {
         const uint32_t packed =
             pack2<Elem>(acc_o[mt][dt][2 * r] * inv, acc_o[mt][dt][2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(sQ + swizzled<D>(row, dt * 8 + 2 * t)) = packed;
+        *reinterpret_cast<uint32_t*>(sO + swizzled<D>(row, dt * 8 + 2 * t)) = packed;
       }
       if (p.lse != nullptr && t == 0 && m_block * BM + row < seqlen_q) {
         const float lse = l > 0.f ? row_max[mt][r] * p.softmax_scale + logf(l) : -INFINITY;
@@ -305,7 +318,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     const int col = (c % T::kChunksPerRow) * 8;
     if (m_block * BM + row < seqlen_q)
       *reinterpret_cast<uint4*>(gO + int64_t(row) * p.o_row_stride + col) =
-          *reinterpret_cast<const uint4*>(sQ + swizzled<D>(row, col));
+          *reinterpret_cast<const uint4*>(sO + swizzled<D>(row, col));
   }
 }
 
