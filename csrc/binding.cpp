@@ -23,6 +23,11 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
               "flashtune: last dimension must be contiguous");
+  for (const at::Tensor* t : {&q, &k, &v, &out}) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "flashtune: q, k, v must start at a 16-byte aligned address (a view at an odd "
+                "offset is not); call .contiguous()");
+  }
   const bool varlen = cu_seqlens_q.has_value();
   TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flashtune: cu_seqlens_q and cu_seqlens_k together");
   TORCH_CHECK(q.dim() == (varlen ? 3 : 4), "flashtune: q has the wrong rank");

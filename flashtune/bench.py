@@ -73,7 +73,7 @@ def geomean(values: Iterable[float]) -> float | None:
 
 # ---------------------------------------------------------------------------- measuring
 
-def _kernel_names(run: Callable[[], object]) -> list[str]:
+def kernel_names(run: Callable[[], object]) -> list[str]:
     """CUDA kernels one call launches, from the torch profiler (copies and memsets left out)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -148,7 +148,7 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
             row["peak_mem_mb"] = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
             row["rel_err"] = rel_l2(out[:1, :, :sample_h], ref)
             del out
-            row["kernel"] = "; ".join(_kernel_names(runners[0]))
+            row["kernel"] = "; ".join(kernel_names(runners[0]))
             times = _time_ms(runners, warmup, repeats)
             row["ms"] = statistics.median(times)
             row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12

@@ -128,6 +128,56 @@ def build(profile_name, arch, hdims, dtypes, force, jobs, verbose, as_json) -> N
     sys.exit(build_command.EXIT_BUILD_FAILED if report["failures"] else 0)
 
 
+@cli.command()
+@click.option("--profile", "profile_name", metavar="NAME|PATH",
+              help="Profile to verify (default: the one matching this GPU).")
+@click.option("--expect-kernel", metavar="NAME",
+              help="Assert this exact kernel name launches for every case (instead of each case's spec).")
+@click.option("--sdpa", is_flag=True, help="Report which backend PyTorch's own SDPA picks for a shape, and why.")
+@click.option("--hdim", type=int, default=128, show_default=True, help="With --sdpa: head dim.")
+@click.option("--seqlen", type=int, default=4096, show_default=True, help="With --sdpa: sequence length.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True,
+              help="With --sdpa: dtype.")
+@click.option("--causal/--no-causal", default=False, help="With --sdpa: causal mask.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_json) -> None:
+    """Prove the loaded kernel is the expected one and that its results are right.
+
+    Correctness matrix against an fp32 reference (bar: SDPA's error on the same inputs);
+    the exact kernel name in the profiler and no other attention kernel; HMMA/LDSM/LDGSTS
+    (sm80 family) in the SASS and no LDL/STL without ptxas-reported spills. Examples:
+
+        flashtune verify --profile h200-sm80
+        flashtune verify --sdpa --hdim 128 --seqlen 8192 --causal
+
+    Exit codes: 0 all passed, 1 a check failed, 2 bad input, 3 no GPU visible.
+    """
+    from flashtune import verify as verify_mod, verify_report
+
+    if not detect_gpus():
+        click.secho("error: no GPU is visible; verify needs one (see `flashtune detect`)", fg="red", err=True)
+        sys.exit(detect_report.EXIT_NO_GPU)
+    console = make_console()
+    if sdpa:
+        report = verify_mod.sdpa_report(dtype, hdim, seqlen, causal)
+        print_json(report) if as_json else verify_report.render_sdpa(report, console)
+        return
+    profile, reason = build_command.resolve_profile(profile_name)
+    from flashtune import ops
+
+    ops.use_profile(profile.path)
+    if not as_json:
+        console.print(f"profile [bold]{profile.name}[/] ({reason})")
+    with Progress(TextColumn("[bold]verify[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True,
+                  disable=as_json) as bar:
+        task = bar.add_task("", total=len(verify_mod.correctness_cases(profile)))
+        report = verify_mod.run_verify(profile, expect_kernel,
+                                       on_progress=lambda case: bar.update(task, advance=1, description=case.name))
+    print_json(report) if as_json else verify_report.render(report, console)
+    sys.exit(0 if report["ok"] else 1)
+
+
 def _int_list(ctx, param, value: str | None):
     if value is None:
         return None

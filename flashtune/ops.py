@@ -139,9 +139,14 @@ def _check_tensors(q, k, v, varlen: bool) -> None:
         if t.stride(-1) != 1:
             _fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
                   f"{tuple(t.stride())}; call .contiguous()")
-        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]) or t.storage_offset() % _ALIGN_ELEMS:
-            _fail(f"{name}'s strides {tuple(t.stride())} / storage offset {t.storage_offset()} are "
-                  f"not multiples of {_ALIGN_ELEMS} elements (16 bytes); call .contiguous()")
+        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
+            _fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {_ALIGN_ELEMS} "
+                  "elements (16 bytes); call .contiguous()")
+        # The storage offset is not traceable by torch.compile; binding.cpp checks the data
+        # pointer's 16-byte alignment at launch either way.
+        if not torch.compiler.is_compiling() and t.storage_offset() % _ALIGN_ELEMS:
+            _fail(f"{name} starts at storage offset {t.storage_offset()}, not a multiple of "
+                  f"{_ALIGN_ELEMS} elements (16 bytes); call .contiguous()")
         row_stride = t.stride(-3)
         if row_stride * _MAX_TILE_ROWS >= 2**31:
             _fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "

@@ -11,10 +11,6 @@
 #include "common/ptx_sm80.cuh"
 #include "sm80/kernel_traits.cuh"
 
-#ifndef FLASHTUNE_LAZY_RESCALE
-#define FLASHTUNE_LAZY_RESCALE 0
-#endif
-
 namespace flashtune {
 namespace sm80 {
 
@@ -231,11 +227,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
         row_sum[mt][r] += sum;  // per-thread partial; reduced across the quad at the end
       }
     // Rescaling O costs one multiply per accumulator; once the row maxima settle it is a no-op
-    // (alpha = 1) for the whole warp, so skip it then (a warp-uniform branch).
-#if FLASHTUNE_LAZY_RESCALE
-    if (__any_sync(0xffffffff, rescale))
-#endif
-    {
+    // (alpha is exactly 1) for the whole warp, so skip it then (a warp-uniform branch).
+    if (__any_sync(0xffffffff, rescale)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -1,0 +1,264 @@
+"""`flashtune verify`: prove the kernel that runs is the expected one, and that it is right.
+
+Three checks, each a list of rows with `ok`:
+* correctness: a matrix of shapes against the fp32 reference, the bar set by what SDPA
+  achieves on the same inputs (flashtune.baseline), outputs poisoned before each launch;
+* identity: under torch.profiler, the exact kernel name of the spec chosen for the call
+  launched, and no other attention kernel (SDPA flash/cuDNN/efficient, a math GEMM) ran;
+* SASS: cuobjdump shows code for the target arch, the family's instructions (HMMA, LDSM,
+  LDGSTS for sm80) and no local-memory traffic (LDL/STL) where ptxas reported no spills.
+
+`--sdpa` instead reports which backend PyTorch's own scaled_dot_product_attention picks
+for a shape, and why it refuses the others.
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import warnings
+from dataclasses import dataclass
+
+# Kernel names that mean some attention implementation ran (besides the expected one).
+ATTENTION_KERNEL_RE = re.compile(
+    r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
+
+# Instructions each family's kernels must contain (cuobjdump -sass mnemonics).
+FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG")}
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    dtype: str
+    hdim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    batch: int = 2
+    heads: int = 8
+    heads_kv: int = 8
+    varlen: bool = False
+
+
+def correctness_cases(profile) -> list[Case]:
+    """The matrix: every dtype and head dim of the profile, causal and not, odd and GQA shapes."""
+    cases = []
+    for dtype in profile.dtypes:
+        for hdim in profile.head_dims:
+            for causal in (False, True):
+                c = "causal" if causal else "full"
+                cases.append(Case(f"{dtype} d{hdim} {c} 512", dtype, hdim, causal, 512, 512))
+                cases.append(Case(f"{dtype} d{hdim} {c} 17/1000", dtype, hdim, causal, 17, 1000))
+                cases.append(Case(f"{dtype} d{hdim} {c} 1000/17", dtype, hdim, causal, 1000, 17))
+        hdim = profile.head_dims[0]
+        cases.append(Case(f"{dtype} d{hdim} GQA 8:2 causal 333/555", dtype, hdim, True, 333, 555,
+                          heads=8, heads_kv=2))
+        cases.append(Case(f"{dtype} d{hdim} MQA 8:1 300", dtype, hdim, False, 300, 300, heads=8, heads_kv=1))
+        cases.append(Case(f"{dtype} d{hdim} varlen causal", dtype, hdim, True, 0, 0, batch=4, varlen=True))
+    return cases
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+def unexpected_attention_kernels(names: list[str], expected: str) -> list[str]:
+    """Kernels in `names` that look like attention work other than the expected kernel."""
+    return [n for n in names if n != expected and ATTENTION_KERNEL_RE.search(n)]
+
+
+def parse_sass(text: str, kernel: str) -> dict:
+    """From `cuobjdump -sass` output: the arch of the kernel's code and its mnemonics."""
+    arch, current, in_kernel, mnemonics = None, None, False, set()
+    for line in text.splitlines():
+        m = re.search(r"code for (sm_\w+)", line)
+        if m:
+            current = m.group(1)
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            in_kernel = m.group(1) == kernel
+            if in_kernel:
+                arch = current
+            continue
+        if in_kernel:
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+            if m:
+                mnemonics.add(m.group(1))
+    return {"found": arch is not None, "arch": arch, "mnemonics": mnemonics}
+
+
+def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> dict:
+    """One SASS check: arch, the family's instructions, and no LDL/STL unless ptxas spilled."""
+    row = {"kernel": spec.name, "check": "sass", "ok": True, "detail": ""}
+    if cuobjdump is None:
+        return {**row, "ok": None, "detail": "skipped: cuobjdump not found (pip install nvidia-cuda-cuobjdump)"}
+    proc = subprocess.run([cuobjdump, "-sass", "-fun", spec.name, library], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {**row, "ok": None, "detail": f"skipped: cuobjdump failed: {proc.stderr.strip()[:200]}"}
+    sass = parse_sass(proc.stdout, spec.name)
+    want_arch = spec.arch.rstrip("a")
+    problems = []
+    if not sass["found"]:
+        problems.append("kernel not in the library")
+    elif (sass["arch"] or "").rstrip("a") != want_arch:
+        problems.append(f"code for {sass['arch']}, expected {spec.arch}")
+    missing = [op for op in FAMILY_SASS[spec.family] if not any(m.startswith(op) for m in sass["mnemonics"])]
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    local = sorted(m for m in sass["mnemonics"] if m in ("LDL", "STL"))
+    if local and not spilled:
+        problems.append(f"{'/'.join(local)} present although ptxas reported no spills")
+    found = sorted(m for m in sass["mnemonics"] if m.startswith(FAMILY_SASS[spec.family] + ("LDL", "STL")))
+    detail = f"{sass['arch']}: {', '.join(found)}"
+    return {**row, "ok": not problems, "detail": "; ".join(problems) if problems else detail}
+
+
+# ---------------------------------------------------------------------------- GPU checks
+
+def _inputs(case: Case, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+    if case.varlen:
+        lens_q, lens_k = [7, 0, 300, 1][:case.batch], [9, 4, 300, 600][:case.batch]
+        cu_q = torch.tensor([0] + list(_cumsum(lens_q)), dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0] + list(_cumsum(lens_k)), dtype=torch.int32, device="cuda")
+        q = torch.randn(sum(lens_q), case.heads, case.hdim, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
+        return q, k, v, (cu_q, cu_k, max(lens_q), max(lens_k))
+
+    def rand(s, h):
+        return torch.randn(case.batch, s, h, case.hdim, device="cuda", dtype=dtype, generator=gen)
+
+    return rand(case.seqlen_q, case.heads), rand(case.seqlen_k, case.heads_kv), rand(case.seqlen_k, case.heads_kv), None
+
+
+def _cumsum(values):
+    total = 0
+    for v in values:
+        total += v
+        yield total
+
+
+def _call(q, k, v, case: Case, varlen_args):
+    from flashtune import ops
+
+    if varlen_args:
+        cu_q, cu_k, mq, mk = varlen_args
+        return ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=case.causal, return_lse=True)
+    return ops.flash_attn_func(q, k, v, causal=case.causal, return_lse=True)
+
+
+def check_case(case: Case, profile, expected_kernel: str | None, seed: int):
+    """(correctness and identity rows, the spec that served the case)."""
+    import torch
+
+    from flashtune import ops
+    from flashtune.baseline import tolerance
+    from flashtune.bench import kernel_names
+    from flashtune.reference import attention_reference, rel_l2, varlen_reference
+
+    q, k, v, varlen_args = _inputs(case, seed)
+    scale = 1.0 / math.sqrt(case.hdim)
+    sq, sk = (varlen_args[2], varlen_args[3]) if varlen_args else (case.seqlen_q, case.seqlen_k)
+    spec = ops.select_spec(profile, case.dtype, case.hdim, case.causal, sq, sk)
+    expected = expected_kernel or spec.name
+
+    ops.poison_outputs = True
+    try:
+        out, _ = _call(q, k, v, case, varlen_args)
+        torch.cuda.synchronize()
+        names = kernel_names(lambda: _call(q, k, v, case, varlen_args))
+    finally:
+        ops.poison_outputs = False
+    if varlen_args:
+        ref, _ = varlen_reference(q, k, v, varlen_args[0], varlen_args[1], case.causal, scale)
+        cq, ck = varlen_args[0].tolist(), varlen_args[1].tolist()
+        tol = max(tolerance(q[a:b][None], k[c:d][None], v[c:d][None], case.causal, scale, ref[a:b][None])
+                  for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]) if b > a)
+    else:
+        ref, _ = attention_reference(q, k, v, case.causal, scale)
+        tol = tolerance(q, k, v, case.causal, scale, ref)
+    err = rel_l2(out, ref)
+    unwritten = int(torch.isnan(out).sum())
+    correct = {"case": case.name, "check": "correctness", "kernel": spec.name, "rel_err": err, "tolerance": tol,
+               "ok": err <= tol and unwritten == 0,
+               "detail": f"rel err {err:.2e} <= {tol:.2e}" if err <= tol else f"rel err {err:.2e} > {tol:.2e}"}
+    if unwritten:
+        correct["detail"] += f"; {unwritten} output elements never written"
+    others = unexpected_attention_kernels(names, expected)
+    launched = expected in names
+    identity = {"case": case.name, "check": "identity", "kernel": expected, "observed": names,
+                "ok": launched and not others,
+                "detail": ("launched" if launched else f"expected kernel did not launch; saw {names}")
+                + (f"; other attention kernels ran: {others}" if others else "")}
+    return [correct, identity], spec
+
+
+def run_verify(profile, expected_kernel: str | None = None, seed: int = 0,
+               on_progress=None) -> dict:
+    """All checks for a profile on the current GPU; `ok` is False if any check failed."""
+    from flashtune.build import build_spec
+    from flashtune.toolchain import detect_toolchain
+
+    cases = correctness_cases(profile)
+    rows: list[dict] = []
+    specs = {}
+    for i, case in enumerate(cases):
+        case_rows, spec = check_case(case, profile, expected_kernel, seed + i)
+        rows += case_rows
+        specs[spec] = None
+        if on_progress:
+            on_progress(case)
+    cuobjdump = detect_toolchain().cuobjdump_path
+    for spec in specs:
+        result = build_spec(spec)  # a cache hit: the library the checks above loaded
+        rows.append(sass_row(spec, result.library, result.spills, cuobjdump))
+    failed = [r for r in rows if r["ok"] is False]
+    return {"profile": profile.name, "arch": profile.arch.name, "family": profile.family,
+            "ok": not failed, "failed": len(failed), "rows": rows}
+
+
+# ---------------------------------------------------------------------------- --sdpa
+
+def sdpa_report(dtype: str, hdim: int, seqlen: int, causal: bool, batch: int = 2, heads: int = 16) -> dict:
+    """Which backend SDPA picks for this shape (from kernel names), and why others refuse."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashtune.bench import kernel_names
+
+    q, k, v = (torch.randn(batch, heads, seqlen, hdim, device="cuda", dtype=getattr(torch, dtype))
+               for _ in range(3))
+    names = kernel_names(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    rows = []
+    for backend in SDPA_BACKENDS:
+        with warnings.catch_warnings(record=True) as caught, sdpa_kernel([getattr(SDPBackend, backend)]):
+            warnings.simplefilter("always")
+            try:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                torch.cuda.synchronize()
+                rows.append({"backend": backend, "usable": True, "why": ""})
+            except RuntimeError as e:
+                reasons = [str(w.message).splitlines()[0] for w in caught] or [str(e).splitlines()[0]]
+                rows.append({"backend": backend, "usable": False, "why": " | ".join(reasons)[:400]})
+    return {"shape": {"dtype": dtype, "hdim": hdim, "seqlen": seqlen, "causal": causal, "batch": batch,
+                      "heads": heads}, "default_kernels": names, "picked": classify_sdpa(names),
+            "backends": rows}
+
+
+def classify_sdpa(names: list[str]) -> str:
+    """The SDPA backend that these kernel names belong to."""
+    joined = " ".join(names).lower()
+    if "cudnn" in joined:
+        return "cudnn"
+    if "flash" in joined:
+        return "flash"
+    if "fmha" in joined or "mem_efficient" in joined or "cutlassf" in joined:
+        return "efficient"
+    if "gemm" in joined or "softmax" in joined:
+        return "math"
+    return "unknown"

@@ -1,0 +1,63 @@
+"""verify's pure parts: kernel-name classification, SASS parsing, the case matrix, the CLI without GPU."""
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from flashtune import verify
+from flashtune.cli import cli
+from flashtune.profiles import find_profile
+
+SASS = """
+	code for sm_90
+		Function : flashtune_fwd_sm80_bf16_h64_128x128_w4_s1_sm90
+	.headerflags	@"EF_CUDA_TEXMODE_UNIFIED EF_CUDA_64BIT_ADDRESS EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/              @!P0 BRA 0x200 ;
+        /*0020*/                   LDGSTS.E.BYPASS.LTC128B.128 [R5], desc[UR4][R2.64] ;
+        /*0030*/                   LDSM.16.M88.4 R8, [R12] ;
+        /*0040*/                   HMMA.16816.F32.BF16 R20, R8, R16, R20 ;
+		Function : other_kernel
+        /*0000*/                   STL [R1], R2 ;
+"""
+
+
+def test_parse_sass_reads_the_arch_and_mnemonics_of_one_kernel():
+    parsed = verify.parse_sass(SASS, "flashtune_fwd_sm80_bf16_h64_128x128_w4_s1_sm90")
+    assert parsed["found"] and parsed["arch"] == "sm_90"
+    assert parsed["mnemonics"] == {"LDGSTS", "LDSM", "HMMA", "BRA", "LDC"}  # base mnemonics
+    assert "STL" not in parsed["mnemonics"]  # belongs to the other kernel
+    assert not verify.parse_sass(SASS, "missing")["found"]
+
+
+def test_unexpected_attention_kernels():
+    ours = "flashtune_fwd_sm80_bf16_h128_128x64_w4_s1_sm90"
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>"
+    assert verify.unexpected_attention_kernels([ours, fill], ours) == []
+    flash = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>"
+    assert verify.unexpected_attention_kernels([ours, flash], ours) == [flash]
+    other_spec = "flashtune_fwd_sm80_bf16_h128_64x64_w4_s2_sm90"
+    assert verify.unexpected_attention_kernels([other_spec], ours) == [other_spec]
+    assert verify.unexpected_attention_kernels(["sm90_xmma_gemm_bf16bf16_bf16f32"], ours)
+
+
+def test_classify_sdpa():
+    assert verify.classify_sdpa(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop"]) == "cudnn"
+    assert verify.classify_sdpa(["void pytorch_flash::flash_fwd_kernel<...>"]) == "flash"
+    assert verify.classify_sdpa(["fmha_cutlassF_bf16_aligned_64x64_rf_sm80"]) == "efficient"
+    assert verify.classify_sdpa(["ampere_bf16_s16816gemm", "softmax_warp_forward"]) == "math"
+
+
+def test_case_matrix_covers_the_profile():
+    profile = find_profile("h200-sm80")
+    cases = verify.correctness_cases(profile)
+    assert {c.dtype for c in cases} == set(profile.dtypes)
+    assert {c.hdim for c in cases} == set(profile.head_dims)
+    assert {c.causal for c in cases} == {False, True}
+    assert any(c.varlen for c in cases) and any(c.heads_kv == 1 for c in cases)
+    assert any(c.seqlen_q != c.seqlen_k for c in cases)
+
+
+def test_verify_without_gpu_exits_3(monkeypatch):
+    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+    result = CliRunner().invoke(cli, ["verify"])
+    assert result.exit_code == 3 and "no GPU is visible" in result.output

@@ -1,0 +1,53 @@
+"""`flashtune verify` on the GPU: passes for the sm80 profile, fails loudly on a wrong expectation."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def flashtune_cache_dir(tmp_path_factory, monkeypatch):
+    path = os.environ.get("FLASHTUNE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("verify-cache"))
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", path)
+    return path
+
+
+def _profile():
+    return os.environ.get("FLASHTUNE_PROFILE", "h200-sm80")
+
+
+def test_verify_passes_and_shows_the_exact_kernel():
+    from flashtune.cli import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--profile", _profile(), "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 0, [r for r in report["rows"] if r["ok"] is False]
+    identity = [r for r in report["rows"] if r["check"] == "identity"]
+    assert identity and all(r["kernel"] in r["observed"] for r in identity)
+    sass = [r for r in report["rows"] if r["check"] == "sass"]
+    assert sass and all(r["ok"] for r in sass), sass  # cuobjdump is on the GPU machine
+
+
+def test_verify_fails_when_the_expected_kernel_does_not_launch():
+    from flashtune.cli import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--profile", _profile(), "--json",
+                                      "--expect-kernel", "flashtune_fwd_sm80_bf16_h64_64x64_w4_s2_sm90"])
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    bad = [r for r in report["rows"] if r["check"] == "identity" and not r["ok"]]
+    assert bad and "expected kernel did not launch" in bad[0]["detail"]
+
+
+def test_sdpa_report_names_a_backend():
+    from flashtune.verify import sdpa_report
+
+    report = sdpa_report("bfloat16", 128, 1024, causal=True)
+    assert report["picked"] in ("flash", "cudnn", "efficient", "math")
+    assert {r["backend"] for r in report["backends"]} == {"FLASH_ATTENTION", "CUDNN_ATTENTION",
+                                                           "EFFICIENT_ATTENTION", "MATH"}
