@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a backend runs: `import flashtune.cli` stays fast
+    import torch
 
 
 class Unavailable(Exception):
@@ -27,7 +28,7 @@ class Case:
     scale: float
 
 
-Runner = Callable[[], torch.Tensor]  # returns output as (batch, seqlen, heads, head_dim)
+Runner = Callable[[], "torch.Tensor"]  # returns output as (batch, seqlen, heads, head_dim)
 
 
 def _flashtune(case: Case) -> Runner:
@@ -59,6 +60,8 @@ def _sdpa(backend_name: str) -> Callable[[Case], Runner]:
         k = case.k.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
         v = case.v.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
         if backend_name == "MATH":
+            import torch
+
             need = 3 * q.shape[0] * hq * sq * sk * 4  # fp32 scores, softmax, and a copy
             free, _ = torch.cuda.mem_get_info()
             if need > 0.8 * free:

@@ -136,8 +136,7 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
                                  v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
     rows = []
     for name in backends:
-        row = {"backend": name, **asdict(shape), "ms": None, "tflops": None, "peak_mem_mb": None,
-               "rel_err": None, "kernel": None, "status": "ok"}
+        row = empty_row(name, shape)
         try:
             runners = [BACKENDS[name](case) for case in cases]
             torch.cuda.synchronize()
@@ -159,6 +158,18 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
             torch.cuda.empty_cache()
         rows.append(row)
     return rows
+
+
+# The row schema of DESIGN.md ("Benchmark convention"), plus `status` (ok / why unavailable).
+ROW_KEYS = ("backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "heads_kv",
+            "ms", "tflops", "peak_mem_mb", "rel_err", "kernel", "status")
+
+
+def empty_row(backend: str, shape: Shape) -> dict:
+    row = {"backend": backend, **asdict(shape), "ms": None, "tflops": None, "peak_mem_mb": None,
+           "rel_err": None, "kernel": None, "status": "ok"}
+    assert tuple(row) == ROW_KEYS
+    return row
 
 
 def speedups(rows: list[dict], ours: str = "flashtune") -> dict[str, float | None]:

@@ -8,8 +8,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-ROW_FIELDS = ("backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads",
-              "heads_kv", "ms", "tflops", "peak_mem_mb", "rel_err", "kernel", "status")
+from flashtune.bench import ROW_KEYS
+
 
 
 def _shape_key(r: dict) -> tuple:
@@ -53,7 +53,7 @@ def render(result: dict, console: Console) -> None:
 
 def to_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ROW_FIELDS, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=ROW_KEYS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
@@ -88,10 +88,15 @@ def plot(result: dict, path: str) -> None:
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOPS")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
+    # One legend for the figure, below the panels, so no curve is hidden behind it.
+    handles: dict = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=9)
     h = result["header"]
     fig.suptitle(f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)

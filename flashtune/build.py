@@ -62,10 +62,25 @@ class BuildResult:
 
 # ---------------------------------------------------------------------------- cache paths
 
-def _torch_tag() -> str:
-    import torch
+def _torch_versions() -> tuple[str, str | None]:
+    """torch's version and CUDA, read from torch/version.py without importing torch (slow):
+    a cache hit should not pay for the import."""
+    import importlib.util
 
-    return f"torch{torch.__version__.split('+')[0]}-cu{torch.version.cuda or 'none'}"
+    spec = importlib.util.find_spec("torch")
+    namespace: dict = {}
+    try:
+        exec((Path(spec.origin).parent / "version.py").read_text(), namespace)  # noqa: S102
+        return namespace["__version__"], namespace.get("cuda")
+    except (OSError, KeyError, TypeError, AttributeError, SyntaxError):
+        import torch
+
+        return torch.__version__, torch.version.cuda
+
+
+def _torch_tag() -> str:
+    version, cuda = _torch_versions()
+    return f"torch{version.split('+')[0]}-cu{cuda or 'none'}"
 
 
 def cache_root() -> Path:

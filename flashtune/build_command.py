@@ -21,7 +21,7 @@ EXIT_BUILD_FAILED = 1
 
 def resolve_profile(profile_name: str | None) -> tuple[Profile, str]:
     """--profile NAME/PATH, else the profile matching the first visible GPU."""
-    gpus = detect_gpus()
+    gpus = [] if profile_name else detect_gpus()  # an explicit profile needs no GPU (or torch)
     selection = select_profile_with_reason(profile_name, gpus[0] if gpus else None)
     return selection.profile, selection.reason
 

@@ -1,0 +1,122 @@
+"""bench's CPU parts: FLOPs, the FA grid, ratios, the JSON/CSV schema, tables, backend refusals."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+import torch
+from rich.console import Console
+
+from flashtune import bench, bench_report
+from flashtune.backends import BACKENDS, Case, Unavailable
+
+DESIGN_ROW_KEYS = {"backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads",
+                   "heads_kv", "ms", "tflops", "peak_mem_mb", "rel_err", "kernel"}
+
+
+def test_flops_follow_the_fa_convention():
+    assert bench.attention_flops(2, 16, 1024, 1024, 128, False) == 4 * 2 * 16 * 1024 * 1024 * 128
+    assert bench.attention_flops(2, 16, 1024, 1024, 128, True) == 2 * 2 * 16 * 1024 * 1024 * 128
+    shape = bench.Shape("bfloat16", 64, False, 512, 512, 32, 32, 32)
+    assert shape.flops == 4 * 32 * 32 * 512 * 512 * 64
+
+
+def test_fa_grid_keeps_tokens_and_hidden_constant():
+    grid = bench.fa_grid()
+    assert len(grid) == 6 * 3 * 2
+    for s in grid:
+        assert s.batch * s.seqlen_q == 16384 and s.heads * s.hdim == 2048 and s.heads_kv == s.heads
+    gqa = bench.fa_grid([1024], [128], [True], heads=32, heads_kv=8, batch=3)
+    assert gqa == [bench.Shape("bfloat16", 128, True, 1024, 1024, 3, 32, 8)]
+    with pytest.raises(ValueError, match="must divide"):
+        bench.fa_grid([1024], [128], heads=32, heads_kv=5)
+
+
+def _row(backend, ms, seqlen=1024, **kw):
+    shape = bench.Shape("bfloat16", 128, False, seqlen, seqlen, 16, 16, 16)
+    row = bench.empty_row(backend, shape)
+    row.update(ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12 if ms else None, **kw)
+    return row
+
+
+def test_speedups_are_geomeans_of_time_ratios():
+    rows = [_row("flashtune", 1.0), _row("sdpa-flash", 2.0), _row("sdpa-cudnn", 0.5),
+            _row("flashtune", 2.0, seqlen=2048), _row("sdpa-flash", 8.0, seqlen=2048),
+            _row("sdpa-cudnn", None, seqlen=2048, status="unavailable: x")]
+    got = bench.speedups(rows)
+    assert got["sdpa-flash"] == pytest.approx(math.sqrt(2 * 4))
+    assert got["sdpa-cudnn"] == pytest.approx(0.5)
+    assert bench.geomean([]) is None
+
+
+def test_rows_follow_the_design_schema_and_serialise():
+    row = _row("flashtune", 1.0, kernel="flashtune_fwd_x", rel_err=2e-3, peak_mem_mb=64.0)
+    assert DESIGN_ROW_KEYS <= set(row) and set(row) == set(bench.ROW_KEYS)
+    result = {"header": {"gpu": "NVIDIA H200", "compute_capability": "9.0", "driver": "580", "torch": "2.11",
+                         "cuda": "13.0", "cudnn": 91900, "flashtune": "0.1.0", "command": "flashtune bench"},
+              "rows": [row], "speedup_geomean": {}}
+    assert json.loads(json.dumps(result))["rows"][0] == row
+    parsed = list(csv.DictReader(io.StringIO(bench_report.to_csv([row]))))
+    assert parsed[0]["backend"] == "flashtune" and parsed[0]["kernel"] == "flashtune_fwd_x"
+
+
+def test_table_shows_ratios_and_reasons():
+    rows = [_row("flashtune", 1.0, kernel="flashtune_fwd_x"), _row("sdpa-flash", 1.5, kernel="flash_fwd"),
+            _row("flash-attn3", None, status="unavailable: flash_attn_interface is not importable")]
+    result = {"header": {"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t", "cuda": "c",
+                         "cudnn": 1}, "rows": rows, "speedup_geomean": bench.speedups(rows)}
+    console = Console(record=True, width=250)
+    bench_report.render(result, console)
+    text = console.export_text()
+    assert "1.50" in text and "not importable" in text and "sdpa-flash: 1.50x" in text
+
+
+def _cpu_case(sq=8, sk=8, causal=False):
+    q = torch.zeros(1, sq, 2, 64)
+    k = torch.zeros(1, sk, 2, 64)
+    return Case(q, k, k, causal, 0.125)
+
+
+def test_absent_flash_attn_packages_are_reported_not_fatal():
+    for name in ("flash-attn2", "flash-attn3", "flash-attn4"):
+        with pytest.raises(Unavailable, match="not importable|refused"):
+            BACKENDS[name](_cpu_case())  # absent here; or present but unable to run on CPU
+
+
+def test_sdpa_refuses_bottom_right_causal_with_a_reason():
+    with pytest.raises(Unavailable, match="top-left aligned"):
+        BACKENDS["sdpa-flash"](_cpu_case(sq=4, sk=8, causal=True))
+
+
+def test_bench_without_gpu_exits_3(monkeypatch):
+    from click.testing import CliRunner
+
+    from flashtune.cli import cli
+
+    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+    result = CliRunner().invoke(cli, ["bench"])
+    assert result.exit_code == 3 and "no GPU" in result.output
+
+
+def test_bench_rejects_unknown_backends(monkeypatch):
+    from click.testing import CliRunner
+
+    from flashtune.cli import cli
+
+    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [object()])
+    result = CliRunner().invoke(cli, ["bench", "--backends", "flashtune,nope"])
+    assert result.exit_code == 2 and "nope" in result.output
+
+
+def test_plot_draws_one_panel_per_hdim_and_causal(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [_row(b, ms, seqlen=s) for b, ms in (("flashtune", 1.0), ("sdpa-flash", 1.2)) for s in (512, 1024)]
+    result = {"header": {"gpu": "G", "torch": "t", "cuda": "c"}, "rows": rows, "speedup_geomean": {}}
+    path = tmp_path / "plot.png"
+    bench_report.plot(result, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="nothing to plot"):
+        bench_report.plot({**result, "rows": [_row("flashtune", None)]}, str(path))

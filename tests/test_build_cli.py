@@ -1,0 +1,42 @@
+"""`flashtune build` end to end without a GPU: the README's main job, narrowed to one head dim.
+
+This is CI's sm_120 compile-check of the sm80 family (test_build.py covers sm_80 and sm_89).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from flashtune.cli import cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_cross_compiles_rtx5090_for_sm120_then_hits_the_cache():
+    args = ["build", "--profile", "rtx5090", "--arch", "sm_120", "--hdim", "64", "--dtype", "bfloat16", "--json"]
+    cold = CliRunner().invoke(cli, args)
+    assert cold.exit_code == 0, cold.output
+    report = json.loads(cold.output)
+    names = [k["name"] for k in report["kernels"]]
+    assert names == ["flashtune_C", "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_sm120",
+                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_sm120"]
+    kernels = report["kernels"][1:]
+    assert all(not k["cache_hit"] and k["registers"] and k["spill_stores"] == 0 for k in kernels)
+    warm = json.loads(CliRunner().invoke(cli, args).output)
+    assert all(k["cache_hit"] and k["seconds"] < 1.0 for k in warm["kernels"])
+    assert warm["seconds"] < 1.0
+
+
+def test_unknown_profile_and_bad_arch_are_input_errors():
+    result = CliRunner().invoke(cli, ["build", "--profile", "rtx9999"])
+    assert result.exit_code == 2 and "rtx9999" in result.output
+    result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_42"])
+    assert result.exit_code == 2 and "sm_42" in result.output
+
+
+def test_sm90_profile_says_the_family_is_not_written(tmp_path):
+    result = CliRunner().invoke(cli, ["build", "--profile", "h200"])
+    assert result.exit_code == 2
+    assert "has no kernel in this flashtune version" in result.output and "h200-sm80" in result.output
