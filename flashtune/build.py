@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from flashtune import __version__
-from flashtune.arch import get_arch
+from flashtune.arch import ArchFacts, get_arch
 from flashtune.paths import cache_dir, csrc_dir
 from flashtune.spec import KernelSpec
-from flashtune.toolchain import check_build_toolchain
+from flashtune.tiles import shared_memory_bytes
+from flashtune.toolchain import Toolchain, check_build_toolchain
 
 BINDING_NAME = "flashtune_C"
 MANIFEST = "manifest.json"
@@ -200,39 +201,45 @@ def _unpublish(directory: Path, name: str) -> None:
     _library_path(directory, name).unlink(missing_ok=True)
 
 
-def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
-    """Build (or find in the cache) the library of one spec."""
-    directory = spec_dir(spec)
-    source_hash = spec.source_hash()
+def _build_entry(directory: Path, name: str, source_hash: str, force: bool, arch: ArchFacts,
+                 compile_fn: Callable[[Toolchain], dict]) -> BuildResult:
+    """The cache protocol shared by kernels and the binding: lock, reuse a valid entry, or
+    compile (compile_fn returns the result's extra fields) and publish the manifest last."""
     start = time.perf_counter()
     with _locked(directory):
         manifest = None if force else _read_manifest(directory, source_hash)
         if manifest is not None:
             return BuildResult(**{**manifest["result"], "cache_hit": True,
                                   "seconds": time.perf_counter() - start})
-        toolchain = check_build_toolchain(spec.arch_facts)
+        toolchain = check_build_toolchain(arch)
         if force and directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _unpublish(directory, spec.name)
+        _unpublish(directory, name)
+        extra = compile_fn(toolchain)
+        library = _library_path(directory, name)
+        if not library.is_file():
+            raise BuildError(f"building {name} produced no library; log: {directory / 'build.log'}")
+        result = BuildResult(name=name, library=str(library), cache_hit=False,
+                             seconds=time.perf_counter() - start, log=str(directory / "build.log"), **extra)
+        _write_manifest(directory, {"name": name, "source_hash": source_hash, "library": str(library),
+                                    "library_sha256": _sha256(library), "result": asdict(result)})
+        return result
+
+
+def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
+    """Build (or find in the cache) the library of one spec."""
+    directory = spec_dir(spec)
+
+    def compile_kernel(toolchain: Toolchain) -> dict:
         source = directory / f"{spec.name}.cu"
         _write_if_changed(source, spec.source())
         log = _run_worker(spec.name, [str(source)], directory, spec.arch_facts.torch_arch_list,
                           spec.nvcc_flags_all(), toolchain.cuda_home)
-        library = _library_path(directory, spec.name)
-        if not library.is_file():
-            raise BuildError(f"building {spec.name} produced no library; log: {directory / 'build.log'}")
-        from flashtune.tiles import shared_memory_bytes
+        return {"arch": spec.arch, **parse_ptxas(log, spec.name),
+                "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8)}
 
-        result = BuildResult(
-            name=spec.name, arch=spec.arch, library=str(library), cache_hit=False,
-            seconds=time.perf_counter() - start,
-            smem_bytes=shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8),
-            log=str(directory / "build.log"), **parse_ptxas(log, spec.name))
-        _write_manifest(directory, {"name": spec.name, "source_hash": source_hash,
-                                    "library": str(library), "library_sha256": _sha256(library),
-                                    "spec": repr(spec), "result": asdict(result)})
-        return result
+    return _build_entry(directory, spec.name, spec.source_hash(), force, spec.arch_facts, compile_kernel)
 
 
 def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: bool = False,
@@ -276,26 +283,14 @@ def _binding_hash() -> str:
 def build_binding(force: bool = False) -> BuildResult:
     """The torch op flashtune_C::fwd (binding.cpp): built once per torch version."""
     directory = binding_dir()
-    source_hash = _binding_hash()
-    start = time.perf_counter()
-    with _locked(directory):
-        manifest = None if force else _read_manifest(directory, source_hash)
-        if manifest is not None:
-            return BuildResult(**{**manifest["result"], "cache_hit": True,
-                                  "seconds": time.perf_counter() - start})
-        # The binding has no device code: any arch the toolchain supports will do.
-        toolchain = check_build_toolchain(get_arch("sm_80"))
-        directory.mkdir(parents=True, exist_ok=True)
-        _unpublish(directory, BINDING_NAME)
+
+    def compile_binding(toolchain: Toolchain) -> dict:
         _run_worker(BINDING_NAME, [str(csrc_dir() / "binding.cpp")], directory, "8.0", [],
                     toolchain.cuda_home)
-        library = _library_path(directory, BINDING_NAME)
-        result = BuildResult(name=BINDING_NAME, arch="host", library=str(library), cache_hit=False,
-                             seconds=time.perf_counter() - start, log=str(directory / "build.log"))
-        _write_manifest(directory, {"name": BINDING_NAME, "source_hash": source_hash,
-                                    "library": str(library), "library_sha256": _sha256(library),
-                                    "result": asdict(result)})
-        return result
+        return {"arch": "host"}
+
+    # The binding has no device code: any arch the toolchain supports will do.
+    return _build_entry(directory, BINDING_NAME, _binding_hash(), force, get_arch("sm_80"), compile_binding)
 
 
 # ---------------------------------------------------------------------------- loading
