@@ -89,7 +89,7 @@ def kernel_names(run: Callable[[], object]) -> list[str]:
     return names
 
 
-def _time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> list[float]:
+def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> list[float]:
     """CUDA-event times of `repeats` calls, cycling through input sets (a cold L2 each time)."""
     import torch
 
@@ -105,7 +105,7 @@ def _time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> 
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def _make_inputs(shape: Shape, seed: int):
+def make_inputs(shape: Shape, seed: int):
     import torch
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -127,7 +127,7 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
 
     scale = 1.0 / math.sqrt(shape.hdim)
     sets = max(1, min(8, math.ceil(L2_FLUSH_BYTES / max(1, shape.input_bytes))))
-    inputs = [_make_inputs(shape, seed + i) for i in range(sets)]
+    inputs = [make_inputs(shape, seed + i) for i in range(sets)]
     cases = [Case(q, k, v, shape.causal, scale) for q, k, v in inputs]
     q0, k0, v0 = inputs[0]
     group = shape.heads // shape.heads_kv
@@ -148,7 +148,7 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
             row["rel_err"] = rel_l2(out[:1, :, :sample_h], ref)
             del out
             row["kernel"] = "; ".join(kernel_names(runners[0]))
-            times = _time_ms(runners, warmup, repeats)
+            times = time_ms(runners, warmup, repeats)
             row["ms"] = statistics.median(times)
             row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
         except Unavailable as e:

@@ -42,6 +42,15 @@ def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
+def _int_list(ctx, param, value: str | None):
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 512,1024,4096")
+
+
 @click.group(cls=FlashtuneGroup)
 @click.version_option(__version__, prog_name="flashtune")
 def cli() -> None:
@@ -178,13 +187,76 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
     sys.exit(0 if report["ok"] else 1)
 
 
-def _int_list(ctx, param, value: str | None):
-    if value is None:
-        return None
-    try:
-        return [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 512,1024,4096")
+@cli.command()
+@click.option("--profile", "profile_name", metavar="NAME|PATH",
+              help="Starting profile: family, arch and starting tiles (default: this GPU's match).")
+@click.option("--hdims", callback=_int_list, help="Comma-separated head dims (default: the profile's).")
+@click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default both).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--max-candidates", type=click.IntRange(min=1), help="Per (hdim, causal); starting tiles always kept.")
+@click.option("--time-budget", type=click.FloatRange(min=1), help="Seconds; stop measuring after this and "
+              "write what was found (rerun to resume).")
+@click.option("--max-spill-bytes", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Reject candidates whose ptxas spills exceed this.")
+@click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: by cores and memory).")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Time candidates on this many local GPUs at once (one worker each).")
+@click.option("--cache", "cache_path", metavar="FILE.jsonl", help="Resumable results cache "
+              "(default: under the flashtune cache dir, per GPU and profile).")
+@click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
+@click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_spill_bytes, repeats, jobs,
+         gpus, cache_path, name, out, as_json) -> None:
+    """Search tile configs on this GPU and write a tuned profile YAML.
+
+    Candidates (restricted by the arch's limits, starting tiles included) are compiled in
+    parallel, checked against the fp32 reference, then timed per seqlen bucket; failures are
+    recorded with their reason and never retried; an interrupted tune resumes. Example:
+
+        flashtune tune --profile h200-sm80 --hdims 128 --out profiles/h200-sm80.yaml
+
+    Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible.
+    """
+    from flashtune import tune as tune_mod, tune_command
+
+    gpus_seen = detect_gpus()
+    if not gpus_seen:
+        click.secho("error: no GPU is visible; tune needs one (see `flashtune detect`)", fg="red", err=True)
+        sys.exit(detect_report.EXIT_NO_GPU)
+    if gpus > len(gpus_seen):
+        raise click.BadParameter(f"{gpus} GPUs asked for, {len(gpus_seen)} visible", param_hint="--gpus")
+    profile, _ = build_command.resolve_profile(profile_name)
+    bad = sorted(set(hdims or ()) - set(profile.head_dims))
+    if bad:
+        raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
+                                 param_hint="--hdims")
+    opts = tune_mod.TuneOptions(hdims=tuple(hdims or profile.head_dims),
+                                causal=(False, True) if causal is None else (causal,), dtype=dtype,
+                                max_candidates=max_candidates, time_budget_s=time_budget,
+                                max_spill_bytes=max_spill_bytes, repeats=repeats, jobs=jobs, gpus=gpus)
+    console = Console(stderr=True) if as_json else make_console()
+    with Progress(TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True) as bar:
+        task = bar.add_task("", total=1)
+
+        def on_event(stage: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=max(total, 1), description=stage)
+
+        result = tune_mod.run_tune(profile, gpus_seen[0].name, opts, cache_path, on_event)
+    if not result.winners:
+        tune_command.render(result, console)
+        click.secho("error: no candidate could be measured; nothing written", fg="red", err=True)
+        sys.exit(1)
+    name = name or f"{profile.name}-tuned"
+    written, prov = tune_command.write_tuned(profile, result, opts, gpus_seen[0].name, name, out or f"{name}.yaml")
+    if as_json:
+        print_json({"profile": str(written.path), "provenance": prov,
+                    "records": [{**r, "tile": r["tile"].label} for r in result.records]})
+    else:
+        tune_command.render(result, console)
+        console.print(f"wrote [bold]{written.path}[/] (profile {written.name}; validated)")
 
 
 @cli.command()

@@ -231,11 +231,17 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (same layout as q, contiguous) and the log-sum-exp (float32, natural log)."""
-    out, lse = _empty_outputs(q, cu_seqlens_q is not None)
     if q.numel() == 0:
-        return out, lse
+        return _empty_outputs(q, cu_seqlens_q is not None)
     profile = active_profile(q.device)
     spec = select_spec(profile, q.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k)
+    return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
+
+
+def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+             softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch exactly `spec` on validated inputs (the tuner times candidates through this)."""
+    out, lse = _empty_outputs(q, cu_seqlens_q is not None)
     kernel = load_kernel(spec)
     load_binding()
     torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,

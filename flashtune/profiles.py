@@ -26,7 +26,7 @@ HOW_TO_WRITE = ("copy a shipped profile (`flashtune profiles show NAME` prints i
 
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
-             "nvcc_flags": list, "configs": list}
+             "nvcc_flags": list, "configs": list, "provenance": dict}
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims", "configs")
 _MATCH_KEYS = ("names", "compute_capability")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
@@ -77,6 +77,8 @@ class Profile:
     fp8: dict | None = field(hash=False)  # e.g. {"qk": "e4m3"}
     nvcc_flags: tuple[str, ...]
     configs: tuple[ProfileConfig, ...]
+    # Where the tiles came from (`flashtune tune` writes GPU, versions, date, measured TFLOPS).
+    provenance: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def fp8_qk(self) -> bool:
@@ -185,7 +187,7 @@ class _Validator:
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
-                       nvcc_flags=nvcc_flags, configs=configs)
+                       nvcc_flags=nvcc_flags, configs=configs, provenance=data.get("provenance"))
 
     def head_dims(self, value: list) -> tuple[int, ...]:
         allowed = ", ".join(map(str, HEAD_DIMS))

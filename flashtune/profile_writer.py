@@ -1,0 +1,70 @@
+"""Write a profile YAML: a base profile with some (head dim, causal) tile tables replaced.
+
+The output is meant to be read by people too: one flow-style line per config, adjacent
+seqlen buckets with the same tile merged, and a provenance block saying where it came from.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from flashtune.profiles import Profile
+from flashtune.tiles import TileConfig
+from flashtune.tune_space import BUCKET_EDGES, BUCKET_SEQLENS
+
+
+def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int | None, tile: TileConfig) -> str:
+    causal_text = "any" if causal is None else ("true" if causal else "false")
+    hi_text = "null" if hi is None else str(hi)
+    warps = (f"num_warpgroups: {tile.num_warpgroups}" if family == "sm90" else f"num_warps: {tile.num_warps}")
+    return (f"  - {{hdim: {hdim}, causal: {causal_text}, seqlen: [{lo}, {hi_text}], block_m: {tile.block_m}, "
+            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}}}")
+
+
+def tuned_configs(base: Profile, tiles: dict[tuple[int, bool], list[TileConfig]]) -> list[str]:
+    """Config lines per (hdim, causal): tuned ones get one tile per bucket (adjacent equal
+    tiles merged); the others keep the base profile's entries for that causal flag."""
+    lines = []
+    for hdim in base.head_dims:
+        for causal in (False, True):
+            if (hdim, causal) not in tiles:
+                lines += [_config_line(base.family, hdim, causal, e.seqlen_min, e.seqlen_max, e.tile)
+                          for e in base.configs if e.hdim == hdim and e.causal in (None, causal)]
+                continue
+            per_bucket = tiles[(hdim, causal)]
+            lo = BUCKET_EDGES[0]
+            for i, tile in enumerate(per_bucket):
+                hi = BUCKET_EDGES[i + 1]
+                if i + 1 < len(per_bucket) and per_bucket[i + 1] == tile:
+                    continue  # the next bucket has the same tile: widen this one
+                lines.append(_config_line(base.family, hdim, causal, lo, hi, tile))
+                lo = hi
+    return lines
+
+
+def write_profile(base: Profile, name: str, description: str, tiles: dict[tuple[int, bool], list[TileConfig]],
+                  provenance: dict, path: str | Path) -> Path:
+    """Write the tuned profile; the caller validates it by loading it back."""
+    assert all(len(t) == len(BUCKET_SEQLENS) for t in tiles.values())
+    header = {
+        "name": name,
+        "description": description,
+        "match": {"names": list(base.match_names),
+                  "compute_capability": ["{}.{}".format(*cc) for cc in base.match_compute_capabilities]},
+        "family": base.family,
+        "arch": base.arch.name,
+        "dtypes": list(base.dtypes),
+        "head_dims": list(base.head_dims),
+        "fp8": base.fp8,
+        "nvcc_flags": list(base.nvcc_flags),
+    }
+    if not base.match_names and not base.match_compute_capabilities:
+        header["match"] = {}
+    text = "# Written by `flashtune tune`; see provenance at the end.\n"
+    text += yaml.safe_dump(header, sort_keys=False, width=100)
+    text += "configs:\n" + "\n".join(tuned_configs(base, tiles)) + "\n"
+    text += yaml.safe_dump({"provenance": provenance}, sort_keys=False, width=100)
+    path = Path(path)
+    path.write_text(text)
+    return path

@@ -1,0 +1,99 @@
+"""`flashtune tune`: run the search, write and validate the tuned profile, report.
+
+Exit codes: 0 a profile was written (buckets where no candidate ran keep the starting tile,
+and say so in its provenance), 1 no candidate could be measured (nothing written), 2 bad
+input, 3 no GPU visible.
+"""
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+from flashtune.profile_writer import write_profile
+from flashtune.profiles import Profile, load_profile
+from flashtune.tune import TuneOptions, TuneResult
+from flashtune.tune_space import BUCKET_SEQLENS, bucket_of
+
+
+def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
+    """Per tuned (hdim, causal): the winner of each bucket (the starting tile where none ran)."""
+    tiles, fallbacks = {}, []
+    for hdim in opts.hdims:
+        for causal in opts.causal:
+            per_bucket = []
+            for s in BUCKET_SEQLENS:
+                winner = result.winners.get((hdim, causal, s))
+                if winner is None:
+                    fallbacks.append(f"hdim {hdim} causal={causal} seqlen {s}")
+                    per_bucket.append(profile.tile_for(hdim, causal, s, s))
+                else:
+                    per_bucket.append(winner["tile"])
+            tiles[(hdim, causal)] = per_bucket
+    return tiles, fallbacks
+
+
+def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, fallbacks) -> dict:
+    import torch
+
+    from flashtune import __version__
+    from flashtune.gpu import nvidia_smi_driver_version
+
+    measured = []
+    for (hdim, causal, seqlen), w in sorted(result.winners.items()):
+        start = result.starting.get((hdim, causal, seqlen))
+        measured.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bucket": list(bucket_of(seqlen)),
+                         "tile": w["tile"].label, "tflops": round(w["tflops"], 1),
+                         "starting_tile": start["tile"].label if start else None,
+                         "starting_tflops": round(start["tflops"], 1) if start else None})
+    return {"tool": "flashtune tune", "base_profile": profile.name, "gpu": gpu_name,
+            "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
+            "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(opts.seqlens),
+            "candidates_failed": sum(1 for r in result.records if r.get("status") == "failed"),
+            "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
+            "measured": measured}
+
+
+def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, name: str,
+                out: str) -> tuple[Profile, dict]:
+    tiles, fallbacks = chosen_tiles(profile, result, opts)
+    prov = provenance(profile, result, opts, gpu_name, fallbacks)
+    description = (f"{profile.description.strip()} Tiles for head dims {', '.join(map(str, opts.hdims))} "
+                   f"tuned by `flashtune tune` on {gpu_name} ({prov['date']}).")
+    path = write_profile(profile, name, description, tiles, prov, out)
+    return load_profile(path), prov  # loading validates what was written
+
+
+def render(result: TuneResult, console: Console, top: int = 3) -> None:
+    slots = defaultdict(list)
+    failures = []
+    for r in result.records:
+        if r.get("status") == "ok":
+            slots[(r["hdim"], r["causal"], r["seqlen"])].append(r)
+        elif r.get("status") == "failed":
+            failures.append(r)
+    table = Table(title=f"flashtune tune: top {top} configs per bucket")
+    for col in ("hdim", "causal", "seqlen", "rank", "tile", "TFLOPS", "ms", "vs starting"):
+        table.add_column(col, justify="right" if col not in ("tile",) else "left")
+    for slot in sorted(slots):
+        ranked = sorted(slots[slot], key=lambda r: -r["tflops"])
+        start = result.starting.get(slot)
+        for i, r in enumerate(ranked[:top]):
+            ratio = f"{r['tflops'] / start['tflops']:.2f}x" if start else "-"
+            table.add_row(str(slot[0]), "yes" if slot[1] else "no", str(slot[2]), str(i + 1),
+                          r["tile"].label + (" (starting)" if start and r["tile"] == start["tile"] else ""),
+                          f"{r['tflops']:.0f}", f"{r['ms']:.3f}", ratio)
+    console.print(table)
+    if failures:
+        reasons = Table(title="rejected candidates (recorded, never retried)")
+        reasons.add_column("kernel")
+        reasons.add_column("reason", overflow="fold")
+        for r in failures:
+            reasons.add_row(r["spec"], r["reason"])
+        console.print(reasons)
+    if result.stopped_by_budget:
+        console.print("[yellow]stopped by --time-budget: rerun to resume (measured candidates are cached)[/]")
+    console.print(f"cache: {result.cache_path}")

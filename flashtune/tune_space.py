@@ -1,0 +1,50 @@
+"""What `flashtune tune` searches: per-family value grids, filtered by the arch's limits.
+
+The limits themselves live in tiles.py (check_tile): shared memory per block, rows per
+warp, register budget, divisibility, what each family supports. A config that fails them
+is never compiled; this file only says which values are worth trying.
+"""
+from __future__ import annotations
+
+import itertools
+
+from flashtune.arch import ArchFacts
+from flashtune.tiles import TileConfig, check_tile, sm90_tile
+
+SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
+    "sm80": {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "stages": (1, 2)},
+    "sm90": {"block_m": (64, 128, 192), "block_n": tuple(range(64, 257, 16)), "stages": (2, 3)},
+}
+
+# Representative sequence lengths, one per bucket, and the bucket edges between them
+# (the articles' advice: small blocks up to about 4k, large from about 8k).
+BUCKET_SEQLENS = (1024, 4096, 16384)
+BUCKET_EDGES = (0, 2048, 8192, None)
+
+
+def _configs(family: str) -> list[TileConfig]:
+    space = SEARCH_SPACE[family]
+    if family == "sm90":
+        return [sm90_tile(m, n, s) for m, n, s in itertools.product(space["block_m"], space["block_n"], space["stages"])]
+    return [TileConfig(m, n, w, s) for m, n, w, s in itertools.product(
+        space["block_m"], space["block_n"], space["num_warps"], space["stages"])]
+
+
+def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
+               starting: tuple[TileConfig, ...] = (), limit: int | None = None) -> list[TileConfig]:
+    """Every config of the family's grid that the arch can run, starting configs first.
+
+    `limit` keeps the starting configs and the largest tiles (most work per iteration)."""
+    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8)]
+    rest = sorted((c for c in valid if c not in starting), key=lambda c: (-c.block_m * c.block_n, c.stages))
+    ordered = list(dict.fromkeys([*starting, *rest]))
+    return ordered if limit is None else ordered[:max(limit, len(starting))]
+
+
+def bucket_of(seqlen: int) -> tuple[int, int | None]:
+    """The [lo, hi) bucket a representative sequence length stands for."""
+    for i, s in enumerate(BUCKET_SEQLENS):
+        lo, hi = BUCKET_EDGES[i], BUCKET_EDGES[i + 1]
+        if lo <= seqlen and (hi is None or seqlen < hi):
+            return lo, hi
+    raise ValueError(f"seqlen {seqlen} falls in no bucket")

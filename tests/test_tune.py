@@ -1,0 +1,168 @@
+"""The tuner without a GPU: search-space restrictions, the resumable cache, the YAML writer,
+and the search loop with the compiler and the GPU replaced by fakes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashtune import tune
+from flashtune.arch import get_arch
+from flashtune.build import BuildError, BuildResult
+from flashtune.profile_writer import write_profile
+from flashtune.profiles import find_profile, load_profile
+from flashtune.tiles import TileConfig, check_tile, shared_memory_bytes
+from flashtune.tune_cache import TuneCache
+from flashtune.tune_space import BUCKET_SEQLENS, bucket_of, candidates
+
+
+# ---------------------------------------------------------------- search space
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_candidates_respect_the_arch_limits(arch, hdim):
+    facts = get_arch(arch)
+    cands = candidates("sm80", hdim, facts)
+    assert cands and all(not check_tile("sm80", hdim, c, facts) for c in cands)
+    assert all(shared_memory_bytes("sm80", hdim, c) <= facts.max_smem_per_block for c in cands)
+
+
+def test_impossible_configs_are_never_candidates():
+    # d256 128x64 with 8 warps needs 128 KB: fine on sm_80 (163 KB), impossible on sm_89 (99 KB).
+    big = TileConfig(128, 64, 8, 1)
+    assert big in candidates("sm80", 256, get_arch("sm_80"))
+    assert big not in candidates("sm80", 256, get_arch("sm_89"))
+    # 4 warps x 32 rows with d256 would need 256+ accumulator registers per thread.
+    assert TileConfig(128, 64, 4, 1) not in candidates("sm80", 256, get_arch("sm_80"))
+
+
+def test_starting_tiles_come_first_and_survive_the_limit():
+    start = (TileConfig(64, 32, 4, 1),)
+    cands = candidates("sm80", 128, get_arch("sm_90"), starting=start, limit=3)
+    assert cands[0] == start[0] and len(cands) == 3 and len(set(cands)) == 3
+
+
+def test_buckets():
+    assert [bucket_of(s) for s in BUCKET_SEQLENS] == [(0, 2048), (2048, 8192), (8192, None)]
+
+
+# ---------------------------------------------------------------- cache
+
+STAMP = {"gpu": "NVIDIA H200", "flashtune": "0.1.0", "kernel_sources": "abc"}
+
+
+def test_cache_persists_and_resumes(tmp_path):
+    path = tmp_path / "t.jsonl"
+    cache = TuneCache(path, STAMP)
+    cache.put("a", status="ok", tflops=1.0)
+    cache.put("b", status="failed", reason="compile error: x")
+    again = TuneCache(path, STAMP)
+    assert again.get("a")["tflops"] == 1.0 and again.get("b")["reason"] == "compile error: x"
+
+
+def test_truncated_last_line_is_ignored_and_repaired(tmp_path):
+    path = tmp_path / "t.jsonl"
+    cache = TuneCache(path, STAMP)
+    cache.put("a", status="ok")
+    cache.put("b", status="ok")
+    text = path.read_text()
+    path.write_text(text[:-9])  # the run died mid-write
+    resumed = TuneCache(path, STAMP)
+    assert resumed.get("a") is not None and resumed.get("b") is None
+    assert all(json.loads(line) for line in path.read_text().splitlines())  # rewritten cleanly
+
+
+def test_a_cache_from_another_gpu_or_kernel_is_set_aside(tmp_path):
+    path = tmp_path / "t.jsonl"
+    TuneCache(path, STAMP).put("a", status="ok")
+    other = TuneCache(path, {**STAMP, "kernel_sources": "def"})
+    assert other.get("a") is None and other.set_aside and other.set_aside.is_file()
+
+
+# ---------------------------------------------------------------- writer
+
+def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
+    base = find_profile("h200-sm80")
+    tiles = {(128, False): [TileConfig(128, 64, 4, 1), TileConfig(128, 64, 4, 1), TileConfig(128, 128, 8, 1)],
+             (128, True): [TileConfig(64, 64, 4, 2)] * 3}
+    path = write_profile(base, "h200-sm80-tuned", "test", tiles, {"tool": "flashtune tune", "gpu": "H200"},
+                         tmp_path / "out.yaml")
+    tuned = load_profile(path)
+    assert tuned.name == "h200-sm80-tuned" and tuned.provenance["gpu"] == "H200"
+    assert tuned.tile_for(128, False, 1024, 1024) == TileConfig(128, 64, 4, 1)
+    assert tuned.tile_for(128, False, 4096, 4096) == TileConfig(128, 64, 4, 1)
+    assert tuned.tile_for(128, False, 16384, 16384) == TileConfig(128, 128, 8, 1)
+    assert tuned.tile_for(128, True, 100, 100) == TileConfig(64, 64, 4, 2)
+    for hdim in (64, 256):  # untouched head dims are exactly the base profile's
+        for causal in (False, True):
+            assert tuned.tile_for(hdim, causal, 5000, 5000) == base.tile_for(hdim, causal, 5000, 5000)
+    lines = [line for line in path.read_text().splitlines() if "hdim: 128, causal: false" in line]
+    assert len(lines) == 2  # equal neighbouring buckets merged
+
+
+# ---------------------------------------------------------------- the search loop, faked
+
+@pytest.fixture
+def fake_world(monkeypatch, tmp_path):
+    """No compiler, no GPU: builds fail for block_n 32, spill for w8, and time by tile area."""
+    calls = {"build": [], "measure": []}
+
+    def fake_build_specs(specs, jobs=None, force=False, on_done=None):
+        results, failures = [], []
+        for s in specs:
+            calls["build"].append(s.name)
+            if s.tile.block_n == 32:
+                failures.append((s, BuildError("x.cu(1): error: something broke")))
+                continue
+            log = tmp_path / f"{s.name}.log"
+            log.write_text("")
+            spill = 200 if s.tile.num_warps == 8 else 0
+            results.append(BuildResult(s.name, s.arch, "lib.so", False, 1.0, 200, spill, spill, 0, 0, str(log)))
+        return results, failures
+
+    def fake_measure(spec, seqlens, repeats):
+        calls["measure"].append(spec.name)
+        if spec.tile.block_m == 64 and spec.tile.block_n == 64 and spec.tile.stages == 2:
+            return [{"status": "failed", "reason": "wrong result: rel err 1 > 0.003"}]
+        return [{"status": "ok", "seqlen": s, "ms": 1.0, "tflops": spec.tile.block_m * spec.tile.block_n / 100 + s / 1e4,
+                 "check": "ok"} for s in seqlens]
+
+    monkeypatch.setattr("flashtune.build.build_specs", fake_build_specs)
+    monkeypatch.setattr(tune, "measure_candidate", fake_measure)
+    monkeypatch.setattr(tune, "stamp", lambda gpu, family: {"gpu": gpu, "family": family})
+    return calls
+
+
+def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_path):
+    profile = find_profile("h200-sm80")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,))
+    cache = tmp_path / "c.jsonl"
+    result = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
+    reasons = {r["spec"]: r["reason"] for r in result.records if r.get("status") == "failed"}
+    assert any(r.startswith("compile error") for r in reasons.values())
+    assert any(r.startswith("ptxas spills") for r in reasons.values())
+    assert any(r.startswith("wrong result") for r in reasons.values())
+    # The fake times by tile area; the largest tiles that built without spills are 128x64/64x128.
+    winner = result.winners[(128, False, 16384)]["tile"]
+    assert winner.block_m * winner.block_n == 128 * 64 and winner.num_warps == 4
+    assert (128, False, 1024) in result.starting  # the starting tile was measured too
+    builds, measures = len(fake_world["build"]), len(fake_world["measure"])
+    again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
+    assert len(fake_world["build"]) == builds and len(fake_world["measure"]) == measures  # all from cache
+    assert again.winners == result.winners
+
+
+def test_time_budget_stops_and_a_rerun_resumes(fake_world, tmp_path, monkeypatch):
+    profile = find_profile("h200-sm80")
+    opts = tune.TuneOptions(hdims=(64,), causal=(True,), time_budget_s=1)
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(tune.time, "monotonic", lambda: next(clock))
+    cache = tmp_path / "c.jsonl"
+    first = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
+    assert first.stopped_by_budget
+    measured_once = list(fake_world["measure"])
+    monkeypatch.setattr(tune.time, "monotonic", lambda: 0)
+    second = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(64,), causal=(True,)), str(cache))
+    assert not second.stopped_by_budget
+    remeasured = fake_world["measure"][len(measured_once):]
+    assert not set(remeasured) & set(measured_once)  # nothing measured twice
