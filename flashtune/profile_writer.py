@@ -5,6 +5,7 @@ seqlen buckets with the same tile merged, and a provenance block saying where it
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -64,7 +65,8 @@ def write_profile(base: Profile, name: str, description: str, tiles: dict[tuple[
     text = "# Written by `flashtune tune`; see provenance at the end.\n"
     text += yaml.safe_dump(header, sort_keys=False, width=100)
     text += "configs:\n" + "\n".join(tuned_configs(base, tiles)) + "\n"
-    text += yaml.safe_dump({"provenance": provenance}, sort_keys=False, width=100)
+    # A JSON round trip turns str subclasses (torch's TorchVersion) into plain YAML-safe values.
+    text += yaml.safe_dump({"provenance": json.loads(json.dumps(provenance))}, sort_keys=False, width=100)
     path = Path(path)
     path.write_text(text)
     return path

@@ -85,10 +85,13 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
     base = find_profile("h200-sm80")
     tiles = {(128, False): [TileConfig(128, 64, 4, 1), TileConfig(128, 64, 4, 1), TileConfig(128, 128, 8, 1)],
              (128, True): [TileConfig(64, 64, 4, 2)] * 3}
-    path = write_profile(base, "h200-sm80-tuned", "test", tiles, {"tool": "flashtune tune", "gpu": "H200"},
-                         tmp_path / "out.yaml")
+    class Version(str):  # like torch.__version__, a str subclass plain YAML cannot represent
+        pass
+
+    prov = {"tool": "flashtune tune", "gpu": "H200", "torch": Version("2.11.0+cu130")}
+    path = write_profile(base, "h200-sm80-tuned", "test", tiles, prov, tmp_path / "out.yaml")
     tuned = load_profile(path)
-    assert tuned.name == "h200-sm80-tuned" and tuned.provenance["gpu"] == "H200"
+    assert tuned.name == "h200-sm80-tuned" and tuned.provenance["torch"] == "2.11.0+cu130"
     assert tuned.tile_for(128, False, 1024, 1024) == TileConfig(128, 64, 4, 1)
     assert tuned.tile_for(128, False, 4096, 4096) == TileConfig(128, 64, 4, 1)
     assert tuned.tile_for(128, False, 16384, 16384) == TileConfig(128, 128, 8, 1)
