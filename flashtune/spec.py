@@ -55,7 +55,8 @@ class KernelSpec:
             raise SpecError(
                 f"kernel family {self.family!r} has no kernel in this flashtune version "
                 f"(written: {', '.join(IMPLEMENTED_FAMILIES)}); use a profile of family sm80, "
-                "e.g. --profile h200-sm80 on an H100/H200")
+                "e.g. --profile h200-sm80 on an H100/H200 (in Python: flashtune.use_profile('h200-sm80') "
+                "or FLASHTUNE_PROFILE=h200-sm80)")
         if self.fp8:
             raise SpecError("FP8 kernels are not written yet in this flashtune version; "
                             "use a profile without `fp8`")

@@ -156,3 +156,13 @@ def test_profiles_show_json_derived_numbers():
     d128 = next(c for c in data["configs"] if c["hdim"] == 128 and c["causal"] == "no")
     assert (d128["block_m"], d128["block_n"], d128["num_warpgroups"], d128["threads"]) == (128, 176, 2, 384)
     assert d128["smem_bytes"] == 214016 and d128["smem_limit_bytes"] == 232448 and d128["ctas_per_sm"] == 1
+
+
+def test_detect_warns_when_the_matched_profile_has_no_kernel_yet():
+    result = CliRunner().invoke(cli, ["detect", "--gpu", "H200", "--json"])
+    entry = json.loads(result.output)["gpus"][0]
+    assert entry["profile"]["name"] == "h200"
+    assert any("sm90 kernel family" in w and "h200-sm80" in w for w in entry["warnings"])
+    result = CliRunner().invoke(cli, ["detect", "--gpu", "RTX 4090", "--json"])
+    entry = json.loads(result.output)["gpus"][0]
+    assert not any("not written yet" in w for w in entry["warnings"])
