@@ -285,8 +285,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """
     _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensors(q, k, v, varlen=False)
-    _check_devices(q, k, v)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
+    _check_devices(q, k, v)
     out, lse = attention_fwd(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal))
     return _pack(out, lse, return_lse, return_attn_probs)
 
@@ -314,8 +314,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
               f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     if cu_seqlens_q.numel() - 1 > 65535:
         _fail("at most 65535 sequences per call")
-    _check_devices(q, k, v, cu_seqlens_q, cu_seqlens_k)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
+    _check_devices(q, k, v, cu_seqlens_q, cu_seqlens_k)
     out, lse = attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                              bool(causal))
     return _pack(out, lse, return_lse, return_attn_probs)

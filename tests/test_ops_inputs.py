@@ -1,0 +1,107 @@
+"""Every bad input to the attention functions gets a clear error, checked without a GPU.
+
+Device checks run last, so all other errors are reachable with CPU tensors here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashtune import ops
+from flashtune.gpu import describe_target
+from flashtune.ops import FlashtuneInputError, flash_attn_func, flash_attn_varlen_func
+from flashtune.profiles import find_profile
+
+
+def _qkv(b=2, sq=16, sk=16, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
+    return (torch.randn(b, sq, hq, d, dtype=dtype), torch.randn(b, sk, hkv, d, dtype=dtype),
+            torch.randn(b, sk, hkv, d, dtype=dtype))
+
+
+def _raises(match, fn, *args, **kw):
+    with pytest.raises(FlashtuneInputError, match=match):
+        fn(*args, **kw)
+
+
+def test_dtype_rank_shape_and_heads():
+    q, k, v = _qkv()
+    _raises("dtype torch.float32; allowed: torch.float16, torch.bfloat16", flash_attn_func, q.float(), k, v)
+    _raises("must share a dtype", flash_attn_func, q, k.half(), v.half())
+    _raises(r"must be \(batch, seqlen, heads, head_dim\)", flash_attn_func, q[0], k, v)
+    _raises("k and v must have the same shape", flash_attn_func, q, k, v[:, :8])
+    _raises("must share head_dim", flash_attn_func, q, *_qkv(d=128)[1:])
+    _raises("must share the batch size", flash_attn_func, q, *_qkv(b=3)[1:])
+    q6, k4, v4 = _qkv(hq=6, hkv=4)
+    _raises(r"heads of q \(6\) must be a multiple of heads of k/v \(4\)", flash_attn_func, q6, k4, v4)
+    _raises("must be a torch.Tensor", flash_attn_func, q.tolist(), k, v)
+
+
+def test_strides_and_alignment():
+    q, k, v = _qkv()
+    _raises("contiguous last dimension", flash_attn_func, q.transpose(-1, -2), k, v)
+    wide = torch.randn(2, 16, 4, 70, dtype=torch.bfloat16)[..., :64]  # row stride 70: not 16-byte
+    _raises("not multiples of 8 elements", flash_attn_func, wide, k, v)
+    offset = torch.randn(2 * 16 * 4 * 64 + 4, dtype=torch.bfloat16)[4:].view(2, 16, 4, 64)
+    _raises("storage offset 4", flash_attn_func, offset, k, v)
+
+
+def test_unsupported_flash_attn_features_are_refused_not_ignored():
+    q, k, v = _qkv()
+    _raises("dropout is not supported", flash_attn_func, q, k, v, 0.1)
+    _raises("sliding-window", flash_attn_func, q, k, v, window_size=(128, 0))
+    _raises("softcap", flash_attn_func, q, k, v, softcap=30.0)
+    _raises("alibi", flash_attn_func, q, k, v, alibi_slopes=torch.ones(4))
+    _raises("softmax_scale must be a positive finite", flash_attn_func, q, k, v, softmax_scale=-1.0)
+    _raises("softmax_scale must be a positive finite", flash_attn_func, q, k, v, softmax_scale=float("nan"))
+
+
+def test_forward_only_is_said_when_grad_is_wanted():
+    q, k, v = _qkv()
+    _raises("forward pass only", flash_attn_func, q.requires_grad_(), k, v)
+    with torch.no_grad():
+        _raises("is on cpu", flash_attn_func, q, k, v)  # past the grad check: only the device is left
+
+
+def test_cpu_tensors_get_a_device_error_last():
+    _raises(r"q is on cpu; flashtune runs on CUDA tensors", flash_attn_func, *_qkv())
+
+
+def _varlen(lens_q=(3, 5), lens_k=(4, 6), h=4, d=64):
+    q = torch.randn(sum(lens_q), h, d, dtype=torch.float16)
+    k = torch.randn(sum(lens_k), h, d, dtype=torch.float16)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    return q, k, k.clone(), cu(lens_q), cu(lens_k)
+
+
+def test_varlen_cu_seqlens_checks():
+    q, k, v, cu_q, cu_k = _varlen()
+    _raises("1-D torch.int32", flash_attn_varlen_func, q, k, v, cu_q.long(), cu_k, 5, 6)
+    _raises("start at 0 and never decrease", flash_attn_varlen_func, q, k, v,
+            torch.tensor([0, 5, 3], dtype=torch.int32), cu_k, 5, 6)
+    _raises(r"cu_seqlens_q\[-1\] = 7 must equal the 8 rows", flash_attn_varlen_func, q, k, v,
+            torch.tensor([0, 3, 7], dtype=torch.int32), cu_k, 5, 6)
+    _raises(r"cu_seqlens_k\[-1\] = 12 must not exceed the 10 rows", flash_attn_varlen_func, q, k, v, cu_q,
+            torch.tensor([0, 4, 12], dtype=torch.int32), 5, 8)
+    _raises("more than max_seqlen 4", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 4, 6)
+    _raises("same length", flash_attn_varlen_func, q, k, v, cu_q, torch.tensor([0, 10], dtype=torch.int32), 5, 10)
+    _raises("paged KV", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 5, 6, block_table=torch.zeros(1))
+    _raises(r"\(total, heads, head_dim\)", flash_attn_varlen_func, q[None], k, v, cu_q, cu_k, 5, 6)
+    _raises("q is on cpu", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 5, 6)
+
+
+def test_spec_choice_errors_name_what_the_profile_serves():
+    profile = find_profile("rtx4090")
+    with pytest.raises(FlashtuneInputError, match=r"head dim 96 is not served by profile rtx4090 \(head dims: 64, 128, 256\)"):
+        ops.select_spec(profile, torch.bfloat16, 96, False, 128, 128)
+    spec = ops.select_spec(profile, torch.float16, 128, True, 5000, 5000)
+    assert spec.name == "flashtune_fwd_sm80_f16_h128_64x64_w4_s2_c_sm89"
+
+
+def test_a_profile_for_another_arch_is_refused_on_this_gpu():
+    h200 = describe_target(gpu_name="H200")
+    ops._check_runs_on(find_profile("h200-sm80"), h200)  # sm_90 SASS runs on 9.0
+    with pytest.raises(FlashtuneInputError, match="builds for sm_89, which cannot run on"):
+        ops._check_runs_on(find_profile("rtx4090"), h200)
+    with pytest.raises(FlashtuneInputError, match="builds for sm_120"):
+        ops._check_runs_on(find_profile("rtx5090"), describe_target(gpu_name="RTX 4090"))
+    ops._check_runs_on(find_profile("rtx3090"), describe_target(gpu_name="RTX 4090"))  # sm_86 SASS on 8.9
