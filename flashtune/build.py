@@ -311,6 +311,8 @@ _binding_loaded = False
 def load_binding() -> None:
     """Build if needed and load the flashtune_C torch op library (once per process)."""
     global _binding_loaded
+    if _binding_loaded:  # the per-call fast path: no lock
+        return
     with _load_lock:
         if _binding_loaded:
             return

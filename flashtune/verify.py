@@ -87,12 +87,20 @@ def parse_sass(text: str, kernel: str) -> dict:
     return {"found": arch is not None, "arch": arch, "mnemonics": mnemonics}
 
 
+def run_cuobjdump(cuobjdump: str, args: list[str]) -> subprocess.CompletedProcess:
+    """cuobjdump -sass needs nvdisasm; the pip wheels put it beside cuobjdump, off PATH."""
+    import os
+
+    env = {**os.environ, "PATH": os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", "")}
+    return subprocess.run([cuobjdump, *args], capture_output=True, text=True, env=env)
+
+
 def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> dict:
     """One SASS check: arch, the family's instructions, and no LDL/STL unless ptxas spilled."""
     row = {"kernel": spec.name, "check": "sass", "ok": True, "detail": ""}
     if cuobjdump is None:
         return {**row, "ok": None, "detail": "skipped: cuobjdump not found (pip install nvidia-cuda-cuobjdump)"}
-    proc = subprocess.run([cuobjdump, "-sass", "-fun", spec.name, library], capture_output=True, text=True)
+    proc = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, library])
     if proc.returncode != 0:
         return {**row, "ok": None, "detail": f"skipped: cuobjdump failed: {proc.stderr.strip()[:200]}"}
     sass = parse_sass(proc.stdout, spec.name)

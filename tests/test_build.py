@@ -123,3 +123,20 @@ ptxas info    : Used 200 registers, used 1 barriers
                                              "stack_bytes": 64}
     assert build.parse_ptxas(log, "k2")["registers"] == 200
     assert build.parse_ptxas(log, "k3")["registers"] is None
+
+
+def test_sass_of_a_built_kernel_has_the_family_instructions_and_no_local_memory():
+    from flashtune.toolchain import detect_toolchain
+    from flashtune.verify import sass_row
+
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    spec = _spec()
+    result = build.build_spec(spec)
+    row = sass_row(spec, result.library, result.spills, cuobjdump)
+    assert row["ok"] is True, row
+    assert row["detail"].startswith("sm_89:") and "HMMA" in row["detail"] and "LDGSTS" in row["detail"]
+    wrong = KernelSpec("sm80", "sm_80", "bfloat16", 64, TileConfig(128, 64, 4, 2), False)
+    row = sass_row(wrong, result.library, result.spills, cuobjdump)  # not in this library
+    assert row["ok"] is False and "kernel not in the library" in row["detail"]
