@@ -15,13 +15,20 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 64 bf16 = 128 B, 8-row atoms of 1024 B). LBO is unused for this layout; SBO = 1024 B
 // between 8-row groups; bits 62-63 = 1 selects the 128B swizzle. The tile must start
 // 1024-byte aligned (base offset 0). Advance the start address by 32 B per k16 step.
-__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_addr) {
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   uint64_t desc = 0;
   desc |= uint64_t((smem_addr & 0x3FFFF) >> 4);
-  desc |= uint64_t(16 >> 4) << 16;
-  desc |= uint64_t(1024 >> 4) << 32;
+  desc |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
   desc |= uint64_t(1) << 62;
   return desc;
+}
+__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 16, 1024); }
+// The same swizzled rows read as an MN-major B operand (V in O += P V: d contiguous, keys
+// along K): 8-key groups 1024 B apart; `panel_bytes` between 64-column panels (d > 64).
+// Advance the start address by 16 rows x 128 B = 2048 B per k16 step.
+__device__ __forceinline__ uint64_t mnmajor_sw128_desc(uint32_t smem_addr, uint32_t panel_bytes) {
+  return sw128_desc(smem_addr, panel_bytes, 1024);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -46,6 +53,23 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+}
+
+// D(64x64, f32) += A(64x16, bf16, registers) * B(16x64, bf16, smem, MN-major: trans-b = 1).
+// A is P: four bf16x2 registers per thread, the reshaped accumulators of S.
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_rs_tb(float (&d)[32], const uint32_t (&a)[4],
+                                                           uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  // scale-d is a predicate: always accumulate
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
 // ---- mbarrier: one thread inits, everyone waits on a phase bit.
