@@ -57,6 +57,8 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
     p.batch = int32_t(cu_seqlens_q->numel() - 1);
     p.seqlen_q = int32_t(max_seqlen_q);
     p.seqlen_k = int32_t(max_seqlen_k);
+    p.total_q = int32_t(q.size(0));
+    p.total_k = int32_t(k.size(0));
     if (lse.has_value()) {  // (heads, total_q)
       p.lse_batch_stride = 0;
       p.lse_head_stride = lse->stride(0);

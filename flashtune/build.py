@@ -35,6 +35,8 @@ from flashtune.tiles import shared_memory_bytes
 from flashtune.toolchain import Toolchain, check_build_toolchain
 
 BINDING_NAME = "flashtune_C"
+# ptxas warnings meaning wgmma was serialised (C7515, C7511, C7519) or setmaxnreg ignored (C7508).
+SERIALISING_WARNINGS = re.compile(r"\bC75(?:15|11|19|08)\b")
 MANIFEST = "manifest.json"
 
 
@@ -236,6 +238,10 @@ def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
         _write_if_changed(source, spec.source())
         log = _run_worker(spec.name, [str(source)], directory, spec.arch_facts.torch_arch_list,
                           spec.nvcc_flags_all(), toolchain.cuda_home)
+        if spec.family == "sm90" and (found := sorted(set(SERIALISING_WARNINGS.findall(log)))):
+            _library_path(directory, spec.name).unlink(missing_ok=True)
+            raise BuildError(f"building {spec.name}: ptxas warned {', '.join(found)}: wgmma was serialised or "
+                             f"setmaxnreg ignored, which makes the kernel slow; log: {directory / 'build.log'}")
         return {"arch": spec.arch, **parse_ptxas(log, spec.name),
                 "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8)}
 

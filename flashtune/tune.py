@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from flashtune import __version__
+from flashtune.build import SERIALISING_WARNINGS
 from flashtune.profiles import Profile
 from flashtune.spec import KernelSpec, family_source_files
 from flashtune.tiles import TileConfig
 from flashtune.tune_cache import TuneCache
 from flashtune.tune_space import BUCKET_SEQLENS, bucket_of, candidates
 
-SERIALISED_WGMMA_RE = re.compile(r"C75(15|11|19|08)")
 DEFAULT_MAX_SPILL_BYTES = 64  # a few spilled bytes outside the hot loop cost nothing measurable
 
 
@@ -157,9 +157,9 @@ def build_failure(result, max_spill_bytes: int) -> str | None:
     if spilled > max_spill_bytes:
         return f"ptxas spills {result.spill_stores}/{result.spill_loads} bytes (store/load)"
     log = Path(result.log).read_text(errors="replace") if result.log and Path(result.log).is_file() else ""
-    m = SERIALISED_WGMMA_RE.search(log)
-    if m:
-        return f"serialised wgmma (ptxas warning C75{m.group(1)})"
+    found = sorted(set(SERIALISING_WARNINGS.findall(log)))
+    if found:
+        return f"serialised wgmma (ptxas warning {', '.join(found)})"
     return None
 
 

@@ -36,7 +36,27 @@ def test_unknown_profile_and_bad_arch_are_input_errors():
     assert result.exit_code == 2 and "sm_42" in result.output
 
 
-def test_sm90_profile_says_the_family_is_not_written(tmp_path):
+def test_sm90_profile_is_refused_until_verified(monkeypatch):
+    monkeypatch.delenv("FLASHTUNE_EXPERIMENTAL_SM90", raising=False)
     result = CliRunner().invoke(cli, ["build", "--profile", "h200"])
     assert result.exit_code == 2
-    assert "has no kernel in this flashtune version" in result.output and "h200-sm80" in result.output
+    assert "not yet verified on a GPU" in result.output and "h200-sm80" in result.output
+
+
+def test_sm90_kernel_compiles_with_hopper_sass(monkeypatch):
+    """CI's compile-check of the sm90 family: FA3's d128 tile, no serialised wgmma, HGMMA + TMA."""
+    from flashtune.build import build_spec
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import sm90_tile
+    from flashtune.toolchain import detect_toolchain
+    from flashtune.verify import sass_row
+
+    monkeypatch.setenv("FLASHTUNE_EXPERIMENTAL_SM90", "1")
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 176, 2), False)
+    result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
+    assert result.spill_stores == 0 and result.registers
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    row = sass_row(spec, result.library, result.spills, cuobjdump)
+    assert row["ok"] is True and "HGMMA" in row["detail"] and "UTMALDG" in row["detail"], row

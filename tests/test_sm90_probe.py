@@ -11,12 +11,11 @@ import subprocess
 
 import pytest
 
+from flashtune.build import SERIALISING_WARNINGS
 from flashtune.paths import csrc_dir
 from flashtune.toolchain import detect_toolchain
 from flashtune.verify import parse_sass, run_cuobjdump
 
-# ptxas warnings that mean wgmma was serialised or setmaxnreg ignored (HOPPER_NOTES.md).
-SERIALISING_WARNINGS = re.compile(r"C75(15|11|19|08)")
 
 
 PROBES = {"probe_qk.cu": "flashtune_probe_sm90_qk", "probe_attn.cu": "flashtune_probe_sm90_attn"}

@@ -44,13 +44,14 @@ def test_specs_are_hashable_and_equal_by_value():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(dtype="float32"), "dtype 'float32' is not supported"),
-    (dict(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2)), "has no kernel in this flashtune version"),
+    (dict(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2)), "FLASHTUNE_EXPERIMENTAL_SM90=1"),
     (dict(fp8=True), "FP8 kernels are not written yet"),
     (dict(tile=TileConfig(128, 64, 2, 2)), "rows per warp"),
     (dict(hdim=96), "head dim 96 is not supported"),
     (dict(tile=TileConfig(128, 128, 4, 3), hdim=256), "128x128_w4_s3"),
 ])
-def test_unbuildable_specs_are_refused_with_the_reason(kw, message):
+def test_unbuildable_specs_are_refused_with_the_reason(kw, message, monkeypatch):
+    monkeypatch.delenv("FLASHTUNE_EXPERIMENTAL_SM90", raising=False)
     with pytest.raises(SpecError, match=message.replace("(", r"\(")):
         _spec(**kw)
 
@@ -71,3 +72,12 @@ def test_specs_for_profile_retargets_and_rejects_unknown_choices():
     assert {s.arch for s in specs_for_profile(profile, arch="sm_120")} == {"sm_120"}
     with pytest.raises(SpecError, match="hdim 96 is not in profile rtx4090"):
         specs_for_profile(profile, hdims=[96])
+
+
+def test_sm90_spec_names_and_source(monkeypatch):
+    monkeypatch.setenv("FLASHTUNE_EXPERIMENTAL_SM90", "1")
+    spec = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True)
+    assert spec.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"  # DESIGN.md's example
+    assert spec.threads == 384
+    src = spec.source()
+    assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true>" in src and "TmaMaps maps" in src

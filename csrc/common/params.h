@@ -25,6 +25,7 @@ struct FwdParams {
 
   int32_t batch, heads_q, heads_kv, head_ratio;  // head_ratio = heads_q / heads_kv (GQA)
   int32_t seqlen_q, seqlen_k;                     // fixed lengths, or the maxima for varlen
+  int32_t total_q, total_k;                       // rows of the packed tensors (varlen), else 0
 
   float softmax_scale;       // natural-log domain, for the LSE
   float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works with exp2

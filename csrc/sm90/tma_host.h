@@ -9,20 +9,25 @@
 namespace flashtune {
 namespace sm90 {
 
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (null if absent).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+  }();
+  return encode;
+}
+
 // A row-major [rows][cols] bf16 matrix with row stride `row_stride_elems`, read in boxes of
 // box_rows x box_cols (box_cols * 2 <= 128 bytes for the 128B swizzle). Returns a CUresult.
 inline int encode_bf16_2d(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols,
                           uint64_t row_stride_elems, uint32_t box_rows, uint32_t box_cols) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    void* fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      return CUDA_ERROR_NOT_FOUND;
-    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {row_stride_elems * 2};
   const cuuint32_t box[2] = {box_cols, box_rows};
@@ -30,6 +35,26 @@ inline int encode_bf16_2d(CUtensorMap* map, const void* base, uint64_t rows, uin
   return int(encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
                     elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+// A (batch, rows, heads, dim) tensor of 16-bit elements with arbitrary strides (in elements,
+// multiples of 8), read in boxes of 64 columns x box_rows rows of one head and batch entry,
+// with the 128B swizzle. `bf16` picks the element type. Returns a CUresult.
+inline int encode_16bit_4d(CUtensorMap* map, const void* base, bool bf16, uint64_t batch, uint64_t rows,
+                           uint64_t heads, uint64_t dim, uint64_t batch_stride, uint64_t row_stride,
+                           uint64_t head_stride, uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t dims[4] = {dim, rows, heads, batch};
+  // A stride of 0 (a dimension of size 1) is not allowed: any multiple of 16 bytes will do.
+  const cuuint64_t strides[3] = {row_stride * 2, (head_stride ? head_stride : dim) * 2,
+                                 (batch_stride ? batch_stride : dim) * 2};
+  const cuuint32_t box[4] = {64, box_rows, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return int(encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                    const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
 }  // namespace sm90

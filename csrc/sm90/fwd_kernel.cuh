@@ -1,0 +1,221 @@
+// FlashAttention-3-style forward for sm_90a: TMA loads with 128B swizzle onto an mbarrier
+// ring, one producer warpgroup (setmaxnreg.dec) and 1-3 consumer warpgroups
+// (setmaxnreg.inc), S = Q K^T and O += P V by wgmma, online softmax on the accumulators.
+//
+// Version 1: correctness first. Not yet here (issue 9): softmax overlapped with the next
+// GEMM, pingpong between consumers, a persistent scheduler, a TMA-store epilogue.
+#pragma once
+#include <math.h>
+
+#include "common/params.h"
+#include "sm90/kernel_traits.cuh"
+#include "sm90/ptx_sm90.cuh"
+#include "sm90/wgmma.cuh"
+
+namespace flashtune {
+namespace sm90 {
+
+template <typename Elem>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
+// total rows, and a sequence starts at row cu_seqlens[b].
+struct TmaMaps {
+  CUtensorMap q, k, v;
+};
+
+template <class T>
+__device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps) {
+  using Elem = typename T::Elem;
+  constexpr int BM = T::kBlockM, BN = T::kBlockN, D = T::kHeadDim;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sQ = base;
+  unsigned char* sK = sQ + T::kQBytes;                  // kStages tiles
+  unsigned char* sV = sK + T::kStages * T::kKVBytes;    // kStages tiles
+  __shared__ __align__(8) uint64_t bar_q, full[T::kStages], empty[T::kStages];
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal rows first
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / p.head_ratio;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, q_row0 = 0, k_row0 = 0, tma_batch = batch;
+  if (varlen) {
+    q_row0 = p.cu_seqlens_q[batch];
+    k_row0 = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
+    seqlen_k = p.cu_seqlens_k[batch + 1] - k_row0;
+    tma_batch = 0;
+  }
+  if (m_block * BM >= seqlen_q) return;  // uniform: before any barrier
+
+  const int causal_shift = seqlen_k - seqlen_q;  // bottom-right: key j visible to i iff j <= i + shift
+  int n_blocks = (seqlen_k + BN - 1) / BN;
+  if (T::kCausal) {
+    const int last_visible = (m_block + 1) * BM - 1 + causal_shift;
+    n_blocks = min(n_blocks, last_visible < 0 ? 0 : last_visible / BN + 1);
+  }
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bar_q, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128 * T::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // ---- Producer: one thread issues every TMA load.
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(&bar_q, T::kQBytes);
+      for (int c = 0; c < T::kPanels; ++c)
+        tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, 64 * c, q_row0 + m_block * BM, head, tma_batch);
+      for (int j = 0; j < n_blocks; ++j) {
+        const int stage = j % T::kStages;
+        if (j >= T::kStages) mbarrier_wait(&empty[stage], ((j / T::kStages) & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&full[stage], 2 * T::kKVBytes);
+        unsigned char* k_tile = sK + stage * T::kKVBytes;
+        unsigned char* v_tile = sV + stage * T::kKVBytes;
+        for (int c = 0; c < T::kPanels; ++c) {
+          tma_load_4d(k_tile + c * T::kPanelBytesKV, &maps.k, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
+                      tma_batch);
+          tma_load_4d(v_tile + c * T::kPanelBytesKV, &maps.v, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
+                      tma_batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- Consumers: warpgroup cw owns query rows cw*64 .. cw*64+63 of the tile.
+  setmaxnreg_inc<T::kConsumerRegs>();
+  const int cw = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
+  const int row_in_tile = cw * 64 + 16 * warp + g;  // this thread's rows: +0 and +8
+  const uint32_t q_base = smem_u32(sQ) + cw * 64 * 128;
+  const float scale_log2 = p.softmax_scale_log2;
+
+  float acc_o[T::kORegs];
+#pragma unroll
+  for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  mbarrier_wait(&bar_q, 0);
+  for (int j = 0; j < n_blocks; ++j) {
+    const int stage = j % T::kStages;
+    mbarrier_wait(&full[stage], (j / T::kStages) & 1);
+    const uint32_t k_base = smem_u32(sK + stage * T::kKVBytes);
+    const uint32_t v_base = smem_u32(sV + stage * T::kKVBytes);
+
+    // S = Q K_j^T: k steps of 16 along the head dim; 4 per 64-column panel, 32 bytes apart.
+    float acc_s[T::kSRegs];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t offset_q = (kk / 4) * T::kPanelBytesQ + 32 * (kk % 4);
+      const uint32_t offset_k = (kk / 4) * T::kPanelBytesKV + 32 * (kk % 4);
+      Wgmma<Elem, BN>::ss(acc_s, kmajor_sw128_desc(q_base + offset_q), kmajor_sw128_desc(k_base + offset_k), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // Masks: the tail block and, for causal, blocks that cross the diagonal.
+    const bool tail = (j + 1) * BN > seqlen_k;
+    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_block * BM + causal_shift;
+    if (tail || diagonal) {
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i) {
+        const int col = j * BN + 8 * (i >> 2) + 2 * t + (i & 1);
+        const int row = m_block * BM + row_in_tile + 8 * ((i >> 1) & 1);
+        if (col >= seqlen_k || (T::kCausal && col > row + causal_shift)) acc_s[i] = -INFINITY;
+      }
+    }
+
+    // Online softmax: accumulator i belongs to row +8*((i>>1)&1); a row lives in one quad.
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) m = fmaxf(m, acc_s[i]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
+      alpha[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);
+      row_max[r] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) {
+          acc_s[i] = exp2_approx(fmaf(acc_s[i], scale_log2, -m_scaled));
+          sum += acc_s[i];
+        }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+
+    // P as register A fragments (k slice s = accumulators 8s..8s+7), all packed before the
+    // fence so ptxas need not serialise the wgmmas (C7519).
+    uint32_t frag_p[BN / 16][4];
+#pragma unroll
+    for (int s = 0; s < BN / 16; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
+
+    // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesKV apart.
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < BN / 16; ++s)
+      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesKV));
+    wgmma_commit();
+    wgmma_wait<0>();
+    mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
+  }
+
+  // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.
+  Elem* out = static_cast<Elem*>(p.o) + (varlen ? int64_t(q_row0) * p.o_row_stride : int64_t(batch) * p.o_batch_stride) +
+              int64_t(head) * p.o_head_stride;
+  const int64_t lse_off = varlen ? q_row0 : int64_t(batch) * p.lse_batch_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0, LSE = -inf
+    const int row = m_block * BM + row_in_tile + 8 * r;
+    if (row >= seqlen_q) continue;
+    Elem* out_row = out + int64_t(row) * p.o_row_stride;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
+      *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
+          pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+    if (p.lse != nullptr && t == 0)
+      p.lse[lse_off + int64_t(head) * p.lse_head_stride + row] =
+          l > 0.f ? row_max[r] * p.softmax_scale + logf(l) : -INFINITY;
+  }
+}
+
+}  // namespace sm90
+}  // namespace flashtune

@@ -1,0 +1,38 @@
+// Host-side launch of one sm90-family specialisation: tensor maps, grid, shared memory.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "sm90/fwd_kernel.cuh"
+#include "sm90/tma_host.h"
+
+namespace flashtune {
+namespace sm90 {
+
+template <class T>
+int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, void* stream) {
+  constexpr bool kBf16 = std::is_same_v<typename T::Elem, __nv_bfloat16>;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  // Varlen tensors are one "batch entry" of total rows; sequences start at cu_seqlens rows.
+  const uint64_t batch = varlen ? 1 : p.batch;
+  const uint64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  TmaMaps maps;
+  int err = encode_16bit_4d(&maps.q, p.q, kBf16, batch, rows_q, p.heads_q, T::kHeadDim, p.q_batch_stride,
+                            p.q_row_stride, p.q_head_stride, T::kBlockM);
+  if (!err)
+    err = encode_16bit_4d(&maps.k, p.k, kBf16, batch, rows_k, p.heads_kv, T::kHeadDim, p.k_batch_stride,
+                          p.k_row_stride, p.k_head_stride, T::kBlockN);
+  if (!err)
+    err = encode_16bit_4d(&maps.v, p.v, kBf16, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
+                          p.v_row_stride, p.v_head_stride, T::kBlockN);
+  if (err) return cudaErrorInvalidValue;  // a tensor the TMA cannot describe (python checks come first)
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (attr != cudaSuccess) return int(attr);
+  const dim3 grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.heads_q, p.batch);
+  if (grid.x == 0) return int(cudaSuccess);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, maps);
+  return int(cudaGetLastError());
+}
+
+}  // namespace sm90
+}  // namespace flashtune
