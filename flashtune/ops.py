@@ -76,8 +76,10 @@ def _check_runs_on(profile: Profile, gpu: GpuInfo) -> None:
 
 def active_profile(device: torch.device | int | None = None) -> Profile:
     """The profile calls on `device` use: use_profile(), else $FLASHTUNE_PROFILE, else the match."""
-    index = torch.device("cuda", torch.cuda.current_device()).index if device is None else (
-        device if isinstance(device, int) else device.index or 0)
+    if isinstance(device, int):
+        index = device
+    else:
+        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
     profile = _state.per_device.get(index)
     if profile is not None:
         return profile
@@ -111,12 +113,12 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
     if dtype_name not in profile.dtypes:
         raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
                                   f"(dtypes: {', '.join(profile.dtypes)})")
-    key = (profile.name, profile.path, dtype_name, hdim, bool(causal), tile)
+    # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
+    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), profile.fp8_qk,
+           profile.nvcc_flags)
     spec = _spec_cache.get(key)
     if spec is None:
-        spec = KernelSpec(profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal),
-                          fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags)
-        _spec_cache[key] = spec
+        spec = _spec_cache[key] = KernelSpec(*key)
     return spec
 
 
