@@ -13,6 +13,15 @@
 
 namespace {
 
+// The stride of dimension d, or the dense one when the dimension has size 1: such a stride is
+// never stepped over, may be anything PyTorch chose, and the TMA needs multiples of 16 bytes.
+int64_t stride_of(const at::Tensor& t, int d) {
+  if (t.size(d) != 1) return t.stride(d);
+  int64_t dense = 1;
+  for (int64_t i = d + 1; i < t.dim(); ++i) dense *= t.size(i);
+  return dense;
+}
+
 // Python validates every input with a clear message first; these checks only keep a bad
 // internal call from becoming an out-of-bounds kernel.
 void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -39,14 +48,14 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   p.o = out.data_ptr();
   p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   const int r = varlen ? 0 : 1;  // index of the sequence dimension
-  p.q_batch_stride = varlen ? 0 : q.stride(0);
-  p.k_batch_stride = varlen ? 0 : k.stride(0);
-  p.v_batch_stride = varlen ? 0 : v.stride(0);
-  p.o_batch_stride = varlen ? 0 : out.stride(0);
-  p.q_row_stride = q.stride(r), p.q_head_stride = q.stride(r + 1);
-  p.k_row_stride = k.stride(r), p.k_head_stride = k.stride(r + 1);
-  p.v_row_stride = v.stride(r), p.v_head_stride = v.stride(r + 1);
-  p.o_row_stride = out.stride(r), p.o_head_stride = out.stride(r + 1);
+  p.q_batch_stride = varlen ? 0 : stride_of(q, 0);
+  p.k_batch_stride = varlen ? 0 : stride_of(k, 0);
+  p.v_batch_stride = varlen ? 0 : stride_of(v, 0);
+  p.o_batch_stride = varlen ? 0 : stride_of(out, 0);
+  p.q_row_stride = stride_of(q, r), p.q_head_stride = stride_of(q, r + 1);
+  p.k_row_stride = stride_of(k, r), p.k_head_stride = stride_of(k, r + 1);
+  p.v_row_stride = stride_of(v, r), p.v_head_stride = stride_of(v, r + 1);
+  p.o_row_stride = stride_of(out, r), p.o_head_stride = stride_of(out, r + 1);
   p.heads_q = int32_t(q.size(r + 1));
   p.heads_kv = int32_t(k.size(r + 1));
   TORCH_CHECK(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "flashtune: heads_q % heads_kv");

@@ -141,7 +141,9 @@ def _check_tensors(q, k, v, varlen: bool) -> None:
         if t.stride(-1) != 1:
             _fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
                   f"{tuple(t.stride())}; call .contiguous()")
-        if any(s % _ALIGN_ELEMS for s in t.stride()[:-1]):
+        # A dimension of size 1 is never stepped over: its stride does not matter (binding.cpp
+        # replaces it with the dense one).
+        if any(st % _ALIGN_ELEMS for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
             _fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {_ALIGN_ELEMS} "
                   "elements (16 bytes); call .contiguous()")
         # The storage offset is not traceable by torch.compile; binding.cpp checks the data
