@@ -38,10 +38,14 @@ def _flashtune(case: Case) -> Runner:
     def run() -> torch.Tensor:
         return ops.flash_attn_func(case.q, case.k, case.v, softmax_scale=case.scale, causal=case.causal)
 
+    from flashtune.build import BuildError
+    from flashtune.spec import SpecError
+    from flashtune.toolchain import ToolchainError
+
     try:
         run()  # builds or loads the spec for this shape
-    except ops.FlashtuneInputError as e:
-        raise Unavailable(str(e)) from e
+    except (ops.FlashtuneInputError, SpecError, BuildError, ToolchainError) as e:
+        raise Unavailable(str(e).splitlines()[0][:300]) from e
     return run
 
 

@@ -91,7 +91,11 @@ def cache_root() -> Path:
 
 
 def spec_dir(spec: KernelSpec) -> Path:
-    return cache_root() / spec.arch / spec.name
+    """One directory per spec; extra nvcc flags (not in the kernel's name) get their own."""
+    if not spec.nvcc_flags:
+        return cache_root() / spec.arch / spec.name
+    flags = hashlib.sha256("\0".join(spec.nvcc_flags).encode()).hexdigest()[:8]
+    return cache_root() / spec.arch / f"{spec.name}-flags{flags}"
 
 
 def binding_dir() -> Path:
@@ -253,7 +257,8 @@ def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: boo
                 ) -> tuple[list[BuildResult], list[tuple[KernelSpec, Exception]]]:
     """Build many specs at once; each compile is its own process, so threads suffice.
 
-    Returns (results, failures): one failed spec never stops the others.
+    Returns (results, failures): one failed spec never stops the others. A toolchain that
+    cannot build at all (ToolchainError) is raised, not recorded per spec.
     """
     specs = list(dict.fromkeys(specs))  # same spec twice: build once
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -264,7 +269,7 @@ def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: boo
         try:
             result = build_spec(spec, force=force)
             results.append(result)
-        except (BuildError, OSError, RuntimeError) as err:
+        except (BuildError, OSError) as err:
             result = None
             failures.append((spec, err))
         if on_done:
@@ -273,7 +278,7 @@ def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: boo
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, specs))
     order = {s.name: i for i, s in enumerate(specs)}
-    results.sort(key=lambda r: order[r.name])
+    results.sort(key=lambda r: order.get(r.name, 0))
     return results, failures
 
 
@@ -325,7 +330,8 @@ def load_binding() -> None:
         import torch
 
         result = build_binding()
-        torch.ops.load_library(result.library)
+        with _locked(binding_dir()):
+            torch.ops.load_library(result.library)
         _binding_loaded = True
 
 
@@ -335,7 +341,7 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     if kernel is not None:
         return kernel
     result = build_spec(spec)
-    with _load_lock:
+    with _load_lock, _locked(spec_dir(spec)):  # no other process relinks it while it is mapped in
         if spec not in _loaded:
             handle = ctypes.CDLL(result.library)  # RTLD_LOCAL: same-named symbols never clash
             _handles.append(handle)

@@ -11,10 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flashtune.build import BuildResult, build_binding, build_specs, cache_root
+from flashtune.arch import get_arch
+from flashtune.build import BuildError, BuildResult, build_binding, build_specs, cache_root
 from flashtune.gpu import detect_gpus
 from flashtune.profiles import Profile, select_profile_with_reason
 from flashtune.spec import KernelSpec, specs_for_profile
+from flashtune.toolchain import check_build_toolchain
 
 EXIT_BUILD_FAILED = 1
 
@@ -30,6 +32,7 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
               console: Console | None, with_binding: bool = True) -> dict:
     """Build every spec of the profile (narrowed by the options); returns the report dict."""
     specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
+    check_build_toolchain(get_arch(arch or profile.arch.name))  # once, before any compile: exit 2
     start = time.perf_counter()
     results: list[BuildResult] = []
     failures: list[dict] = []
@@ -39,7 +42,10 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
     with progress:
         task = progress.add_task("", total=len(specs) + int(with_binding))
         if with_binding:
-            results.append(build_binding(force=force))
+            try:
+                results.append(build_binding(force=force))
+            except BuildError as err:
+                failures.append({"kernel": "flashtune_C", "error": str(err)})
             progress.advance(task)
 
         def done(spec: KernelSpec, result: BuildResult | None) -> None:

@@ -228,6 +228,11 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
     if gpus > len(gpus_seen):
         raise click.BadParameter(f"{gpus} GPUs asked for, {len(gpus_seen)} visible", param_hint="--gpus")
     profile, _ = build_command.resolve_profile(profile_name)
+    from flashtune import ops
+    from flashtune.toolchain import check_build_toolchain
+
+    ops._check_runs_on(profile, gpus_seen[0])  # sm_89 SASS on an H200 would fail every launch
+    check_build_toolchain(profile.arch)  # before anything is compiled or cached
     bad = sorted(set(hdims or ()) - set(profile.head_dims))
     if bad:
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",

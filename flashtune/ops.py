@@ -105,11 +105,13 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
                 seqlen_q: int, seqlen_k: int) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile`."""
     dtype_name = dtype if isinstance(dtype, str) else _DTYPE_NAMES[dtype]
+    if hdim not in profile.head_dims:
+        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
+                                  f"(head dims: {', '.join(map(str, profile.head_dims))})")
     try:
         tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k)
     except ProfileError as e:
-        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
-                                  f"(head dims: {', '.join(map(str, profile.head_dims))}): {e}") from e
+        raise FlashtuneInputError(str(e)) from e
     if dtype_name not in profile.dtypes:
         raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
                                   f"(dtypes: {', '.join(profile.dtypes)})")
@@ -239,6 +241,11 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return _empty_outputs(q, cu_seqlens_q is not None)
     profile = active_profile(q.device)
     spec = select_spec(profile, q.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k)
+    if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+                _fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
+                      "TMA loads cannot read; call .contiguous()")
     return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
 
 

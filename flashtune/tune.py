@@ -23,7 +23,7 @@ from flashtune.profiles import Profile
 from flashtune.spec import KernelSpec, family_source_files
 from flashtune.tiles import TileConfig
 from flashtune.tune_cache import TuneCache
-from flashtune.tune_space import BUCKET_SEQLENS, bucket_of, candidates
+from flashtune.tune_space import BUCKET_SEQLENS, candidates
 
 DEFAULT_MAX_SPILL_BYTES = 64  # a few spilled bytes outside the hot loop cost nothing measurable
 
@@ -33,7 +33,6 @@ class TuneOptions:
     hdims: tuple[int, ...]
     causal: tuple[bool, ...] = (False, True)
     dtype: str = "bfloat16"
-    seqlens: tuple[int, ...] = BUCKET_SEQLENS
     max_candidates: int | None = None
     time_budget_s: float | None = None
     max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES
@@ -48,6 +47,7 @@ class TuneResult:
     winners: dict = field(default_factory=dict)  # (hdim, causal, seqlen) -> record
     starting: dict = field(default_factory=dict)  # (hdim, causal, seqlen) -> the base profile's record
     stopped_by_budget: bool = False
+    aborted: str | None = None  # a candidate left the CUDA context unusable: rerun to resume
     cache_path: str = ""
 
 
@@ -128,20 +128,38 @@ def time_spec(spec: KernelSpec, seqlen: int, repeats: int) -> dict:
     return {"ms": ms, "tflops": shape.flops / (ms * 1e-3) / 1e12}
 
 
-def measure_candidate(spec: KernelSpec, seqlens: tuple[int, ...], repeats: int) -> list[dict]:
-    """Correctness, then one timing per seqlen; runs in a GPU worker or in-process."""
-    ok, detail = check_correct(spec)
-    if not ok:
-        return [{"status": "failed", "reason": detail}]
+def _context_usable() -> bool:
+    """After a failed launch: is the CUDA context still usable, or did the fault stick?"""
+    import torch
+
     try:
-        return [{"status": "ok", "seqlen": s, **time_spec(spec, s, repeats), "check": detail} for s in seqlens]
-    except RuntimeError as e:
-        return [{"status": "failed", "reason": f"launch failure: {str(e).splitlines()[0][:200]}"}]
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+        return True
+    except RuntimeError:
+        return False
+
+
+def measure_candidate(spec: KernelSpec, seqlens: tuple[int, ...], repeats: int) -> list[dict]:
+    """Correctness, then one timing per seqlen; runs in a GPU worker or in-process.
+
+    A failure that leaves the CUDA context unusable (an illegal address is sticky) is marked
+    `fatal`: nothing after it in this process could be measured."""
+    ok, detail = check_correct(spec)
+    if ok:
+        try:
+            return [{"status": "ok", "seqlen": s, **time_spec(spec, s, repeats), "check": detail} for s in seqlens]
+        except RuntimeError as e:
+            ok, detail = False, f"launch failure: {str(e).splitlines()[0][:200]}"
+    failed = {"status": "failed", "reason": detail}
+    if detail.startswith("launch failure") and not _context_usable():
+        failed.update(fatal=True, reason=detail + " (it left the CUDA context unusable)")
+    return [failed]
 
 
 def _init_gpu_worker(queue) -> None:
     # Each worker owns one GPU; set before torch initialises CUDA in this process.
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(queue.get())
+    os.environ["CUDA_VISIBLE_DEVICES"] = queue.get()
 
 
 def _measure_task(args):
@@ -151,15 +169,23 @@ def _measure_task(args):
 
 # ---------------------------------------------------------------------------- the search
 
-def build_failure(result, max_spill_bytes: int) -> str | None:
-    """Why a built candidate is rejected before it runs, or None."""
-    spilled = (result.spill_stores or 0) + (result.spill_loads or 0)
-    if spilled > max_spill_bytes:
-        return f"ptxas spills {result.spill_stores}/{result.spill_loads} bytes (store/load)"
+def build_facts(result) -> dict:
+    """What the build of a candidate says about it (cached; judged by build_verdict)."""
     log = Path(result.log).read_text(errors="replace") if result.log and Path(result.log).is_file() else ""
-    found = sorted(set(SERIALISING_WARNINGS.findall(log)))
-    if found:
-        return f"serialised wgmma (ptxas warning {', '.join(found)})"
+    return {"status": "built", "registers": result.registers,
+            "spills": [result.spill_stores or 0, result.spill_loads or 0],
+            "serialising_warnings": sorted(set(SERIALISING_WARNINGS.findall(log)))}
+
+
+def build_verdict(facts: dict, max_spill_bytes: int) -> str | None:
+    """Why a candidate is rejected before it runs (None: run it). Judged at each run, so a
+    different --max-spill-bytes re-judges cached builds."""
+    if facts["status"] == "failed":
+        return facts["reason"]
+    if sum(facts["spills"]) > max_spill_bytes:
+        return "ptxas spills {}/{} bytes (store/load)".format(*facts["spills"])
+    if facts["serialising_warnings"]:
+        return f"serialised wgmma (ptxas warning {', '.join(facts['serialising_warnings'])})"
     return None
 
 
@@ -177,16 +203,18 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     for hdim in opts.hdims:
         for causal in opts.causal:
             start_tiles = tuple(dict.fromkeys(
-                profile.tile_for(hdim, causal, s, s) for s in opts.seqlens))
+                profile.tile_for(hdim, causal, s, s) for s in BUCKET_SEQLENS))
             for tile in candidates(profile.family, hdim, profile.arch, profile.fp8_qk, start_tiles,
                                    opts.max_candidates):
                 specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
                                         fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags))
+    hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec
 
     def key(spec: KernelSpec, what) -> str:
-        return TuneCache.key(spec.name, spec.source_hash()[:12], what)
+        return TuneCache.key(spec.name, hashes[spec], what)
 
-    # 1. Compile what has no verdict yet, in parallel. Failures are final.
+    # 1. Compile what has no verdict yet, in parallel. Compile errors are final; a toolchain
+    #    that cannot build at all raises (ToolchainError) and records nothing.
     to_build = [s for s in specs if cache.get(key(s, "build")) is None]
     done = 0
 
@@ -199,40 +227,45 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     by_name = {r.name: r for r in results}
     for spec in to_build:
         if spec.name in by_name:
-            reason = build_failure(by_name[spec.name], opts.max_spill_bytes)
-            cache.put(key(spec, "build"), status="failed" if reason else "ok", reason=reason,
-                      registers=by_name[spec.name].registers,
-                      spills=[by_name[spec.name].spill_stores, by_name[spec.name].spill_loads])
+            cache.put(key(spec, "build"), **build_facts(by_name[spec.name]))
     for spec, err in failures:
-        first = next((line for line in str(err).splitlines() if "error" in line.lower()), str(err).splitlines()[0])
-        reason = f"compile error: {first[:200]}" if isinstance(err, BuildError) else f"build failed: {err}"
-        cache.put(key(spec, "build"), status="failed", reason=reason)
+        lines = str(err).splitlines() or [type(err).__name__]
+        first = next((line for line in lines if "error" in line.lower()), lines[0])
+        if isinstance(err, BuildError):
+            cache.put(key(spec, "build"), status="failed", reason=f"compile error: {first[:200]}")
 
     # 2. Check and time the survivors that have no measurement yet.
-    runnable = [s for s in specs if cache.get(key(s, "build"))["status"] == "ok"]
+    def verdict(spec):
+        facts = cache.get(key(spec, "build"))
+        return "not built (see the build error above)" if facts is None else build_verdict(facts, opts.max_spill_bytes)
+
+    runnable = [s for s in specs if verdict(s) is None]
     pending = [s for s in runnable if cache.get(key(s, "run")) is None]
-    tasks = [(s, opts.seqlens, opts.repeats) for s in pending]
+    tasks = [(s, BUCKET_SEQLENS, opts.repeats) for s in pending]
     if opts.gpus > 1 and tasks:
         import multiprocessing as mp
 
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(opts.gpus)]
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        for i in range(opts.gpus):
-            queue.put(i)
+        for device in devices[:opts.gpus]:
+            queue.put(device)
         with ctx.Pool(opts.gpus, initializer=_init_gpu_worker, initargs=(queue,)) as pool:
             outcomes = pool.imap_unordered(_measure_task, tasks)
-            result.stopped_by_budget = _collect(outcomes, cache, key, deadline, event, len(tasks))
-            if result.stopped_by_budget:
+            result.stopped_by_budget, result.aborted = _collect(outcomes, cache, key, deadline, event, len(tasks))
+            if result.stopped_by_budget or result.aborted:
                 pool.terminate()
     else:
         outcomes = (_measure_task(t) for t in tasks)
-        result.stopped_by_budget = _collect(outcomes, cache, key, deadline, event, len(tasks))
+        result.stopped_by_budget, result.aborted = _collect(outcomes, cache, key, deadline, event, len(tasks))
 
     # 3. Winners per (hdim, causal, seqlen), from the cache (this run's and earlier ones).
     for spec in specs:
-        build_rec = cache.get(key(spec, "build"))
+        rejected = verdict(spec)
         run_rec = cache.get(key(spec, "run"))
-        outcome = run_rec["outcome"] if run_rec else [build_rec] if build_rec["status"] == "failed" else []
+        outcome = ([{"status": "failed", "reason": rejected}] if rejected
+                   else run_rec["outcome"] if run_rec else [])
         for o in outcome:
             record = {"spec": spec.name, "hdim": spec.hdim, "causal": spec.causal, "tile": spec.tile, **o}
             result.records.append(record)
@@ -246,11 +279,14 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     return result
 
 
-def _collect(outcomes, cache: TuneCache, key, deadline, event, total: int) -> bool:
-    """Store each candidate's outcome as it arrives; True if the time budget ran out."""
+def _collect(outcomes, cache: TuneCache, key, deadline, event, total: int) -> tuple[bool, str | None]:
+    """Store each candidate's outcome as it arrives. Returns (stopped by the time budget,
+    why the run was aborted: a candidate broke the CUDA context)."""
     for i, (spec, outcome) in enumerate(outcomes, 1):
         cache.put(key(spec, "run"), outcome=outcome)
         event("measure", i, total)
+        if any(o.get("fatal") for o in outcome):
+            return False, f"{spec.name}: {outcome[0]['reason']}; rerun to resume with the rest"
         if deadline is not None and time.monotonic() > deadline and i < total:
-            return True
-    return False
+            return True, None
+    return False, None

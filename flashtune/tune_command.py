@@ -51,7 +51,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
     return {"tool": "flashtune tune", "base_profile": profile.name, "gpu": gpu_name,
             "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
-            "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(opts.seqlens),
+            "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(BUCKET_SEQLENS),
             "candidates_failed": sum(1 for r in result.records if r.get("status") == "failed"),
             "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
             "measured": measured}
@@ -94,6 +94,8 @@ def render(result: TuneResult, console: Console, top: int = 3) -> None:
         for r in failures:
             reasons.add_row(r["spec"], r["reason"])
         console.print(reasons)
+    if result.aborted:
+        console.print(f"[red]stopped: {result.aborted}[/]")
     if result.stopped_by_budget:
         console.print("[yellow]stopped by --time-budget: rerun to resume (measured candidates are cached)[/]")
     console.print(f"cache: {result.cache_path}")

@@ -60,3 +60,14 @@ def test_sm90_kernel_compiles_with_hopper_sass(monkeypatch):
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     row = sass_row(spec, result.library, result.spills, cuobjdump)
     assert row["ok"] is True and "HGMMA" in row["detail"] and "UTMALDG" in row["detail"], row
+
+
+def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):
+    from flashtune.toolchain import Toolchain
+
+    old = Toolchain(torch_version="2.14.1", torch_cuda="12.4", nvcc_path="/opt/cuda-12.4/bin/nvcc",
+                    nvcc_version=(12, 4), cuda_home="/opt/cuda-12.4", ninja_version="1.13", cuobjdump_path=None)
+    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda: old)
+    result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_120"])
+    assert result.exit_code == 2
+    assert result.output.count("cannot target sm_120") == 1 and ">= 12.8" in result.output

@@ -81,3 +81,23 @@ def test_sm90_spec_names_and_source(monkeypatch):
     assert spec.threads == 384
     src = spec.source()
     assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true>" in src and "TmaMaps maps" in src
+
+
+def test_cache_key_changes_when_a_kernel_header_changes(tmp_path, monkeypatch):
+    import shutil
+
+    from flashtune import spec as spec_mod
+    from flashtune.paths import csrc_dir
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc_dir(), copy)
+    monkeypatch.setattr(spec_mod, "csrc_dir", lambda: copy)
+    before = _spec().source_hash()
+    header = copy / "sm80" / "fwd_kernel.cuh"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    assert _spec().source_hash() != before
+    probe = copy / "sm90" / "probe_qk.cu"  # not a header any sm80 kernel includes
+    probe.write_text(probe.read_text() + "\n// an edit\n")
+    (copy / "sm80" / "notes.txt").write_text("editor leftovers")
+    assert _spec().source_hash() == spec_mod.KernelSpec(**{f: getattr(_spec(), f) for f in (
+        "family", "arch", "dtype", "hdim", "tile", "causal")}).source_hash()

@@ -169,3 +169,42 @@ def test_time_budget_stops_and_a_rerun_resumes(fake_world, tmp_path, monkeypatch
     assert not second.stopped_by_budget
     remeasured = fake_world["measure"][len(measured_once):]
     assert not set(remeasured) & set(measured_once)  # nothing measured twice
+
+
+def test_cached_builds_are_rejudged_with_a_new_spill_limit(fake_world, tmp_path):
+    profile = find_profile("h200-sm80")
+    cache = tmp_path / "c.jsonl"
+    strict = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(128,), causal=(False,)), str(cache))
+    assert any(r.get("reason", "").startswith("ptxas spills") for r in strict.records)
+    builds = len(fake_world["build"])
+    lenient = tune.run_tune(profile, "NVIDIA H200",
+                            tune.TuneOptions(hdims=(128,), causal=(False,), max_spill_bytes=10_000), str(cache))
+    assert len(fake_world["build"]) == builds  # nothing recompiled
+    assert not any(r.get("reason", "").startswith("ptxas spills") for r in lenient.records)
+    assert any(r["tile"].num_warps == 8 and r.get("status") == "ok" for r in lenient.records)
+
+
+def test_an_unusable_toolchain_raises_and_caches_nothing(fake_world, tmp_path, monkeypatch):
+    from flashtune.toolchain import ToolchainError
+
+    def broken(*a, **k):
+        raise ToolchainError("nvcc 12.4 cannot target sm_120")
+
+    monkeypatch.setattr("flashtune.build.build_specs", broken)
+    cache = tmp_path / "c.jsonl"
+    with pytest.raises(ToolchainError):
+        tune.run_tune(find_profile("h200-sm80"), "NVIDIA H200", tune.TuneOptions(hdims=(64,)), str(cache))
+    assert len(cache.read_text().splitlines()) == 1  # the stamp only
+
+
+def test_a_candidate_that_breaks_the_cuda_context_stops_the_run(fake_world, tmp_path, monkeypatch):
+    def fatal_once(spec, seqlens, repeats):
+        fake_world["measure"].append(spec.name)
+        return [{"status": "failed", "reason": "launch failure: illegal address (it left the CUDA context "
+                 "unusable)", "fatal": True}]
+
+    monkeypatch.setattr(tune, "measure_candidate", fatal_once)
+    result = tune.run_tune(find_profile("h200-sm80"), "NVIDIA H200",
+                           tune.TuneOptions(hdims=(64,), causal=(True,)), str(tmp_path / "c.jsonl"))
+    assert result.aborted and "rerun to resume" in result.aborted
+    assert len(fake_world["measure"]) == 1  # nothing after it was attempted in the broken process

@@ -129,6 +129,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
     // S = Q K_j^T: k steps of 16 along the head dim; 4 per 64-column panel, 32 bytes apart.
     float acc_s[T::kSRegs];
+    fence_operands(acc_s);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -138,6 +139,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     }
     wgmma_commit();
     wgmma_wait<0>();
+    fence_operands(acc_s);
 
     // Masks: the tail block and, for causal, blocks that cross the diagonal.
     const bool tail = (j + 1) * BN > seqlen_k;
@@ -185,12 +187,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       for (int e = 0; e < 4; ++e) frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
 
     // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesKV apart.
+    fence_operands(acc_o);
+    fence_operands(frag_p);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < BN / 16; ++s)
       Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesKV));
     wgmma_commit();
     wgmma_wait<0>();
+    fence_operands(acc_o);
     mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
   }
 

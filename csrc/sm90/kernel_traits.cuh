@@ -40,7 +40,10 @@ struct Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
   static_assert(kSmemBytes <= 227 * 1024, "over the 227 KB per-block limit");
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register split");
+  // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
+  // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,
+                "register split over the CTA's pool");
 };
 
 }  // namespace sm90

@@ -38,6 +38,22 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+// Pin registers that an in-flight wgmma reads or writes: without these the compiler may
+// move ordinary reads/writes of accumulators or A fragments across wgmma.fence/wait_group
+// (CUTLASS's warpgroup_fence_operand). Use right before wgmma_fence and after wgmma_wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&regs)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(regs[i])::"memory");
+}
+template <int N, int M>
+__device__ __forceinline__ void fence_operands(uint32_t (&regs)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(regs[i][j])::"memory");
+}
+
 // D(64x64, f32) (+)= A(64x16, bf16, smem, K-major) * B(16x64, bf16, smem, K-major).
 // Each thread of the warpgroup holds 32 accumulators (HOPPER_NOTES.md gives the layout).
 __device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,

@@ -45,10 +45,11 @@ inline int encode_16bit_4d(CUtensorMap* map, const void* base, bool bf16, uint64
                            uint64_t head_stride, uint32_t box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
-  const cuuint64_t dims[4] = {dim, rows, heads, batch};
-  // A stride of 0 (a dimension of size 1) is not allowed: any multiple of 16 bytes will do.
-  const cuuint64_t strides[3] = {row_stride * 2, (head_stride ? head_stride : dim) * 2,
-                                 (batch_stride ? batch_stride : dim) * 2};
+  // A dimension may not be empty (seqlen_k = 0: no block is ever loaded, any size will do), and
+  // a size-1 dimension's stride (0 for varlen's batch) is never stepped over: make it dense.
+  const cuuint64_t dims[4] = {dim, rows ? rows : 1, heads, batch};
+  const cuuint64_t strides[3] = {row_stride * 2, (heads == 1 ? dim : head_stride) * 2,
+                                 (batch == 1 ? dim : batch_stride) * 2};
   const cuuint32_t box[4] = {64, box_rows, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   return int(encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
