@@ -25,6 +25,9 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_p
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _ALIGN_ELEMS = 8  # 16-byte vector loads of 16-bit elements
+# Reading cu_seqlens on the GPU costs a device sync per varlen call; with this set, their
+# values are trusted (a wrong one gives wrong output, as in flash_attn).
+_TRUST_CU_SEQLENS = os.environ.get("FLASHTUNE_TRUST_CU_SEQLENS") == "1"
 _MAX_TILE_ROWS = 256  # the kernels address a tile with 32-bit offsets: rows * row_stride < 2^31
 
 
@@ -216,8 +219,8 @@ def _check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
         _fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1")
     if cu.numel() < 1 or cu.stride(0) != 1:
         _fail(f"{name} must be contiguous with at least one element (batch+1)")
-    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
-        return  # its values cannot be read during graph capture
+    if cu.is_cuda and (_TRUST_CU_SEQLENS or torch.cuda.is_current_stream_capturing()):
+        return  # reading its values syncs the device (and is impossible during graph capture)
     values = cu.tolist()
     lengths = [b - a for a, b in zip(values, values[1:])]
     if values[0] != 0 or any(n < 0 for n in lengths):
@@ -231,11 +234,10 @@ def _check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
 
 # ---------------------------------------------------------------------------- the custom op
 
-@torch.library.custom_op("flashtune::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
-                  max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (same layout as q, contiguous) and the log-sum-exp (float32, natural log)."""
     if q.numel() == 0:
         return _empty_outputs(q, cu_seqlens_q is not None)
@@ -277,9 +279,19 @@ def _empty_outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.T
     return out, lse
 
 
+# The custom op is what torch.compile traces (with the fake implementation below). Eager calls
+# on plain tensors skip its dispatch wrapper, which costs tens of microseconds per call.
+attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args=())(_attention_fwd)
+
+
 @attention_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
     return _empty_outputs(q, cu_seqlens_q is not None)
+
+
+def _forward(q, *args):
+    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling()
+    return (_attention_fwd if plain else attention_fwd)(q, *args)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -298,7 +310,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     _check_tensors(q, k, v, varlen=False)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     _check_devices(q, k, v)
-    out, lse = attention_fwd(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal))
+    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal))
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
@@ -327,7 +339,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _fail("at most 65535 sequences per call")
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     _check_devices(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    out, lse = attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+    out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                              bool(causal))
     return _pack(out, lse, return_lse, return_attn_probs)
 
