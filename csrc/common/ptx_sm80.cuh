@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <type_traits>
 
+#include "common/convert.cuh"
+
 namespace flashtune {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -55,25 +57,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// Two floats -> one 32-bit register of two 16-bit values (low half = x).
-template <typename Elem>
-__device__ __forceinline__ uint32_t pack2(float x, float y) {
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
-// 2^x with the hardware approximation (what the softmax needs; -inf -> 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace flashtune

@@ -7,6 +7,7 @@
 #pragma once
 #include <math.h>
 
+#include "common/convert.cuh"
 #include "common/params.h"
 #include "sm90/kernel_traits.cuh"
 #include "sm90/ptx_sm90.cuh"
@@ -14,23 +15,6 @@
 
 namespace flashtune {
 namespace sm90 {
-
-template <typename Elem>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-}
-
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
 // total rows, and a sequence starts at row cu_seqlens[b].
@@ -164,13 +148,13 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
-      alpha[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);
+      alpha[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < T::kSRegs; ++i)
         if (((i >> 1) & 1) == r) {
-          acc_s[i] = exp2_approx(fmaf(acc_s[i], scale_log2, -m_scaled));
+          acc_s[i] = fast_exp2(fmaf(acc_s[i], scale_log2, -m_scaled));
           sum += acc_s[i];
         }
       row_sum[r] = row_sum[r] * alpha[r] + sum;

@@ -7,17 +7,14 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include "common/convert.cuh"
 #include "sm90/ptx_sm90.cuh"
 #include "sm90/tma_host.h"
+#include "sm90/wgmma.cuh"
 
 namespace {
 constexpr int kBlock = 64, kDim = 64;
 constexpr int kTileBytes = kBlock * kDim * 2;
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 __global__ void __launch_bounds__(128, 1)
 flashtune_probe_sm90_attn(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -60,7 +57,7 @@ flashtune_probe_sm90_attn(const __grid_constant__ CUtensorMap q_map, const __gri
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kDim / 16; ++kk)
-      wgmma_m64n64k16_bf16_ss(acc_s, kmajor_sw128_desc(smem_u32(sQ) + 32 * kk),
+      Wgmma<__nv_bfloat16, 64>::ss(acc_s, kmajor_sw128_desc(smem_u32(sQ) + 32 * kk),
                               kmajor_sw128_desc(smem_u32(sK) + 32 * kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
@@ -92,11 +89,11 @@ flashtune_probe_sm90_attn(const __grid_constant__ CUtensorMap q_map, const __gri
 #pragma unroll
     for (int s = 0; s < kBlock / 16; ++s)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) p_frag[s][e] = pack_bf16(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
+      for (int e = 0; e < 4; ++e) p_frag[s][e] = flashtune::pack2<__nv_bfloat16>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
     wgmma_fence();  // O's accumulators and P were just written by ordinary instructions
 #pragma unroll
     for (int s = 0; s < kBlock / 16; ++s)
-      wgmma_m64n64k16_bf16_rs_tb(acc_o, p_frag[s], mnmajor_sw128_desc(smem_u32(sV) + 2048 * s, 0));
+      Wgmma<__nv_bfloat16, 64>::rs(acc_o, p_frag[s], mnmajor_sw128_desc(smem_u32(sV) + 2048 * s, 0));
     wgmma_commit();
     wgmma_wait<0>();
     __syncthreads();  // every warp is done with sK/sV before thread 0 refills them
@@ -111,7 +108,7 @@ flashtune_probe_sm90_attn(const __grid_constant__ CUtensorMap q_map, const __gri
     const int row = m_block * kBlock + 16 * warp + g + 8 * r;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
-      const uint32_t packed = pack_bf16(acc_o[4 * c + 2 * r] / l, acc_o[4 * c + 2 * r + 1] / l);
+      const uint32_t packed = flashtune::pack2<__nv_bfloat16>(acc_o[4 * c + 2 * r] / l, acc_o[4 * c + 2 * r + 1] / l);
       *reinterpret_cast<uint32_t*>(out + row * kDim + 8 * c + 2 * t) = packed;
     }
   }

@@ -4,6 +4,7 @@
 // and compare S against torch on the GPU. Not part of the attention op.
 #include "sm90/ptx_sm90.cuh"
 #include "sm90/tma_host.h"
+#include "sm90/wgmma.cuh"
 
 namespace {
 constexpr int kRows = 64, kDim = 64;
@@ -37,7 +38,7 @@ flashtune_probe_sm90_qk(const __grid_constant__ CUtensorMap q_map, const __grid_
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kDim / 16; ++kk)  // +32 bytes per k16 step inside the swizzled rows
-    wgmma_m64n64k16_bf16_ss(acc, kmajor_sw128_desc(smem_u32(sQ) + 32 * kk),
+    Wgmma<__nv_bfloat16, 64>::ss(acc, kmajor_sw128_desc(smem_u32(sQ) + 32 * kk),
                             kmajor_sw128_desc(smem_u32(sK) + 32 * kk), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
