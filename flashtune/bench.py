@@ -126,8 +126,7 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
     from flashtune.reference import attention_reference, rel_l2
 
     scale = 1.0 / math.sqrt(shape.hdim)
-    sets = max(1, min(8, math.ceil(L2_FLUSH_BYTES / max(1, shape.input_bytes))))
-    inputs = [make_inputs(shape, seed + i) for i in range(sets)]
+    inputs = [make_inputs(shape, seed + i) for i in range(input_sets(shape))]
     cases = [Case(q, k, v, shape.causal, scale) for q, k, v in inputs]
     q0, k0, v0 = inputs[0]
     group = shape.heads // shape.heads_kv
@@ -172,12 +171,22 @@ def empty_row(backend: str, shape: Shape) -> dict:
     return row
 
 
+def shape_key(row: dict) -> tuple:
+    """What identifies a row's shape (everything but the backend and the measurements)."""
+    return tuple(row[k] for k in ("dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "heads_kv"))
+
+
+def input_sets(shape: Shape) -> int:
+    """How many input sets to rotate through so no timed run finds its data in L2."""
+    return max(1, min(8, math.ceil(L2_FLUSH_BYTES / max(1, shape.input_bytes))))
+
+
 def speedups(rows: list[dict], ours: str = "flashtune") -> dict[str, float | None]:
     """Geomean over shapes of (backend ms / flashtune ms): > 1 means flashtune is faster."""
     by_shape: dict[tuple, dict[str, float]] = {}
     for r in rows:
         if r["ms"]:
-            key = (r["dtype"], r["hdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["batch"], r["heads"], r["heads_kv"])
+            key = shape_key(r)
             by_shape.setdefault(key, {})[r["backend"]] = r["ms"]
     others = sorted({r["backend"] for r in rows} - {ours})
     return {b: geomean(t[b] / t[ours] for t in by_shape.values() if b in t and ours in t) for b in others}

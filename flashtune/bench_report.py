@@ -8,12 +8,8 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from flashtune.bench import ROW_KEYS
+from flashtune.bench import ROW_KEYS, shape_key
 
-
-
-def _shape_key(r: dict) -> tuple:
-    return (r["dtype"], r["hdim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["batch"], r["heads"], r["heads_kv"])
 
 
 def shape_table(rows: list[dict], ours: str = "flashtune") -> Table:
@@ -23,9 +19,9 @@ def shape_table(rows: list[dict], ours: str = "flashtune") -> Table:
                 "flashtune x", "kernel / status"):
         table.add_column(col, justify="left" if col in ("backend", "kernel / status") else "right",
                          overflow="fold")
-    ours_ms = {_shape_key(r): r["ms"] for r in rows if r["backend"] == ours and r["ms"]}
+    ours_ms = {shape_key(r): r["ms"] for r in rows if r["backend"] == ours and r["ms"]}
     for r in rows:
-        mine = ours_ms.get(_shape_key(r))
+        mine = ours_ms.get(shape_key(r))
         ratio = f"{r['ms'] / mine:.2f}" if (r["ms"] and mine and r["backend"] != ours) else ""
         table.add_row(
             str(r["hdim"]), "yes" if r["causal"] else "no",

@@ -115,12 +115,10 @@ def time_spec(spec: KernelSpec, seqlen: int, repeats: int) -> dict:
     import statistics
 
     from flashtune import ops
-    from flashtune.bench import Shape, make_inputs, time_ms, L2_FLUSH_BYTES
+    from flashtune.bench import fa_grid, input_sets, make_inputs, time_ms
 
-    shape = Shape(spec.dtype, spec.hdim, spec.causal, seqlen, seqlen, max(1, 16384 // seqlen),
-                  max(1, 2048 // spec.hdim), max(1, 2048 // spec.hdim))
-    sets = max(1, min(4, math.ceil(L2_FLUSH_BYTES / shape.input_bytes)))
-    inputs = [make_inputs(shape, seed) for seed in range(sets)]
+    shape = fa_grid([seqlen], [spec.hdim], [spec.causal], spec.dtype)[0]  # the shape bench times
+    inputs = [make_inputs(shape, seed) for seed in range(input_sets(shape))]
     scale = 1.0 / math.sqrt(spec.hdim)
     runners = [lambda q=q, k=k, v=v: ops.run_spec(spec, q, k, v, None, None, seqlen, seqlen, scale)
                for q, k, v in inputs]

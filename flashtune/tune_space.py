@@ -43,8 +43,7 @@ def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
 
 def bucket_of(seqlen: int) -> tuple[int, int | None]:
     """The [lo, hi) bucket a representative sequence length stands for."""
-    for i, s in enumerate(BUCKET_SEQLENS):
-        lo, hi = BUCKET_EDGES[i], BUCKET_EDGES[i + 1]
+    for lo, hi in zip(BUCKET_EDGES, BUCKET_EDGES[1:]):
         if lo <= seqlen and (hi is None or seqlen < hi):
             return lo, hi
     raise ValueError(f"seqlen {seqlen} falls in no bucket")

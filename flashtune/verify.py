@@ -13,6 +13,7 @@ for a shape, and why it refuses the others.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import subprocess
@@ -130,8 +131,8 @@ def _inputs(case: Case, seed: int):
     dtype = getattr(torch, case.dtype)
     if case.varlen:
         lens_q, lens_k = [7, 0, 300, 1][:case.batch], [9, 4, 300, 600][:case.batch]
-        cu_q = torch.tensor([0] + list(_cumsum(lens_q)), dtype=torch.int32, device="cuda")
-        cu_k = torch.tensor([0] + list(_cumsum(lens_k)), dtype=torch.int32, device="cuda")
+        cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
         q = torch.randn(sum(lens_q), case.heads, case.hdim, device="cuda", dtype=dtype, generator=gen)
         k = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
         v = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
@@ -141,13 +142,6 @@ def _inputs(case: Case, seed: int):
         return torch.randn(case.batch, s, h, case.hdim, device="cuda", dtype=dtype, generator=gen)
 
     return rand(case.seqlen_q, case.heads), rand(case.seqlen_k, case.heads_kv), rand(case.seqlen_k, case.heads_kv), None
-
-
-def _cumsum(values):
-    total = 0
-    for v in values:
-        total += v
-        yield total
 
 
 def _call(q, k, v, case: Case, varlen_args):
