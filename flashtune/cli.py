@@ -265,6 +265,56 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
 
 
 @cli.command()
+@click.option("--model", "model_name", metavar="NAME|CONFIG.json",
+              help="A built-in shape (llama3-8b-like, llama3-70b-like, qwen2-7b-like, mistral-7b-like) or a "
+                   "transformers config.json. Without it, give --layers --heads --hdim.")
+@click.option("--layers", type=click.IntRange(min=1))
+@click.option("--heads", type=click.IntRange(min=1))
+@click.option("--kv-heads", type=click.IntRange(min=1), help="Default: --heads (no GQA).")
+@click.option("--hdim", type=click.IntRange(min=1))
+@click.option("--hidden", type=click.IntRange(min=1), help="Default: heads x hdim.")
+@click.option("--intermediate", type=click.IntRange(min=1), help="MLP width (default: Llama's 8/3 x hidden).")
+@click.option("--vocab", type=click.IntRange(min=1))
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seqlen", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32", "fp8", "int8", "int4"]),
+              default="bfloat16", show_default=True, help="Weights and activations.")
+@click.option("--kv-dtype", type=click.Choice(["bfloat16", "float16", "float32", "fp8", "int8", "int4"]),
+              help="KV cache (default: --dtype).")
+@click.option("--gpu-memory", type=click.FloatRange(min=0, min_open=True), metavar="GIB",
+              help="Judge against this much memory (default: the first visible GPU's).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, vocab, batch, seqlen, dtype, kv_dtype,
+           gpu_memory, as_json) -> None:
+    """What a model needs in GPU memory, and what a flash kernel changes.
+
+    Three accounts: weights (fixed), the KV cache (linear in batch x seqlen) and the attention
+    score matrix that a non-flash kernel materialises (quadratic in seqlen, one layer at a
+    time), plus one layer's activations; then a verdict against the GPU and what helps.
+
+        flashtune memory --model llama3-8b-like --batch 4 --seqlen 32768
+        flashtune memory --layers 32 --heads 32 --kv-heads 8 --hdim 128 --seqlen 131072 --gpu-memory 24
+    """
+    from flashtune import memory as mem, memory_report
+
+    assumed: list[str] = []
+    if model_name:
+        model = mem.with_overrides(mem.find_model(model_name), layers=layers, heads=heads, kv_heads=kv_heads,
+                                   head_dim=hdim, hidden=hidden, intermediate=intermediate, vocab=vocab)
+    elif layers and heads and hdim:
+        model, assumed = mem.custom_model(layers, heads, kv_heads, hdim, hidden, intermediate, vocab)
+    else:
+        raise click.UsageError("give --model, or --layers, --heads and --hdim")
+    if gpu_memory is not None:
+        gpu_bytes = int(gpu_memory * 2**30)
+    else:
+        gpus = detect_gpus()
+        gpu_bytes = gpus[0].memory_bytes if gpus else None
+    rep = {**mem.report(model, batch, seqlen, gpu_bytes, dtype, kv_dtype), "assumed": assumed}
+    print_json(rep) if as_json else memory_report.render(rep, make_console())
+
+
+@cli.command()
 @click.option("--profile", "profile_name", metavar="NAME|PATH", help="Profile for the flashtune backend.")
 @click.option("--seqlens", callback=_int_list, help="Comma-separated, default 512,...,16384.")
 @click.option("--hdims", callback=_int_list, help="Comma-separated, default 64,128,256.")

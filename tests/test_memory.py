@@ -1,0 +1,74 @@
+"""`flashtune memory` against hand-computed numbers for public model shapes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from flashtune import memory
+from flashtune.cli import cli
+
+
+def test_llama3_8b_accounts_by_hand():
+    m = memory.MODELS["llama3-8b-like"]
+    # embeddings 128256 x 4096, untied (x2); per layer q,o 4096x4096, k,v 4096x1024, MLP 3 x 4096 x 14336, 2 norms
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert m.params == 32 * per_layer + 2 * 128256 * 4096 + 4096 == 8_030_261_248  # Meta-Llama-3-8B's count
+    acc = memory.accounts(m, batch=1, seqlen=8192)
+    assert acc.weights == 8_030_261_248 * 2
+    assert acc.kv_cache == 2 * 32 * 8 * 128 * 8192 * 2 == 2**30  # 128 KiB per token
+    assert acc.score_matrix == 32 * 8192 * 8192 * 8 == 16 * 2**30
+    assert memory.accounts(m, 1, 8192, kv_dtype="fp8").kv_cache == 2**29
+
+
+def test_qwen2_7b_accounts_by_hand():
+    m = memory.MODELS["qwen2-7b-like"]
+    # the official 7,615,616,512 less the q/k/v biases (28 x (3584 + 512 + 512)), which this model leaves out
+    assert m.params == 7_615_616_512 - 28 * (3584 + 512 + 512)
+    acc = memory.accounts(m, batch=2, seqlen=4096)
+    assert acc.kv_cache == 2 * 28 * 4 * 128 * (2 * 4096) * 2  # 56 KiB per token: 7:1 GQA
+    assert acc.score_matrix == 2 * 28 * 4096 ** 2 * 8
+
+
+def test_verdicts():
+    m = memory.MODELS["llama3-8b-like"]
+    rep = memory.report(m, 4, 32768, gpu_bytes=141 * 2**30)
+    assert "only with a flash kernel" in rep["verdict"][0]
+    rep = memory.report(m, 1, 131072, gpu_bytes=24 * 2**30)
+    assert "does not fit" in rep["verdict"][0] and "KV cache" in rep["verdict"][0]
+    rep = memory.report(m, 1, 512, gpu_bytes=80 * 2**30)
+    assert "fits in 80 GiB with any attention kernel" in rep["verdict"][0]
+    assert any("GQA: 32 query heads share 8 KV heads" in a for a in rep["advice"])
+    assert "unknown" in memory.report(m, 1, 512, gpu_bytes=None)["verdict"][0]
+
+
+def test_config_json_and_custom_shapes(tmp_path):
+    cfg = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = memory.find_model(str(path))
+    assert (m.head_dim, m.kv_heads, m.tied_embeddings) == (64, 2, True)
+    assert m.params == 2 * (256 * 64 * (8 + 4) + 3 * 256 * 512 + 512) + 1000 * 256 + 256
+    with pytest.raises(ValueError, match="missing key 'vocab_size'"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}))
+        memory.find_model(str(bad))
+    custom, assumed = memory.custom_model(32, 32, 8, 128)
+    assert custom.intermediate == 11008 and len(assumed) == 3
+    with pytest.raises(ValueError, match="unknown model"):
+        memory.find_model("gpt-9")
+
+
+def test_cli_memory():
+    result = CliRunner().invoke(cli, ["memory", "--model", "mistral-7b-like", "--seqlen", "16384",
+                                      "--gpu-memory", "24", "--json"])
+    assert result.exit_code == 0, result.output
+    rep = json.loads(result.output)
+    assert rep["accounts"]["kv_cache"] == 2 * 32 * 8 * 128 * 16384 * 2
+    assert rep["total_with_flash"] < rep["total_without_flash"]
+    result = CliRunner().invoke(cli, ["memory", "--heads", "8"])
+    assert result.exit_code == 2 and "--layers" in result.output
+    result = CliRunner().invoke(cli, ["memory", "--layers", "2", "--heads", "6", "--kv-heads", "4", "--hdim", "64"])
+    assert result.exit_code == 2 and "must divide" in result.output
