@@ -23,7 +23,7 @@ FLASHTUNE_PROFILE=$PROFILE timeout 420 python3 -m pytest -q -m gpu tests/ -p no:
   --deselect tests/test_sm90_probe_gpu.py -x > "$LOGS/pytest_gpu.txt" 2>&1
 step pytest-gpu "rc=$? (124: timed out, a hang) $(tail -1 "$LOGS/pytest_gpu.txt")"
 for tool in memcheck racecheck; do
-  timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$PROFILE" \
+  timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$PROFILE" \
     > "$LOGS/sanitizer_$tool.txt" 2>&1; step "sanitizer-$tool" "rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer_$tool.txt" | tail -1)"
 done
 python3 -m flashtune verify --profile "$PROFILE" > "$OUT/verify.txt" 2>&1; step verify "rc=$? $(tail -1 "$OUT/verify.txt")"
