@@ -280,7 +280,7 @@ def _empty_outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.T
 
 
 # The custom op is what torch.compile traces (with the fake implementation below). Eager calls
-# on plain tensors skip its dispatch wrapper, which costs tens of microseconds per call.
+# on plain tensors skip its dispatch wrapper (about 10 microseconds per call on a CPU here).
 attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args=())(_attention_fwd)
 
 
