@@ -4,8 +4,9 @@ Three accounts, each with how it grows:
 * weights: fixed;
 * KV cache: linear in batch x sequence length (2 x layers x kv_heads x head_dim per token);
 * the attention score matrix a non-flash kernel materialises: quadratic in sequence length,
-  one layer at a time (batch x heads x seqlen_q x seqlen_k elements; about two fp32 copies
-  are alive at once, the scores and the probabilities). A flash kernel holds none of it.
+  one layer at a time (batch x heads x seqlen_q x seqlen_k elements, about 9 bytes each at
+  the peak: scores, their fp32 softmax and the 16-bit probabilities, as measured for SDPA's
+  math backend on an H200). A flash kernel holds none of it.
 Plus the transient activations of one layer, an estimate. Everything is bytes.
 """
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
-SCORE_BYTES_PER_ELEMENT = 8  # fp32 scores + fp32 probabilities alive together (math / eager paths)
+# Peak bytes per score element of a non-flash attention (bf16 inputs): measured for SDPA's
+# math backend on the H200 (benchmarks/h200/..._fa-grid.json: 9.1-9.4 at seqlen >= 8k).
+SCORE_BYTES_PER_ELEMENT = 9
 
 
 @dataclass(frozen=True)
