@@ -1,0 +1,76 @@
+"""transformers integration: `attn_implementation="ftune"` for Llama-, Qwen- and Mistral-style models.
+
+    import flashtune.hf  # registers "ftune" with transformers' attention registries
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="ftune")
+
+Why not "flashtune": transformers 5 treats every implementation name that contains "flash"
+as a FlashAttention kernel to fetch from the Hugging Face Hub (utils.generic.
+is_flash_attention_requested), and fails when there is none to fetch.
+
+transformers is optional: this module is the only one that imports it. The mask side reuses
+transformers' FlashAttention mask function: no mask when the batch is unpadded and causal,
+else the 2-D padding mask, which we turn into a varlen call (padded query rows get zeros).
+"""
+from __future__ import annotations
+
+import torch
+
+from flashtune import ops
+
+NAME = "ftune"  # no "flash" in it: see the module docstring
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: (batch, heads, seqlen, head_dim) in,
+    (batch, seqlen, heads, head_dim) out. GQA is handled by the kernel (no repeat_kv)."""
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"flashtune attention does not support {unsupported}; use attn_implementation='sdpa'")
+    window = kwargs.get("sliding_window")
+    if window is not None and key.shape[2] > window:  # a window no longer than the sequence changes nothing
+        raise ValueError(f"flashtune attention has no sliding window ({window} < {key.shape[2]} keys); "
+                         "use attn_implementation='sdpa' for sequences longer than the window")
+    if dropout and module.training:
+        raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
+    if attention_mask is None:
+        return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal), None
+    if attention_mask.dim() != 2:
+        raise ValueError(f"flashtune attention takes no {attention_mask.dim()}-D attention mask; it needs the "
+                         "2-D padding mask that its registered mask function produces")
+    return _padded(q, k, v, attention_mask.bool(), scaling, causal), None
+
+
+def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tensor:
+    """A padded batch as one varlen call: keep the valid tokens, attend, scatter back."""
+    batch, q_len = q.shape[0], q.shape[1]
+    kv_mask = kv_mask[:, -k.shape[1]:]
+    q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence
+    lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), kv_mask.sum(1, dtype=torch.int32)
+    zero = torch.zeros(1, dtype=torch.int32, device=q.device)
+    cu_q = torch.cat([zero, lens_q.cumsum(0, dtype=torch.int32)])
+    cu_k = torch.cat([zero, lens_k.cumsum(0, dtype=torch.int32)])
+    out_packed = ops.flash_attn_varlen_func(
+        q[q_mask], k[kv_mask], v[kv_mask], cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
+        softmax_scale=scaling, causal=causal)
+    out = q.new_zeros(batch, q_len, q.shape[2], q.shape[3])
+    out[q_mask] = out_packed
+    return out
+
+
+def register() -> None:
+    """Add "ftune" to transformers' attention and attention-mask registries (idempotent)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError as e:
+        raise ImportError("the transformers integration needs transformers >= 4.56: "
+                          "pip install 'flashtune[hf]'") from e
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)
+
+
+register()
