@@ -31,12 +31,35 @@ def summary(profile: Profile) -> dict:
     }
 
 
+def built_registers(profile: Profile, entry) -> int | None:
+    """Registers per thread that ptxas reported for this config, if any variant is in the
+    build cache (the most of them); None until it is built."""
+    import json
+
+    from flashtune.build import MANIFEST, spec_dir
+    from flashtune.spec import KernelSpec, SpecError
+
+    found = []
+    for dtype in profile.dtypes:
+        for causal in ((False, True) if entry.causal is None else (entry.causal,)):
+            try:
+                spec = KernelSpec(profile.family, profile.arch.name, dtype, entry.hdim, entry.tile, causal,
+                                  fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags)
+                manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
+                found.append(manifest["result"]["registers"])
+            except (SpecError, OSError, ValueError, KeyError):
+                continue
+    found = [r for r in found if r]
+    return max(found) if found else None
+
+
 def details(profile: Profile) -> dict:
     """The profile plus, per config, the numbers the resource model derives."""
     arch = profile.arch
     configs = []
     for entry in profile.configs:
         tile = entry.tile
+        registers = built_registers(profile, entry)
         smem = shared_memory_bytes(profile.family, entry.hdim, tile, profile.fp8_qk)
         configs.append({
             "hdim": entry.hdim,
@@ -51,7 +74,8 @@ def details(profile: Profile) -> dict:
             "smem_bytes": smem,
             "smem_limit_bytes": arch.max_smem_per_block,
             "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
-            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, profile.fp8_qk),
+            "registers": registers,  # None until built (`flashtune build`)
+            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, profile.fp8_qk, registers),
         })
     return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags), "configs": configs}
 
@@ -81,11 +105,15 @@ def render_details(profile: Profile, console: Console) -> None:
     table = Table(title_justify="left")
     warps_header = "warpgroups" if profile.family == "sm90" else "warps"
     for column in ("hdim", "causal", "seqlen", "tile", warps_header, "stages", "threads",
-                   "smem", "% of limit", "CTAs/SM"):
+                   "smem", "% of limit", "registers", "CTAs/SM"):
         table.add_column(column, no_wrap=True)
     for entry, row in zip(profile.configs, data["configs"]):
         warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
         table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, f"{row['block_m']}x{row['block_n']}",
                       str(warps), str(row["stages"]), str(row["threads"]),
-                      f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%", str(row["ctas_per_sm"]))
+                      f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
+                      str(row["registers"] or "-"), str(row["ctas_per_sm"]))
     console.print(table)
+    if any(row["registers"] is None for row in data["configs"]):
+        console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
+                      "once the kernels are built: `flashtune build --profile NAME`")

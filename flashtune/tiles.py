@@ -84,12 +84,19 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
     return total
 
 
-def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: bool = False) -> int:
-    """How many CTAs fit on one SM, by shared memory and by threads (capped at 32)."""
+REGISTERS_PER_SM = 65536
+
+
+def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: bool = False,
+                registers: int | None = None) -> int:
+    """How many CTAs fit on one SM, by shared memory, threads (capped at 32) and, when the
+    per-thread register count is known (ptxas reports it at build time), registers."""
     smem = shared_memory_bytes(family, hdim, cfg, fp8) + RESERVED_SMEM_PER_CTA
-    by_smem = arch.smem_per_sm // smem
-    by_threads = arch.max_threads_per_sm // threads_per_cta(family, cfg)
-    return min(by_smem, by_threads, 32)
+    threads = threads_per_cta(family, cfg)
+    limits = [arch.smem_per_sm // smem, arch.max_threads_per_sm // threads, 32]
+    if registers:
+        limits.append(REGISTERS_PER_SM // (-(-registers // 8) * 8 * threads))  # allocated in units of 8
+    return min(limits)
 
 
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,

@@ -94,7 +94,7 @@ def test_spec_choice_errors_name_what_the_profile_serves():
     with pytest.raises(FlashtuneInputError, match=r"head dim 96 is not served by profile rtx4090 \(head dims: 64, 128, 256\)"):
         ops.select_spec(profile, torch.bfloat16, 96, False, 128, 128)
     spec = ops.select_spec(profile, torch.float16, 128, True, 5000, 5000)
-    assert spec.name == "flashtune_fwd_sm80_f16_h128_64x64_w4_s2_c_sm89"
+    assert spec.name == "flashtune_fwd_sm80_f16_h128_64x64_w4_s1_c_sm89"
 
 
 def test_a_profile_for_another_arch_is_refused_on_this_gpu():

@@ -69,8 +69,8 @@ def test_shipped_families():
 
 def test_tile_for_picks_by_hdim_causal_and_seqlen(tmp_path):
     rtx = find_profile("rtx4090")
-    assert rtx.tile_for(128, False, 4096, 4096) == TileConfig(128, 32, 4, 2)
-    assert rtx.tile_for(128, True, 4096, 4096) == TileConfig(64, 64, 4, 2)
+    assert rtx.tile_for(128, False, 4096, 4096) == TileConfig(128, 32, 4, 1)
+    assert rtx.tile_for(128, True, 4096, 4096) == TileConfig(64, 64, 4, 1)
     h200 = find_profile("h200")
     assert (h200.tile_for(128, False, 8192, 8192).block_n, h200.tile_for(128, False, 1, 1).num_warpgroups) == (176, 2)
     assert h200.tile_for(64, True, 512, 512).block_n == 128

@@ -75,3 +75,14 @@ def test_problem_text_says_what_is_allowed():
 def test_unknown_family():
     with pytest.raises(ValueError, match="unknown kernel family"):
         tile_problems("sm70", 64, TileConfig(64, 64, 4, 2), SM80)
+
+
+def test_registers_limit_ctas_per_sm_when_known():
+    from flashtune.arch import get_arch
+    from flashtune.tiles import TileConfig, ctas_per_sm
+
+    cfg = TileConfig(128, 64, 4, 1)  # 64 KB of shared memory on sm_90: 3 CTAs by shared memory
+    arch = get_arch("sm_90")
+    assert ctas_per_sm("sm80", 128, cfg, arch) == 3
+    assert ctas_per_sm("sm80", 128, cfg, arch, registers=255) == 2  # 256 x 128 threads per CTA
+    assert ctas_per_sm("sm80", 128, cfg, arch, registers=96) == 3
