@@ -1,6 +1,8 @@
 """Shared test setup: the `gpu` marker skips cleanly without a GPU; builds never touch ~/.cache."""
 from __future__ import annotations
 
+import os
+
 from types import SimpleNamespace
 
 import pytest
@@ -24,11 +26,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def gpu_build_cache(tmp_path_factory):
+    """One build cache for every GPU test of a run ($FLASHTUNE_TEST_CACHE_DIR reuses a prebuilt one)."""
+    return os.environ.get("FLASHTUNE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("gpu-cache"))
+
+
 @pytest.fixture(autouse=True)
-def flashtune_cache_dir(tmp_path_factory, monkeypatch):
-    """Every test gets its own FLASHTUNE_CACHE_DIR, so nothing lands in ~/.cache/flashtune."""
-    path = tmp_path_factory.mktemp("flashtune-cache")
-    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(path))
+def flashtune_cache_dir(request, tmp_path_factory, monkeypatch):
+    """Every CPU test gets its own FLASHTUNE_CACHE_DIR, so nothing lands in ~/.cache/flashtune;
+    GPU tests share one, so each kernel is built once per run."""
+    if request.node.get_closest_marker("gpu"):
+        path = request.getfixturevalue("gpu_build_cache")
+    else:
+        path = str(tmp_path_factory.mktemp("flashtune-cache"))
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", path)
     return path
 
 

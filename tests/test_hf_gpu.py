@@ -11,13 +11,6 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def flashtune_cache_dir(tmp_path_factory, monkeypatch):
-    path = os.environ.get("FLASHTUNE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("hf-cache"))
-    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", path)
-    return path
-
-
 def test_qwen2_generates_like_sdpa():
     from flashtune import hf, ops
 

@@ -20,25 +20,13 @@ HDIMS = [64, 128, 256]
 SEQLEN_PAIRS = [(1, 1), (1, 4097), (17, 128), (128, 17), (1000, 1000), (1000, 4097), (4097, 1000)]
 
 
-@pytest.fixture(scope="session")
-def session_cache(tmp_path_factory):
-    return os.environ.get("FLASHTUNE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("gpu-cache"))
-
-
-@pytest.fixture(autouse=True)
-def flashtune_cache_dir(session_cache, monkeypatch):
-    """Overrides conftest's per-test cache: one build per spec for the whole GPU session."""
-    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", session_cache)
-    return session_cache
-
-
 @pytest.fixture(autouse=True, scope="module")
 def profile_and_poison():
     import flashtune.ops as ops
 
     name = os.environ.get("FLASHTUNE_PROFILE")
     if name is None and any(gpu in torch.cuda.get_device_name() for gpu in ("H100", "H200")):
-        name = "h200-sm80"  # the sm90 family is not written yet: test the portable one
+        name = "h200-sm80"  # the portable family; the sm90 one: FLASHTUNE_PROFILE=h200 + FLASHTUNE_EXPERIMENTAL_SM90=1
     ops.use_profile(name)
     ops.poison_outputs = True
     yield

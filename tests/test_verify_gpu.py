@@ -10,13 +10,6 @@ from click.testing import CliRunner
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def flashtune_cache_dir(tmp_path_factory, monkeypatch):
-    path = os.environ.get("FLASHTUNE_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("verify-cache"))
-    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", path)
-    return path
-
-
 def _profile():
     return os.environ.get("FLASHTUNE_PROFILE", "h200-sm80")
 
