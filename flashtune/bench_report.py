@@ -96,3 +96,24 @@ def plot(result: dict, path: str) -> None:
     fig.suptitle(f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
+
+
+def render_model(result: dict, console: Console) -> None:
+    """`bench --model`: one line per (prefill length, backend)."""
+    table = Table(title=f"flashtune bench --model {result['model']} ({result['layers']} layers, {result['dtype']}, "
+                        f"{result['decode_steps']} decode steps)")
+    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "attention share", "vs",
+                "max |dlogit|", "top-1 agree", "greedy same", "status"):
+        table.add_column(col, justify="left" if col in ("backend", "vs", "status") else "right", overflow="fold")
+
+    def num(row, key, fmt):
+        return format(row[key], fmt) if row.get(key) is not None else "-"
+
+    for r in result["rows"]:
+        greedy = r.get("greedy_identical")
+        table.add_row(str(r["prefill"]), r["backend"], num(r, "ttft_ms", ".1f"), num(r, "decode_tok_s", ".0f"),
+                      num(r, "peak_mem_mb", ".0f"), num(r, "attention_share", ".0%"), r.get("vs", "-"),
+                      num(r, "max_abs_logit_diff", ".3g"), num(r, "top1_agreement", ".1%"),
+                      f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
+                      r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}[/]")
+    console.print(table)

@@ -330,8 +330,15 @@ def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, voca
 @click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON ('-' for stdout).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-' for stdout).")
 @click.option("--plot", "plot_path", metavar="FILE.png", help="TFLOPS vs seqlen plot (needs the plot extra).")
+@click.option("--model", "model_name", metavar="NAME|CONFIG.json",
+              help="Model-level A/B instead of the kernel grid: a built-in shape (see `flashtune memory "
+                   "--help`) or a config.json, random weights. Backends: flashtune, sdpa-*, eager.")
+@click.option("--layers", type=click.IntRange(min=1), help="With --model: fewer layers, to fit.")
+@click.option("--prefill", callback=_int_list, help="With --model: prompt lengths (default 1024,4096,16384).")
+@click.option("--decode-steps", type=click.IntRange(min=2), default=128, show_default=True,
+              help="With --model: greedy tokens generated with the KV cache.")
 def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, backends, repeats,
-          json_path, csv_path, plot_path) -> None:
+          json_path, csv_path, plot_path, model_name, layers, prefill, decode_steps) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -346,14 +353,17 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
     if not detect_gpus():
         click.secho("error: no GPU is visible; bench needs one (see `flashtune detect`)", fg="red", err=True)
         sys.exit(detect_report.EXIT_NO_GPU)
-    names = [b.strip() for b in backends.split(",") if b.strip()]
-    unknown = sorted(set(names) - set(BACKENDS))
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}; known: {', '.join(BACKENDS)}", param_hint="--backends")
     if profile_name:
         from flashtune import ops
 
         ops.use_profile(profile_name)
+    if model_name:
+        _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path)
+        return
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; known: {', '.join(BACKENDS)}", param_hint="--backends")
     shapes = bench_mod.fa_grid(seqlens or bench_mod.SEQLENS, hdims or bench_mod.HDIMS,
                                (False, True) if causal is None else (causal,), dtype, batch, heads, heads_kv)
     console = make_console() if json_path != "-" and csv_path != "-" else Console(stderr=True)
@@ -369,6 +379,23 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
         _write(csv_path, bench_report.to_csv(result["rows"]))
     if plot_path:
         bench_report.plot(result, plot_path)
+
+
+def _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path) -> None:
+    from flashtune import bench_report, model_bench
+
+    if backends == ",".join(DEFAULT_BACKENDS):
+        backends = "flashtune,sdpa-flash,sdpa-cudnn,sdpa-math,eager"
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    unknown = sorted(set(names) - set(model_bench.MODEL_BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; with --model: {', '.join(model_bench.MODEL_BACKENDS)}",
+                                 param_hint="--backends")
+    result = model_bench.run_model_bench(model_name, names, prefill or [1024, 4096, 16384], batch=batch or 1,
+                                         decode_steps=decode_steps, layers=layers, dtype=dtype)
+    bench_report.render_model(result, make_console())
+    if json_path:
+        _write(json_path, json.dumps(result, indent=1))
 
 
 def _write(path: str, text: str) -> None:

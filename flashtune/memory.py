@@ -32,6 +32,7 @@ class ModelShape:
     intermediate: int  # gated MLP (gate, up, down)
     vocab: int
     tied_embeddings: bool = False
+    family: str = "llama"  # which transformers architecture builds it: llama, qwen2 or mistral
 
     @property
     def params(self) -> int:
@@ -46,8 +47,8 @@ class ModelShape:
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("llama3-8b-like", 32, 4096, 32, 8, 128, 14336, 128256),
     ModelShape("llama3-70b-like", 80, 8192, 64, 8, 128, 28672, 128256),
-    ModelShape("qwen2-7b-like", 28, 3584, 28, 4, 128, 18944, 152064),
-    ModelShape("mistral-7b-like", 32, 4096, 32, 8, 128, 14336, 32768),
+    ModelShape("qwen2-7b-like", 28, 3584, 28, 4, 128, 18944, 152064, family="qwen2"),
+    ModelShape("mistral-7b-like", 32, 4096, 32, 8, 128, 14336, 32768, family="mistral"),
 )}
 
 
@@ -61,7 +62,8 @@ def model_from_config(path: str | Path) -> ModelShape:
             kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            family=cfg.get("model_type") if cfg.get("model_type") in ("llama", "qwen2", "mistral") else "llama")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read a model config: {e}") from e
     except KeyError as e:

@@ -34,3 +34,21 @@ def test_qwen2_generates_like_sdpa():
         tokens_ref = ref.generate(ids, max_new_tokens=32, do_sample=False)
         tokens = ours.generate(ids, max_new_tokens=32, do_sample=False)
     assert (tokens_ref == tokens).all(dim=1).sum() >= 1  # greedy decoding identical for at least one prompt
+
+
+def test_model_bench_on_the_gpu(tmp_path):
+    """`bench --model`'s GPU-only columns: peak memory and attention's share of the prefill."""
+    import json
+
+    from flashtune import model_bench
+
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 512,
+                                  "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1024,
+                                  "vocab_size": 1000}))
+    result = model_bench.run_model_bench(str(config), ["sdpa-flash", "flashtune"], prefill=[512], batch=2,
+                                         decode_steps=8, dtype="bfloat16", repeats=2, device="cuda")
+    flash, ours = result["rows"]
+    assert flash["status"] == ours["status"] == "ok", result["rows"]
+    assert 0 < ours["attention_share"] <= 1 and ours["peak_mem_mb"] > 0
+    assert ours["top1_agreement"] >= 0.99

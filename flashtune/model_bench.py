@@ -1,0 +1,136 @@
+"""`flashtune bench --model`: the same model, the same prompts, only the attention backend switched.
+
+Per backend and prefill length: time to first token (a prefill plus the first argmax),
+decode tokens/s with the KV cache, peak memory, and consistency against the first backend
+(max |logit difference|, top-1 agreement over the prefill logits, greedy tokens identical
+for N steps, per prompt). On a GPU also attention's share of the prefill's kernel time,
+from the profiler: the most a faster attention kernel can give the model.
+
+Weights are random (fixed seed): no downloads. transformers is needed (`pip install '.[hf]'`).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+from flashtune.memory import ModelShape, find_model
+
+# backend -> (transformers attn_implementation, SDPA backend to force or None)
+MODEL_BACKENDS = {
+    "flashtune": ("ftune", None),
+    "sdpa-flash": ("sdpa", "FLASH_ATTENTION"),
+    "sdpa-cudnn": ("sdpa", "CUDNN_ATTENTION"),
+    "sdpa-efficient": ("sdpa", "EFFICIENT_ATTENTION"),
+    "sdpa-math": ("sdpa", "MATH"),
+    "eager": ("eager", None),
+}
+# Kernel names that are attention work, per backend (math/eager: only their softmax can be
+# told apart from the model's other GEMMs, so their share is a lower bound).
+ATTENTION_KERNELS = {
+    "flashtune": r"^flashtune_fwd", "sdpa-flash": r"flash_fwd", "sdpa-cudnn": r"cudnn|fprop",
+    "sdpa-efficient": r"fmha|cutlassF", "sdpa-math": r"softmax", "eager": r"softmax",
+}
+
+
+def build_model(shape: ModelShape, layers: int | None, dtype: torch.dtype, device: str, seed: int = 0):
+    """A randomly initialised Llama/Qwen2/Mistral-style causal LM of this shape."""
+    import transformers
+
+    from flashtune import hf  # noqa: F401  (registers the "ftune" attention)
+
+    if layers:
+        shape = replace(shape, layers=layers)
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "mistral": transformers.MistralConfig}[shape.family]
+    config = config_cls(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                        tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=131072)
+    if shape.family == "mistral":
+        config.sliding_window = None  # flashtune has no sliding window; compare like with like
+    torch.manual_seed(seed)
+    model_cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "mistral": transformers.MistralForCausalLM}[shape.family]
+    return model_cls._from_config(config, attn_implementation="eager", torch_dtype=dtype).to(device).eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> tuple[object, float]:
+    _sync(device)
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def _attention_share(model, ids, backend: str) -> float | None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
+        model(ids)
+        torch.cuda.synchronize()
+    pattern = re.compile(ATTENTION_KERNELS[backend], re.IGNORECASE)
+    total = attention = 0.0
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            total += event.device_time
+            if pattern.search(event.name):
+                attention += event.device_time
+    return attention / total if total else None
+
+
+def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
+                    decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
+                    repeats: int = 3, device: str = "cuda", seed: int = 0) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = find_model(model_name)
+    model = build_model(shape, layers, getattr(torch, dtype), device, seed)
+    rows, first = [], {}
+    for length in prefill:
+        gen = torch.Generator(device="cpu").manual_seed(seed + length)
+        ids = torch.randint(0, shape.vocab, (batch, length), generator=gen).to(device)
+        for name in backends:
+            impl, sdpa_backend = MODEL_BACKENDS[name]
+            row = {"backend": name, "prefill": length, "batch": batch, "status": "ok"}
+            context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+            try:
+                model.set_attn_implementation(impl)
+                with context(), torch.no_grad():
+                    if device.startswith("cuda"):
+                        torch.cuda.reset_peak_memory_stats()
+                    before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+                    ttfts = []
+                    for _ in range(repeats):
+                        out, seconds = _timed(lambda: model(ids).logits, device)
+                        ttfts.append(seconds)
+                    logits = out.float()
+                    if device.startswith("cuda"):
+                        row["peak_mem_mb"] = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+                    tokens, gen_seconds = _timed(lambda: model.generate(
+                        ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                    row["ttft_ms"] = 1e3 * statistics.median(ttfts)
+                    decode_seconds = max(gen_seconds - statistics.median(ttfts), 1e-9)
+                    row["decode_tok_s"] = batch * (decode_steps - 1) / decode_seconds
+                    if device.startswith("cuda"):
+                        row["attention_share"] = _attention_share(model, ids, name)
+            except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
+                rows.append({**row, "status": f"unavailable: {str(e).splitlines()[0][:200]}"})
+                continue
+            ref = first.setdefault(length, (name, logits, tokens))
+            row["vs"] = ref[0]
+            row["max_abs_logit_diff"] = (logits - ref[1]).abs().max().item()
+            row["top1_agreement"] = (logits.argmax(-1) == ref[1].argmax(-1)).float().mean().item()
+            row["greedy_identical"] = (tokens == ref[2]).all(dim=1).tolist()
+            rows.append(row)
+    return {"model": model_name, "layers": layers or shape.layers, "dtype": dtype, "decode_steps": decode_steps,
+            "rows": rows}

@@ -1,0 +1,48 @@
+"""`bench --model`'s harness, run for real on the CPU with backends that run there
+(eager and SDPA's math path) on a tiny model: the same prompts, only attention switched."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from flashtune import model_bench  # noqa: E402
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 128,
+                                "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256,
+                                "vocab_size": 300}))
+    return str(path)
+
+
+def test_model_bench_rows_and_consistency(tiny_config):
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[24, 40], batch=2,
+                                         decode_steps=5, dtype="float32", repeats=2, device="cpu")
+    rows = result["rows"]
+    assert [(r["prefill"], r["backend"]) for r in rows] == [(24, "eager"), (24, "sdpa-math"),
+                                                            (40, "eager"), (40, "sdpa-math")]
+    for r in rows:
+        assert r["status"] == "ok" and r["ttft_ms"] > 0 and r["decode_tok_s"] > 0
+        assert r["vs"] == "eager" and r["top1_agreement"] == 1.0 and r["greedy_identical"] == [True, True]
+        assert r["max_abs_logit_diff"] < 1e-3
+    assert rows[0]["max_abs_logit_diff"] == 0.0  # the first backend against itself
+
+
+def test_a_backend_that_cannot_run_is_reported_not_fatal(tiny_config):
+    # flashtune needs a CUDA GPU; on the CPU its row says why and the others still run.
+    result = model_bench.run_model_bench(tiny_config, ["eager", "flashtune"], prefill=[16], batch=1,
+                                         decode_steps=3, dtype="bfloat16", repeats=1, device="cpu")
+    eager, ours = result["rows"]
+    assert eager["status"] == "ok"
+    assert ours["status"].startswith("unavailable:") and "cuda" in ours["status"].lower()
+
+
+def test_builtin_shapes_know_their_architecture():
+    from flashtune.memory import MODELS
+
+    assert {m.family for m in MODELS.values()} == {"llama", "qwen2", "mistral"}
