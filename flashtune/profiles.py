@@ -17,9 +17,10 @@ import yaml
 from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch, known_arch_names
 from flashtune.gpu import GpuInfo
 from flashtune.paths import profiles_dir
+from flashtune.spec import DTYPES as KERNEL_DTYPES
 from flashtune.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
 
-DTYPES = ("float16", "bfloat16")
+DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
 FP8_FORMATS = {"qk": ("e4m3",)}
 HOW_TO_WRITE = ("copy a shipped profile (`flashtune profiles show NAME` prints its path), "
                 "edit it as docs/profiles.md describes, and pass --profile PATH")

@@ -7,6 +7,8 @@ import json
 import sys
 from collections import defaultdict
 
+from flashtune.bench import geomean
+
 cols, table = [], defaultdict(dict)
 for arg in sys.argv[1:]:
     label, path = arg.split("=", 1)
@@ -22,7 +24,6 @@ for key in sorted(table):
     print(f"{key[0]:4} {str(key[1]):6} {key[2]:6} " + " ".join(
         f"{table[key].get(c) or 0:14.0f}" for c in cols))
 for c in cols:
-    ratios = [table[k][c] / table[k]["sdpa-flash"] for k in table if table[k].get(c) and table[k].get("sdpa-flash")]
-    if ratios:
-        import math
-        print(f"{c}: geomean vs sdpa-flash {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    ratio = geomean(table[k][c] / table[k]["sdpa-flash"] for k in table if table[k].get(c) and table[k].get("sdpa-flash"))
+    if ratio:
+        print(f"{c}: geomean vs sdpa-flash {ratio:.3f}")
