@@ -6,7 +6,6 @@ GPU is visible.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from rich.console import Console
@@ -18,7 +17,6 @@ from flashtune.arch import KERNEL_FAMILIES, default_family
 from flashtune.format import human_bytes, yes_no
 from flashtune.gpu import GpuInfo, describe_target, detect_gpus
 from flashtune.profiles import ProfileError, list_profiles, select_profile_with_reason
-from flashtune.spec import EXPERIMENTAL_FAMILIES
 from flashtune.toolchain import Toolchain, detect_toolchain
 
 EXIT_OK = 0
@@ -103,12 +101,6 @@ def _gpu_entry(gpu: GpuInfo, tc: Toolchain, profiles: list) -> dict:
         selection = select_profile_with_reason(gpu=gpu, profiles=profiles)
         entry["profile"] = {"name": selection.profile.name, "path": str(selection.profile.path),
                             "reason": selection.reason}
-        gate = EXPERIMENTAL_FAMILIES.get(selection.profile.family)
-        if gate and os.environ.get(gate) != "1":
-            entry["warnings"].append(
-                f"profile {selection.profile.name} uses the {selection.profile.family} kernel family, which "
-                f"this flashtune version has written but not yet verified on a GPU: it is refused unless "
-                f"{gate}=1; use --profile h200-sm80 (the sm80 family) on H100/H200 until then")
     except ProfileError as err:
         entry["profile_error"] = str(err)
     return entry

@@ -7,7 +7,6 @@ Nothing else in flashtune re-derives these.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +18,6 @@ DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
 
 # Kernel families that have a kernel written, and the csrc/ folders their sources live in.
 IMPLEMENTED_FAMILIES = {"sm80": ("common", "sm80"), "sm90": ("common", "sm90")}
-# Written but not yet verified on a GPU: refused unless this variable is set (explicitly).
-EXPERIMENTAL_FAMILIES = {"sm90": "FLASHTUNE_EXPERIMENTAL_SM90"}
 
 # nvcc flags every kernel gets. torch defines the __CUDA_NO_HALF*__ macros for extensions;
 # undo them so cuda_fp16/bf16 keep their conversions. -DNDEBUG: no asserts in kernels.
@@ -60,12 +57,6 @@ class KernelSpec:
                 f"(written: {', '.join(IMPLEMENTED_FAMILIES)}); use a profile of family sm80, "
                 "e.g. --profile h200-sm80 on an H100/H200 (in Python: flashtune.use_profile('h200-sm80') "
                 "or FLASHTUNE_PROFILE=h200-sm80)")
-        gate = EXPERIMENTAL_FAMILIES.get(self.family)
-        if gate and os.environ.get(gate) != "1":
-            raise SpecError(
-                f"kernel family {self.family!r} is written but not yet verified on a GPU in this flashtune "
-                f"version; set {gate}=1 to try it, or use a profile of family sm80, e.g. --profile h200-sm80 "
-                "on an H100/H200 (in Python: flashtune.use_profile('h200-sm80') or FLASHTUNE_PROFILE=h200-sm80)")
         if self.fp8:
             raise SpecError("FP8 kernels are not written yet in this flashtune version; "
                             "use a profile without `fp8`")

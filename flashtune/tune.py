@@ -21,7 +21,6 @@ from flashtune import __version__
 from flashtune.build import SERIALISING_WARNINGS
 from flashtune.profiles import Profile
 from flashtune.spec import KernelSpec, family_source_files
-from flashtune.tiles import TileConfig
 from flashtune.tune_cache import TuneCache
 from flashtune.tune_space import BUCKET_SEQLENS, candidates
 

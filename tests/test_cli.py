@@ -158,13 +158,7 @@ def test_profiles_show_json_derived_numbers():
     assert d128["smem_bytes"] == 214016 and d128["smem_limit_bytes"] == 232448 and d128["ctas_per_sm"] == 1
 
 
-def test_detect_warns_when_the_matched_profile_is_not_verified_yet(monkeypatch):
-    monkeypatch.delenv("FLASHTUNE_EXPERIMENTAL_SM90", raising=False)
+def test_detect_picks_the_sm90_profile_for_hopper_without_warnings():
     result = CliRunner().invoke(cli, ["detect", "--gpu", "H200", "--json"])
     entry = json.loads(result.output)["gpus"][0]
-    assert entry["profile"]["name"] == "h200"
-    assert any("sm90 kernel family" in w and "FLASHTUNE_EXPERIMENTAL_SM90=1" in w and "h200-sm80" in w
-               for w in entry["warnings"])
-    result = CliRunner().invoke(cli, ["detect", "--gpu", "RTX 4090", "--json"])
-    entry = json.loads(result.output)["gpus"][0]
-    assert not any("not yet verified" in w for w in entry["warnings"])
+    assert entry["profile"]["name"] == "h200" and entry["warnings"] == []

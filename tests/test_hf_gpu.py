@@ -14,10 +14,7 @@ transformers = pytest.importorskip("transformers")
 def test_qwen2_generates_like_sdpa():
     from flashtune import hf, ops
 
-    name = os.environ.get("FLASHTUNE_PROFILE")
-    if name is None and any(g in torch.cuda.get_device_name() for g in ("H100", "H200")):
-        name = "h200-sm80"
-    ops.use_profile(name)
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))  # None: the GPU's matched profile
     config = transformers.Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
                                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
     torch.manual_seed(0)
@@ -46,9 +43,11 @@ def test_model_bench_on_the_gpu(tmp_path):
     config.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 512,
                                   "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 1024,
                                   "vocab_size": 1000}))
-    result = model_bench.run_model_bench(str(config), ["sdpa-flash", "flashtune"], prefill=[512], batch=2,
-                                         decode_steps=8, dtype="bfloat16", repeats=2, device="cuda")
-    flash, ours = result["rows"]
-    assert flash["status"] == ours["status"] == "ok", result["rows"]
+    result = model_bench.run_model_bench(str(config), ["sdpa-flash", "sdpa-cudnn", "flashtune"], prefill=[512],
+                                         batch=2, decode_steps=8, dtype="bfloat16", repeats=2, device="cuda")
+    flash, cudnn, ours = result["rows"]
+    assert flash["status"] == cudnn["status"] == ours["status"] == "ok", result["rows"]
     assert 0 < ours["attention_share"] <= 1 and ours["peak_mem_mb"] > 0
-    assert ours["top1_agreement"] >= 0.99
+    # Random weights give near-flat logits, where bf16 rounding alone flips some argmaxes: the
+    # bar is 99%, or what another exact kernel (cuDNN) achieves against SDPA flash, less a point.
+    assert ours["top1_agreement"] >= min(0.99, cudnn["top1_agreement"] - 0.01), (ours, cudnn)

@@ -44,14 +44,12 @@ def test_specs_are_hashable_and_equal_by_value():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(dtype="float32"), "dtype 'float32' is not supported"),
-    (dict(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2)), "FLASHTUNE_EXPERIMENTAL_SM90=1"),
     (dict(fp8=True), "FP8 kernels are not written yet"),
     (dict(tile=TileConfig(128, 64, 2, 2)), "rows per warp"),
     (dict(hdim=96), "head dim 96 is not supported"),
     (dict(tile=TileConfig(128, 128, 4, 3), hdim=256), "128x128_w4_s3"),
 ])
-def test_unbuildable_specs_are_refused_with_the_reason(kw, message, monkeypatch):
-    monkeypatch.delenv("FLASHTUNE_EXPERIMENTAL_SM90", raising=False)
+def test_unbuildable_specs_are_refused_with_the_reason(kw, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(")):
         _spec(**kw)
 
@@ -74,8 +72,7 @@ def test_specs_for_profile_retargets_and_rejects_unknown_choices():
         specs_for_profile(profile, hdims=[96])
 
 
-def test_sm90_spec_names_and_source(monkeypatch):
-    monkeypatch.setenv("FLASHTUNE_EXPERIMENTAL_SM90", "1")
+def test_sm90_spec_names_and_source():
     spec = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True)
     assert spec.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"  # DESIGN.md's example
     assert spec.threads == 384

@@ -60,7 +60,6 @@ def run_rung(index: int) -> dict:
     import torch
 
     import flashtune
-    from flashtune import ops
     from flashtune.reference import attention_reference, rel_l2
 
     name, b, sq, sk, hq, hkv, d, causal, probe, dt, varlen = RUNGS[index]
