@@ -55,8 +55,7 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def plot(result: dict, path: str) -> None:
-    """TFLOPS against seqlen per backend, one panel per (hdim, causal). Needs the `plot` extra."""
+def _pyplot():
     try:
         import matplotlib
 
@@ -64,6 +63,35 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ValueError("--plot needs matplotlib: pip install 'flashtune[plot]'") from e
+    return plt
+
+
+def plot_model(result: dict, path: str) -> None:
+    """`bench --model`: TTFT, decode tokens/s and peak memory against prefill length per backend."""
+    plt = _pyplot()
+    panels = (("ttft_ms", "time to first token (ms)"), ("decode_tok_s", "decode tokens/s"),
+              ("peak_mem_mb", "prefill peak memory (MB)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    backends = list(dict.fromkeys(r["backend"] for r in result["rows"]))
+    for ax, (key, label) in zip(axes.flat, panels):
+        for backend in backends:
+            points = sorted((r["prefill"], r[key]) for r in result["rows"]
+                            if r["backend"] == backend and r.get(key) is not None)
+            style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prefill length")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"flashtune bench --model {result['model']} ({result['layers']} layers, {result['dtype']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot(result: dict, path: str) -> None:
+    """TFLOPS against seqlen per backend, one panel per (hdim, causal). Needs the `plot` extra."""
+    plt = _pyplot()
     panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in result["rows"]:
         if r["tflops"]:
@@ -102,7 +130,7 @@ def render_model(result: dict, console: Console) -> None:
     """`bench --model`: one line per (prefill length, backend)."""
     table = Table(title=f"flashtune bench --model {result['model']} ({result['layers']} layers, {result['dtype']}, "
                         f"{result['decode_steps']} decode steps)")
-    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "attention share", "vs",
+    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "predicted MB", "attention share", "vs",
                 "max |dlogit|", "top-1 agree", "greedy same", "status"):
         table.add_column(col, justify="left" if col in ("backend", "vs", "status") else "right", overflow="fold")
 
@@ -112,7 +140,8 @@ def render_model(result: dict, console: Console) -> None:
     for r in result["rows"]:
         greedy = r.get("greedy_identical")
         table.add_row(str(r["prefill"]), r["backend"], num(r, "ttft_ms", ".1f"), num(r, "decode_tok_s", ".0f"),
-                      num(r, "peak_mem_mb", ".0f"), num(r, "attention_share", ".0%"), r.get("vs", "-"),
+                      num(r, "peak_mem_mb", ".0f"), num(r, "predicted_peak_mb", ".0f"),
+                      num(r, "attention_share", ".0%"), r.get("vs", "-"),
                       num(r, "max_abs_logit_diff", ".3g"), num(r, "top1_agreement", ".1%"),
                       f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
                       r["status"] if r["status"] == "ok" else f"[yellow]{r['status']}[/]")

@@ -329,7 +329,8 @@ def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, voca
               help="Timed runs per row (median reported).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON ('-' for stdout).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-' for stdout).")
-@click.option("--plot", "plot_path", metavar="FILE.png", help="TFLOPS vs seqlen plot (needs the plot extra).")
+@click.option("--plot", "plot_path", metavar="FILE.png",
+              help="TFLOPS vs seqlen plot; with --model: TTFT, decode tok/s and memory (needs the plot extra).")
 @click.option("--model", "model_name", metavar="NAME|CONFIG.json",
               help="Model-level A/B instead of the kernel grid: a built-in shape (see `flashtune memory "
                    "--help`) or a config.json, random weights. Backends: flashtune, sdpa-*, eager.")
@@ -358,7 +359,7 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
 
         ops.use_profile(profile_name)
     if model_name:
-        _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path)
+        _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path, plot_path)
         return
     names = [b.strip() for b in backends.split(",") if b.strip()]
     unknown = sorted(set(names) - set(BACKENDS))
@@ -381,7 +382,7 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
         bench_report.plot(result, plot_path)
 
 
-def _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path) -> None:
+def _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backends, json_path, plot_path) -> None:
     from flashtune import bench_report, model_bench
 
     if backends == ",".join(DEFAULT_BACKENDS):
@@ -396,6 +397,8 @@ def _bench_model(model_name, layers, prefill, decode_steps, batch, dtype, backen
     bench_report.render_model(result, make_console())
     if json_path:
         _write(json_path, json.dumps(result, indent=1))
+    if plot_path:
+        bench_report.plot_model(result, plot_path)
 
 
 def _write(path: str, text: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from flashtune.memory import ModelShape, find_model
+from flashtune.memory import ModelShape, accounts, find_model
 
 # backend -> (transformers attn_implementation, SDPA backend to force or None)
 MODEL_BACKENDS = {
@@ -29,6 +29,8 @@ MODEL_BACKENDS = {
     "sdpa-math": ("sdpa", "MATH"),
     "eager": ("eager", None),
 }
+# Backends that materialise the score matrix (`flashtune memory`'s quadratic account).
+NON_FLASH_BACKENDS = ("sdpa-math", "eager")
 # Kernel names that are attention work, per backend (math/eager: only their softmax can be
 # told apart from the model's other GEMMs, so their share is a lower bound).
 ATTENTION_KERNELS = {
@@ -88,13 +90,29 @@ def _attention_share(model, ids, backend: str) -> float | None:
     return attention / total if total else None
 
 
+def _consistency(logits: torch.Tensor, ref_logits: torch.Tensor, device: str) -> tuple[float, float]:
+    """(max |logit difference|, top-1 agreement) against the reference kept on the CPU, one
+    prompt at a time so the comparison never holds two full logit tensors on the GPU."""
+    worst, agree = 0.0, 0
+    for i in range(logits.shape[0]):
+        ours, ref = logits[i].float(), ref_logits[i].to(device).float()
+        worst = max(worst, (ours - ref).abs().max().item())
+        agree += (ours.argmax(-1) == ref.argmax(-1)).sum().item()
+    return worst, agree / (logits.shape[0] * logits.shape[1])
+
+
 def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
                     decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
                     repeats: int = 3, device: str = "cuda", seed: int = 0) -> dict:
+    """Per prefill length and backend: TTFT (a prefill that keeps the KV cache and computes the
+    last position's logits, as serving does), its peak memory next to `flashtune memory`'s
+    prediction, decode tokens/s, attention's share and consistency with the first backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     shape = find_model(model_name)
     model = build_model(shape, layers, getattr(torch, dtype), device, seed)
+    shape = replace(shape, layers=layers or shape.layers)
+    cuda = device.startswith("cuda")
     rows, first = [], {}
     for length in prefill:
         gen = torch.Generator(device="cpu").manual_seed(seed + length)
@@ -106,31 +124,38 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             try:
                 model.set_attn_implementation(impl)
                 with context(), torch.no_grad():
-                    if device.startswith("cuda"):
-                        torch.cuda.reset_peak_memory_stats()
-                    before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
                     ttfts = []
                     for _ in range(repeats):
-                        out, seconds = _timed(lambda: model(ids).logits, device)
+                        if cuda:
+                            torch.cuda.empty_cache()
+                            torch.cuda.reset_peak_memory_stats()
+                        _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
+                                            device)
                         ttfts.append(seconds)
-                    logits = out.float()
-                    if device.startswith("cuda"):
-                        row["peak_mem_mb"] = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+                    if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
+                        row["peak_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                    flash = name not in NON_FLASH_BACKENDS
+                    predicted = accounts(shape, batch, length, dtype).total(flash=flash)
+                    row["predicted_peak_mb"] = round(predicted / 2**20, 1)
+                    logits = model(ids).logits  # every position, for the consistency columns
                     tokens, gen_seconds = _timed(lambda: model.generate(
                         ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
                     row["ttft_ms"] = 1e3 * statistics.median(ttfts)
                     decode_seconds = max(gen_seconds - statistics.median(ttfts), 1e-9)
                     row["decode_tok_s"] = batch * (decode_steps - 1) / decode_seconds
-                    if device.startswith("cuda"):
+                    if cuda:
                         row["attention_share"] = _attention_share(model, ids, name)
             except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
                 rows.append({**row, "status": f"unavailable: {str(e).splitlines()[0][:200]}"})
                 continue
-            ref = first.setdefault(length, (name, logits, tokens))
+            if length not in first:
+                first[length] = (name, logits.cpu(), tokens)
+            ref = first[length]
             row["vs"] = ref[0]
-            row["max_abs_logit_diff"] = (logits - ref[1]).abs().max().item()
-            row["top1_agreement"] = (logits.argmax(-1) == ref[1].argmax(-1)).float().mean().item()
+            row["max_abs_logit_diff"], row["top1_agreement"] = _consistency(logits, ref[1], device)
             row["greedy_identical"] = (tokens == ref[2]).all(dim=1).tolist()
+            del logits
             rows.append(row)
-    return {"model": model_name, "layers": layers or shape.layers, "dtype": dtype, "decode_steps": decode_steps,
+        first.pop(length, None)  # the next length has its own reference
+    return {"model": model_name, "layers": shape.layers, "dtype": dtype, "decode_steps": decode_steps,
             "rows": rows}

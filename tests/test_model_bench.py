@@ -46,3 +46,16 @@ def test_builtin_shapes_know_their_architecture():
     from flashtune.memory import MODELS
 
     assert {m.family for m in MODELS.values()} == {"llama", "qwen2", "mistral"}
+
+
+def test_model_bench_plot_and_memory_prediction(tiny_config, tmp_path):
+    from flashtune import bench_report
+
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math", "sdpa-flash"], prefill=[256, 512],
+                                         batch=1, decode_steps=3, dtype="float32", repeats=1, device="cpu")
+    # eager and math materialise the score matrix (flashtune memory's quadratic account), flash does not
+    eager, math_, flash = result["rows"][:3]
+    assert flash["status"] == "ok", flash
+    assert eager["predicted_peak_mb"] == math_["predicted_peak_mb"] > flash["predicted_peak_mb"] > 0
+    bench_report.plot_model(result, str(tmp_path / "model.png"))
+    assert (tmp_path / "model.png").stat().st_size > 10_000
