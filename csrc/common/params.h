@@ -29,6 +29,13 @@ struct FwdParams {
 
   float softmax_scale;       // natural-log domain, for the LSE
   float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works with exp2
+
+  // FP8 Q/K kernels only (q and k are e4m3, v and o 16-bit): S = (q . k) * q_descale * k_descale,
+  // one fp32 factor each per (batch, kv head), at [batch * descale_batch_stride + kv_head]
+  // (FlashAttention-3's convention). Kernels fold the product into the softmax scale.
+  const float* q_descale;
+  const float* k_descale;
+  int64_t descale_batch_stride;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.
