@@ -27,7 +27,8 @@ int64_t stride_of(const at::Tensor& t, int d) {
 void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& out, const std::optional<at::Tensor>& lse,
          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale) {
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+         const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
@@ -83,6 +84,18 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   }
   p.softmax_scale = float(softmax_scale);
   p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  if (q.scalar_type() == at::kFloat8_e4m3fn) {  // FP8 Q/K: (batch, heads_kv) float32 descales
+    TORCH_CHECK(k.scalar_type() == at::kFloat8_e4m3fn && q_descale.has_value() && k_descale.has_value(),
+                "flashtune: FP8 q and k come with q_descale and k_descale");
+    for (const at::Tensor* d : {&*q_descale, &*k_descale}) {
+      TORCH_CHECK(d->scalar_type() == at::kFloat && d->is_contiguous() && d->dim() == 2 &&
+                      d->size(0) == p.batch && d->size(1) == p.heads_kv,
+                  "flashtune: descales must be contiguous float32 (batch, heads_kv)");
+    }
+    p.q_descale = q_descale->data_ptr<float>();
+    p.k_descale = k_descale->data_ptr<float>();
+    p.descale_batch_stride = p.heads_kv;
+  }
   if (p.batch == 0 || p.seqlen_q == 0) return;
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -99,7 +112,7 @@ TORCH_LIBRARY(flashtune_C, m) {
   m.def(
       "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-      "float softmax_scale) -> ()");
+      "float softmax_scale, Tensor? q_descale, Tensor? k_descale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) { m.impl("fwd", &fwd); }

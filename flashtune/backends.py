@@ -31,12 +31,18 @@ class Case:
 Runner = Callable[[], "torch.Tensor"]  # returns output as (batch, seqlen, heads, head_dim)
 
 
-def _flashtune(case: Case) -> Runner:
-    """The active profile's kernel (`flashtune bench --profile` sets it)."""
+def _flashtune(case: Case, fp8: bool = False) -> Runner:
+    """The active profile's kernel (`flashtune bench --profile` sets it). With fp8, its FP8 Q/K
+    kernel on q and k quantised to e4m3 before timing, as an FP8 model would hand them over."""
     from flashtune import ops
 
+    q, k, descales = case.q, case.k, {}
+    if fp8:
+        q, k, q_descale, k_descale = ops.quantise_qk(case.q, case.k, case.k.shape[2])
+        descales = {"q_descale": q_descale, "k_descale": k_descale}
+
     def run() -> torch.Tensor:
-        return ops.flash_attn_func(case.q, case.k, case.v, softmax_scale=case.scale, causal=case.causal)
+        return ops.flash_attn_func(q, k, case.v, softmax_scale=case.scale, causal=case.causal, **descales)
 
     from flashtune.build import BuildError
     from flashtune.spec import SpecError
@@ -107,6 +113,7 @@ def _flash_attn_module(module: str, attr: str = "flash_attn_func") -> Callable[[
 
 BACKENDS: dict[str, Callable[[Case], Runner]] = {
     "flashtune": _flashtune,
+    "flashtune-fp8": lambda case: _flashtune(case, fp8=True),
     "sdpa-flash": _sdpa("FLASH_ATTENTION"),
     "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
     "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),

@@ -21,10 +21,12 @@ from flashtune.profiles import Profile, ProfileError, find_profile, select_profi
 from flashtune.spec import KernelSpec
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
-           "select_spec", "FlashtuneInputError"]
+           "select_spec", "quantise_qk", "FlashtuneInputError"]
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_ALIGN_ELEMS = 8  # 16-byte vector loads of 16-bit elements
+_FP8 = torch.float8_e4m3fn  # FP8 profiles: q and k in e4m3, v and the output 16-bit
+_FP8_MAX = 448.0  # the largest finite e4m3 value
+_ALIGN_BYTES = 16  # 16-byte vector (and TMA) loads
 # Reading cu_seqlens on the GPU costs a device sync per varlen call; with this set, their
 # values are trusted (a wrong one gives wrong output, as in flash_attn).
 _TRUST_CU_SEQLENS = os.environ.get("FLASHTUNE_TRUST_CU_SEQLENS") == "1"
@@ -105,9 +107,19 @@ _spec_cache: dict[tuple, KernelSpec] = {}
 
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
-                seqlen_q: int, seqlen_k: int) -> KernelSpec:
-    """The KernelSpec that serves a call of this shape under `profile`."""
+                seqlen_q: int, seqlen_k: int, fp8: bool = False) -> KernelSpec:
+    """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
+    output's; `fp8`: q and k in e4m3)."""
     dtype_name = dtype if isinstance(dtype, str) else _DTYPE_NAMES[dtype]
+    if fp8 and not profile.arch.fp8:
+        raise FlashtuneInputError(
+            f"FP8 attention needs FP8 tensor cores, which {profile.arch.name} (profile {profile.name}) lacks: "
+            "they exist on sm_89 (RTX 4090, L40S), sm_90 (H100/H200) and sm_120 (RTX 5090); "
+            "use 16-bit q/k here")
+    if fp8 and not profile.fp8_qk:
+        raise FlashtuneInputError(
+            f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
+            "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
     if hdim not in profile.head_dims:
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
                                   f"(head dims: {', '.join(map(str, profile.head_dims))})")
@@ -119,8 +131,7 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
                                   f"(dtypes: {', '.join(profile.dtypes)})")
     # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
-    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), profile.fp8_qk,
-           profile.nvcc_flags)
+    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags)
     spec = _spec_cache.get(key)
     if spec is None:
         spec = _spec_cache[key] = KernelSpec(*key)
@@ -140,27 +151,35 @@ def _check_tensors(q, k, v, varlen: bool) -> None:
             _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != rank:
             _fail(f"{name} must be {layout}, got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPE_NAMES:
+        fp8_ok = name != "v" and not varlen
+        if t.dtype not in _DTYPE_NAMES and not (fp8_ok and t.dtype == _FP8):
             _fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16 "
-                  "(cast with .to(torch.bfloat16))")
+                  "(cast with .to(torch.bfloat16))"
+                  + ("; q and k may also be torch.float8_e4m3fn (with q_descale/k_descale)" if fp8_ok else "")
+                  + ("; FP8 q/k go through flash_attn_func, not the varlen one" if varlen and name != "v"
+                     and t.dtype == _FP8 else ""))
         if t.stride(-1) != 1:
             _fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
                   f"{tuple(t.stride())}; call .contiguous()")
         # A dimension of size 1 is never stepped over: its stride does not matter (binding.cpp
         # replaces it with the dense one).
-        if any(st % _ALIGN_ELEMS for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
-            _fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {_ALIGN_ELEMS} "
+        align = _ALIGN_BYTES // t.element_size()
+        if any(st % align for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+            _fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {align} "
                   "elements (16 bytes); call .contiguous()")
         # The storage offset is not traceable by torch.compile; binding.cpp checks the data
         # pointer's 16-byte alignment at launch either way.
-        if not torch.compiler.is_compiling() and t.storage_offset() % _ALIGN_ELEMS:
+        if not torch.compiler.is_compiling() and t.storage_offset() % align:
             _fail(f"{name} starts at storage offset {t.storage_offset()}, not a multiple of "
-                  f"{_ALIGN_ELEMS} elements (16 bytes); call .contiguous()")
+                  f"{align} elements (16 bytes); call .contiguous()")
         row_stride = t.stride(-3)
         if row_stride * _MAX_TILE_ROWS >= 2**31:
             _fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "
                   "offsets; call .contiguous()")
-    if not (q.dtype == k.dtype == v.dtype):
+    if q.dtype == _FP8 or k.dtype == _FP8:
+        if q.dtype != k.dtype:
+            _fail(f"FP8 attention needs both q and k in torch.float8_e4m3fn, got {q.dtype} and {k.dtype}")
+    elif not (q.dtype == k.dtype == v.dtype):
         _fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
         _fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -237,28 +256,31 @@ def _check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                   causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output (same layout as q, contiguous) and the log-sum-exp (float32, natural log)."""
+                   causal: bool, q_descale: torch.Tensor | None = None,
+                   k_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log).
+    FP8 (e4m3) q and k come with their (batch, heads_kv) float32 descale factors."""
     if q.numel() == 0:
-        return _empty_outputs(q, cu_seqlens_q is not None)
+        return _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
     profile = active_profile(q.device)
-    spec = select_spec(profile, q.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k)
+    spec = select_spec(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, fp8=q.dtype == _FP8)
     if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
                 _fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
                       "TMA loads cannot read; call .contiguous()")
-    return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
+    return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    q_descale, k_descale)
 
 
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-             softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+             softmax_scale: float, q_descale=None, k_descale=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on validated inputs (the tuner times candidates through this)."""
-    out, lse = _empty_outputs(q, cu_seqlens_q is not None)
+    out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
     kernel = load_kernel(spec)
     load_binding()
     torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                              max_seqlen_q, max_seqlen_k, softmax_scale)
+                              max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale)
     return out, lse
 
 
@@ -267,8 +289,8 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 poison_outputs = False
 
 
-def _empty_outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+def _empty_outputs(q: torch.Tensor, dtype: torch.dtype, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
     if varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     else:
@@ -285,8 +307,9 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 
 
 @attention_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
-    return _empty_outputs(q, cu_seqlens_q is not None)
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
+      k_descale=None):
+    return _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
 
 
 def _forward(q, *args):
@@ -298,20 +321,72 @@ def _forward(q, *args):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                    *, return_lse=False):
+                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False):
     """Attention over (batch, seqlen, heads, head_dim) tensors, as flash_attn.flash_attn_func.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal masks bottom-right
     aligned (key j is visible to query i iff j <= i + seqlen_k - seqlen_q). Returns out,
     or (out, lse) with return_lse=True (lse: float32, (batch, heads, seqlen_q)), or
     (out, lse, None) with return_attn_probs=True, as flash_attn does.
+
+    FP8 (profiles with `fp8: {qk: e4m3}`): q and k in torch.float8_e4m3fn with optional
+    float32 q_descale / k_descale of shape (batch, heads_kv) (FlashAttention-3's convention:
+    S = q.k x q_descale x k_descale), or 16-bit q and k with qk_fp8=True, which quantises
+    them per (batch, kv head) here. v and the output stay 16-bit; softmax_scale is applied
+    on top of the descales.
     """
     _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensors(q, k, v, varlen=False)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     _check_devices(q, k, v)
-    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal))
+    q, k, q_descale, k_descale = _fp8_operands(q, k, q_descale, k_descale, qk_fp8)
+    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale)
     return _pack(out, lse, return_lse, return_attn_probs)
+
+
+def _fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool):
+    """(q, k, q_descale, k_descale) as the kernel takes them: e4m3 q/k with float32
+    (batch, heads_kv) descales, or the 16-bit q/k unchanged with no descales."""
+    batch, heads_kv = q.shape[0], k.shape[2]
+    if q.dtype != _FP8:
+        if q_descale is not None or k_descale is not None:
+            _fail("q_descale/k_descale scale FP8 (torch.float8_e4m3fn) q and k; q and k are "
+                  f"{q.dtype}: pass qk_fp8=True to quantise them, or drop the descales")
+        if not qk_fp8:
+            return q, k, None, None
+        return quantise_qk(q, k, heads_kv)
+    if qk_fp8:
+        _fail("qk_fp8=True quantises 16-bit q and k; these are already torch.float8_e4m3fn "
+              "(pass their q_descale/k_descale instead)")
+    descales = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale)):
+        if d is None:
+            d = torch.ones(batch, heads_kv, dtype=torch.float32, device=q.device)
+        elif not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or tuple(d.shape) != (batch, heads_kv):
+            _fail(f"{name} must be a float32 tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got "
+                  f"{tuple(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__}"
+                  f"{' ' + str(d.dtype) if isinstance(d, torch.Tensor) else ''}")
+        elif d.device != q.device:
+            _fail(f"{name} is on {d.device}, q on {q.device}; put them on the same device")
+        descales.append(d.contiguous())
+    return q, k, descales[0], descales[1]
+
+
+def quantise_qk(q: torch.Tensor, k: torch.Tensor, heads_kv: int):
+    """16-bit (batch, seqlen, heads, d) q, k -> (q8, k8, q_descale, k_descale): per (batch, kv
+    head) absmax scaling to e4m3, x = x8 x descale with |x8| <= 448 (a q head shares its kv
+    head's factor, as the kernel's descale layout has it)."""
+    def one(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, h, d = x.shape
+        grouped = x.reshape(b, s, heads_kv, h // heads_kv, d)
+        amax = grouped.abs().amax(dim=(1, 3, 4)).float()  # (b, heads_kv)
+        descale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
+        x8 = (grouped.float() / descale[:, None, :, None, None]).to(_FP8).reshape(b, s, h, d)
+        return x8, descale
+
+    q8, q_descale = one(q)
+    k8, k_descale = one(k)
+    return q8, k8, q_descale, k_descale
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

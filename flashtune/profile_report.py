@@ -44,7 +44,7 @@ def built_registers(profile: Profile, entry) -> int | None:
         for causal in ((False, True) if entry.causal is None else (entry.causal,)):
             try:
                 spec = KernelSpec(profile.family, profile.arch.name, dtype, entry.hdim, entry.tile, causal,
-                                  fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags)
+                                  nvcc_flags=profile.nvcc_flags)
                 manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
                 found.append(manifest["result"]["registers"])
             except (SpecError, OSError, ValueError, KeyError):
@@ -60,7 +60,7 @@ def details(profile: Profile) -> dict:
     for entry in profile.configs:
         tile = entry.tile
         registers = built_registers(profile, entry)
-        smem = shared_memory_bytes(profile.family, entry.hdim, tile, profile.fp8_qk)
+        smem = shared_memory_bytes(profile.family, entry.hdim, tile)  # the 16-bit kernel's: FP8 needs less
         configs.append({
             "hdim": entry.hdim,
             "causal": entry.causal_label,
@@ -75,7 +75,7 @@ def details(profile: Profile) -> dict:
             "smem_limit_bytes": arch.max_smem_per_block,
             "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
             "registers": registers,  # None until built (`flashtune build`)
-            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, profile.fp8_qk, registers),
+            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, registers=registers),
         })
     return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags), "configs": configs}
 

@@ -201,10 +201,10 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
         for causal in opts.causal:
             start_tiles = tuple(dict.fromkeys(
                 profile.tile_for(hdim, causal, s, s) for s in BUCKET_SEQLENS))
-            for tile in candidates(profile.family, hdim, profile.arch, profile.fp8_qk, start_tiles,
+            for tile in candidates(profile.family, hdim, profile.arch, False, start_tiles,
                                    opts.max_candidates):
                 specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
-                                        fp8=profile.fp8_qk, nvcc_flags=profile.nvcc_flags))
+                                        nvcc_flags=profile.nvcc_flags))
     hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec
 
     def key(spec: KernelSpec, what) -> str:

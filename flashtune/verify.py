@@ -24,8 +24,11 @@ from dataclasses import dataclass
 ATTENTION_KERNEL_RE = re.compile(
     r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
 
-# Instructions each family's kernels must contain (cuobjdump -sass mnemonics).
+# Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
 FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG")}
+# ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync with E4M3 operands.
+FP8_SASS = {"sm80": "HMMA.16832.F32.E4M3", "sm90": "QGMMA"}
+FP8_MAX_REL_ERR = 3e-2  # FP8 Q/K against the fp32 reference of the 16-bit inputs (issue 7's bar)
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
@@ -41,6 +44,7 @@ class Case:
     heads: int = 8
     heads_kv: int = 8
     varlen: bool = False
+    fp8: bool = False  # q, k quantised to e4m3 by the op (qk_fp8=True)
 
 
 def correctness_cases(profile) -> list[Case]:
@@ -58,6 +62,16 @@ def correctness_cases(profile) -> list[Case]:
                           heads=8, heads_kv=2))
         cases.append(Case(f"{dtype} d{hdim} MQA 8:1 300", dtype, hdim, False, 300, 300, heads=8, heads_kv=1))
         cases.append(Case(f"{dtype} d{hdim} varlen causal", dtype, hdim, True, 0, 0, batch=4, varlen=True))
+    if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
+        dtype = profile.dtypes[-1]
+        for hdim in profile.head_dims:
+            for causal in (False, True):
+                c = "causal" if causal else "full"
+                cases.append(Case(f"fp8qk {dtype} d{hdim} {c} 512", dtype, hdim, causal, 512, 512, fp8=True))
+                cases.append(Case(f"fp8qk {dtype} d{hdim} {c} 17/1000", dtype, hdim, causal, 17, 1000, fp8=True))
+        hdim = profile.head_dims[0]
+        cases.append(Case(f"fp8qk {dtype} d{hdim} GQA 8:2 causal 333/555", dtype, hdim, True, 333, 555,
+                          heads=8, heads_kv=2, fp8=True))
     return cases
 
 
@@ -69,7 +83,8 @@ def unexpected_attention_kernels(names: list[str], expected: str) -> list[str]:
 
 
 def parse_sass(text: str, kernel: str) -> dict:
-    """From `cuobjdump -sass` output: the arch of the kernel's code and its mnemonics."""
+    """From `cuobjdump -sass` output: the arch of the kernel's code and its mnemonics (with
+    their modifiers, e.g. HMMA.16816.F32.BF16)."""
     arch, current, in_kernel, mnemonics = None, None, False, set()
     for line in text.splitlines():
         m = re.search(r"code for (sm_\w+)", line)
@@ -82,7 +97,7 @@ def parse_sass(text: str, kernel: str) -> dict:
                 arch = current
             continue
         if in_kernel:
-            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
             if m:
                 mnemonics.add(m.group(1))
     return {"found": arch is not None, "arch": arch, "mnemonics": mnemonics}
@@ -111,13 +126,14 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> dict:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    missing = [op for op in FAMILY_SASS[spec.family] if not any(m.startswith(op) for m in sass["mnemonics"])]
+    wanted = FAMILY_SASS[spec.family] + ((FP8_SASS[spec.family],) if spec.fp8 else ())
+    missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]
     if missing:
         problems.append(f"missing {', '.join(missing)}")
-    local = sorted(m for m in sass["mnemonics"] if m in ("LDL", "STL"))
+    local = sorted({m.split(".")[0] for m in sass["mnemonics"]} & {"LDL", "STL"})
     if local and not spilled:
         problems.append(f"{'/'.join(local)} present although ptxas reported no spills")
-    found = sorted(m for m in sass["mnemonics"] if m.startswith(FAMILY_SASS[spec.family] + ("LDL", "STL")))
+    found = sorted({op for op in wanted + ("LDL", "STL") if any(m.startswith(op) for m in sass["mnemonics"])})
     detail = f"{sass['arch']}: {', '.join(found)}"
     return {**row, "ok": not problems, "detail": "; ".join(problems) if problems else detail}
 
@@ -150,7 +166,7 @@ def _call(q, k, v, case: Case, varlen_args):
     if varlen_args:
         cu_q, cu_k, mq, mk = varlen_args
         return ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=case.causal, return_lse=True)
-    return ops.flash_attn_func(q, k, v, causal=case.causal, return_lse=True)
+    return ops.flash_attn_func(q, k, v, causal=case.causal, qk_fp8=case.fp8, return_lse=True)
 
 
 def check_case(case: Case, profile, expected_kernel: str | None, seed: int):
@@ -165,7 +181,7 @@ def check_case(case: Case, profile, expected_kernel: str | None, seed: int):
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
     sq, sk = (varlen_args[2], varlen_args[3]) if varlen_args else (case.seqlen_q, case.seqlen_k)
-    spec = ops.select_spec(profile, case.dtype, case.hdim, case.causal, sq, sk)
+    spec = ops.select_spec(profile, case.dtype, case.hdim, case.causal, sq, sk, fp8=case.fp8)
     expected = expected_kernel or spec.name
 
     ops.poison_outputs = True
@@ -182,7 +198,7 @@ def check_case(case: Case, profile, expected_kernel: str | None, seed: int):
                   for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]) if b > a)
     else:
         ref, _ = attention_reference(q, k, v, case.causal, scale)
-        tol = tolerance(q, k, v, case.causal, scale, ref)
+        tol = FP8_MAX_REL_ERR if case.fp8 else tolerance(q, k, v, case.causal, scale, ref)
     err = rel_l2(out, ref)
     unwritten = int(torch.isnan(out).sum())
     correct = {"case": case.name, "check": "correctness", "kernel": spec.name, "rel_err": err, "tolerance": tol,

@@ -44,7 +44,7 @@ def test_specs_are_hashable_and_equal_by_value():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(dtype="float32"), "dtype 'float32' is not supported"),
-    (dict(fp8=True), "FP8 kernels are not written yet"),
+    (dict(fp8=True, arch="sm_80"), "sm_80 has no FP8 tensor cores"),
     (dict(tile=TileConfig(128, 64, 2, 2)), "rows per warp"),
     (dict(hdim=96), "head dim 96 is not supported"),
     (dict(tile=TileConfig(128, 128, 4, 3), hdim=256), "128x128_w4_s3"),

@@ -31,8 +31,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   unsigned char* sQ = base;
-  unsigned char* sK = sQ + T::kQBytes;                  // kStages tiles
-  unsigned char* sV = sK + T::kStages * T::kKVBytes;    // kStages tiles
+  unsigned char* sK = sQ + T::kQBytes;                // kStages tiles
+  unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
   __shared__ __align__(8) uint64_t bar_q, full[T::kStages], empty[T::kStages];
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal rows first
@@ -72,20 +72,21 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       mbarrier_arrive_expect_tx(&bar_q, T::kQBytes);
-      for (int c = 0; c < T::kPanels; ++c)
-        tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, 64 * c, q_row0 + m_block * BM, head, tma_batch);
+      for (int c = 0; c < T::kQKPanels; ++c)
+        tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, T::kQKBoxCols * c, q_row0 + m_block * BM, head,
+                    tma_batch);
       for (int j = 0; j < n_blocks; ++j) {
         const int stage = j % T::kStages;
         if (j >= T::kStages) mbarrier_wait(&empty[stage], ((j / T::kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&full[stage], 2 * T::kKVBytes);
-        unsigned char* k_tile = sK + stage * T::kKVBytes;
-        unsigned char* v_tile = sV + stage * T::kKVBytes;
-        for (int c = 0; c < T::kPanels; ++c) {
-          tma_load_4d(k_tile + c * T::kPanelBytesKV, &maps.k, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
+        mbarrier_arrive_expect_tx(&full[stage], T::kKBytes + T::kVBytes);
+        unsigned char* k_tile = sK + stage * T::kKBytes;
+        unsigned char* v_tile = sV + stage * T::kVBytes;
+        for (int c = 0; c < T::kQKPanels; ++c)
+          tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full[stage], T::kQKBoxCols * c, k_row0 + j * BN,
+                      kv_head, tma_batch);
+        for (int c = 0; c < T::kVPanels; ++c)
+          tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
                       tma_batch);
-          tma_load_4d(v_tile + c * T::kPanelBytesKV, &maps.v, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
-                      tma_batch);
-        }
       }
     }
     return;
@@ -96,8 +97,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   const int cw = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row_in_tile = cw * 64 + 16 * warp + g;  // this thread's rows: +0 and +8
-  const uint32_t q_base = smem_u32(sQ) + cw * 64 * 128;
-  const float scale_log2 = p.softmax_scale_log2;
+  const uint32_t q_base = smem_u32(sQ) + cw * 64 * T::kQKRowBytes;
+  float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
+  if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
+    const int64_t at = int64_t(batch) * p.descale_batch_stride + kv_head;
+    const float descale = p.q_descale[at] * p.k_descale[at];
+    scale_log2 *= descale;
+    scale *= descale;
+  }
 
   float acc_o[T::kORegs];
 #pragma unroll
@@ -108,18 +115,21 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;
     mbarrier_wait(&full[stage], (j / T::kStages) & 1);
-    const uint32_t k_base = smem_u32(sK + stage * T::kKVBytes);
-    const uint32_t v_base = smem_u32(sV + stage * T::kKVBytes);
+    const uint32_t k_base = smem_u32(sK + stage * T::kKBytes);
+    const uint32_t v_base = smem_u32(sV + stage * T::kVBytes);
 
-    // S = Q K_j^T: k steps of 16 along the head dim; 4 per 64-column panel, 32 bytes apart.
+    // S = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
+    // a panel's swizzled rows, then on to the next panel.
     float acc_s[T::kSRegs];
     fence_operands(acc_s);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t offset_q = (kk / 4) * T::kPanelBytesQ + 32 * (kk % 4);
-      const uint32_t offset_k = (kk / 4) * T::kPanelBytesKV + 32 * (kk % 4);
-      Wgmma<Elem, BN>::ss(acc_s, kmajor_sw128_desc(q_base + offset_q), kmajor_sw128_desc(k_base + offset_k), kk > 0);
+    for (int kk = 0; kk < T::kKSteps; ++kk) {
+      constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
+      const uint32_t offset_q = (kk / kStepsPerPanel) * T::kPanelBytesQ + 32 * (kk % kStepsPerPanel);
+      const uint32_t offset_k = (kk / kStepsPerPanel) * T::kPanelBytesK + 32 * (kk % kStepsPerPanel);
+      Wgmma<typename T::QKElem, BN>::ss(acc_s, kmajor_desc<T::kQKRowBytes>(q_base + offset_q),
+                                        kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -170,13 +180,13 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 #pragma unroll
       for (int e = 0; e < 4; ++e) frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
 
-    // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesKV apart.
+    // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
     fence_operands(acc_o);
     fence_operands(frag_p);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < BN / 16; ++s)
-      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesKV));
+      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(acc_o);
@@ -202,7 +212,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
     if (p.lse != nullptr && t == 0)
       p.lse[lse_off + int64_t(head) * p.lse_head_stride + row] =
-          l > 0.f ? row_max[r] * p.softmax_scale + logf(l) : -INFINITY;
+          l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
   }
 }
 

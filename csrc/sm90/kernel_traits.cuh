@@ -3,13 +3,20 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 namespace flashtune {
 namespace sm90 {
 
-template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_>
+// Elem: V, P and O (16-bit). kFp8Qk: Q and K are e4m3 and S = Q K^T runs on FP8 wgmma (k32).
+template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_,
+          bool kFp8Qk_ = false>
 struct Traits {
   using Elem = Elem_;
+  static constexpr bool kFp8Qk = kFp8Qk_;
+  using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -18,23 +25,35 @@ struct Traits {
 
   static constexpr int kConsumers = kBlockM / 64;  // one warpgroup per 64 query rows
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-  static constexpr int kPanels = kHeadDim / 64;  // 128-byte (64-element) column panels (TMA boxes)
   static constexpr int kSRegs = kBlockN / 2;  // accumulators per thread: S is 64 x kBlockN per warpgroup
   static constexpr int kORegs = kHeadDim / 2;
 
-  // Shared memory: Q, then kStages K and kStages V tiles; each tile is kPanels panels of
-  // [rows][64] 128B-swizzled, 1024-byte aligned (rows are multiples of 8, so panels stay aligned).
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kPanelBytesQ = kBlockM * 128;
-  static constexpr int kPanelBytesKV = kBlockN * 128;
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;  // + alignment slack
+  // Tiles are column panels of [rows][row bytes], swizzled by the TMA as wgmma reads them:
+  // 128-byte rows (128B swizzle), or 64-byte rows for an FP8 head dim of 64 (64B swizzle).
+  static constexpr int kQKElemBytes = int(sizeof(QKElem));
+  static constexpr int kQKRowBytes = kHeadDim * kQKElemBytes < 128 ? kHeadDim * kQKElemBytes : 128;
+  static constexpr int kQKPanels = kHeadDim * kQKElemBytes / kQKRowBytes;
+  static constexpr int kQKBoxCols = kQKRowBytes / kQKElemBytes;  // elements per TMA box row
+  static constexpr int kVPanels = kHeadDim / 64;                 // V: 64 16-bit elements per row
+  static constexpr int kKSteps = kHeadDim * kQKElemBytes / 32;   // wgmma k16 (16-bit) or k32 (FP8): 32 bytes
+
+  // Shared memory: Q, then kStages K and kStages V tiles, each 1024-byte aligned (rows are
+  // multiples of 16, so every panel stays aligned for its swizzle).
+  static constexpr int kQBytes = kBlockM * kHeadDim * kQKElemBytes;
+  static constexpr int kKBytes = kBlockN * kHeadDim * kQKElemBytes;
+  static constexpr int kVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kPanelBytesQ = kBlockM * kQKRowBytes;
+  static constexpr int kPanelBytesK = kBlockN * kQKRowBytes;
+  static constexpr int kPanelBytesV = kBlockN * 128;
+  static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
 
   // Register split (setmaxnreg): the producer only issues TMA.
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 ? 24 : 56);
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
 
-  static_assert(sizeof(Elem) == 2, "16-bit elements");
+  static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
+  static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");
+  static_assert(kKBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");

@@ -10,20 +10,22 @@ namespace sm90 {
 
 template <class T>
 int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, void* stream) {
-  constexpr bool kBf16 = std::is_same_v<typename T::Elem, __nv_bfloat16>;
+  constexpr CUtensorMapDataType kVType =
+      std::is_same_v<typename T::Elem, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr CUtensorMapDataType kQKType = T::kFp8Qk ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : kVType;
   const bool varlen = p.cu_seqlens_q != nullptr;
   // Varlen tensors are one "batch entry" of total rows; sequences start at cu_seqlens rows.
   const uint64_t batch = varlen ? 1 : p.batch;
   const uint64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   TmaMaps maps;
-  int err = encode_16bit_4d(&maps.q, p.q, kBf16, batch, rows_q, p.heads_q, T::kHeadDim, p.q_batch_stride,
-                            p.q_row_stride, p.q_head_stride, T::kBlockM);
+  int err = encode_4d(&maps.q, p.q, kQKType, batch, rows_q, p.heads_q, T::kHeadDim, p.q_batch_stride,
+                      p.q_row_stride, p.q_head_stride, T::kQKBoxCols, T::kBlockM);
   if (!err)
-    err = encode_16bit_4d(&maps.k, p.k, kBf16, batch, rows_k, p.heads_kv, T::kHeadDim, p.k_batch_stride,
-                          p.k_row_stride, p.k_head_stride, T::kBlockN);
+    err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, T::kHeadDim, p.k_batch_stride,
+                    p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kBlockN);
   if (!err)
-    err = encode_16bit_4d(&maps.v, p.v, kBf16, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
-                          p.v_row_stride, p.v_head_stride, T::kBlockN);
+    err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
+                    p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
   if (err) return cudaErrorInvalidValue;  // a tensor the TMA cannot describe (python checks come first)
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);

@@ -11,24 +11,31 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Descriptor of a K-major tile in shared memory written with the 128-byte swizzle (rows of
-// 64 bf16 = 128 B, 8-row atoms of 1024 B). LBO is unused for this layout; SBO = 1024 B
-// between 8-row groups; bits 62-63 = 1 selects the 128B swizzle. The tile must start
-// 1024-byte aligned (base offset 0). Advance the start address by 32 B per k16 step.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// Descriptor of a tile in shared memory written with the 128-byte swizzle (rows of 128 B,
+// 8-row atoms of 1024 B) or the 64-byte one (rows of 64 B, atoms of 512 B): bits 62-63 = 1
+// selects 128B, 2 selects 64B. The tile must start atom-aligned (base offset 0).
+template <int kRowBytes = 128>
+__device__ __forceinline__ uint64_t swizzled_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128B or 64B swizzle");
   uint64_t desc = 0;
   desc |= uint64_t((smem_addr & 0x3FFFF) >> 4);
   desc |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;
   desc |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;
-  desc |= uint64_t(1) << 62;
+  desc |= uint64_t(kRowBytes == 128 ? 1 : 2) << 62;
   return desc;
 }
-__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 16, 1024); }
+// A K-major operand (Q, K): LBO is unused; SBO = one 8-row atom between 8-row groups.
+// Advance the start address by 32 B per k step (k16 of 16-bit, k32 of FP8).
+template <int kRowBytes = 128>
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t smem_addr) {
+  return swizzled_desc<kRowBytes>(smem_addr, 16, 8 * kRowBytes);
+}
+__device__ __forceinline__ uint64_t kmajor_sw128_desc(uint32_t smem_addr) { return kmajor_desc<128>(smem_addr); }
 // The same swizzled rows read as an MN-major B operand (V in O += P V: d contiguous, keys
 // along K): 8-key groups 1024 B apart; `panel_bytes` between 64-column panels (d > 64).
 // Advance the start address by 16 rows x 128 B = 2048 B per k16 step.
 __device__ __forceinline__ uint64_t mnmajor_sw128_desc(uint32_t smem_addr, uint32_t panel_bytes) {
-  return sw128_desc(smem_addr, panel_bytes, 1024);
+  return swizzled_desc<128>(smem_addr, panel_bytes, 1024);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -37,24 +37,26 @@ inline int encode_bf16_2d(CUtensorMap* map, const void* base, uint64_t rows, uin
                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
-// A (batch, rows, heads, dim) tensor of 16-bit elements with arbitrary strides (in elements,
-// multiples of 8), read in boxes of 64 columns x box_rows rows of one head and batch entry,
-// with the 128B swizzle. `bf16` picks the element type. Returns a CUresult.
-inline int encode_16bit_4d(CUtensorMap* map, const void* base, bool bf16, uint64_t batch, uint64_t rows,
-                           uint64_t heads, uint64_t dim, uint64_t batch_stride, uint64_t row_stride,
-                           uint64_t head_stride, uint32_t box_rows) {
+// A (batch, rows, heads, dim) tensor with arbitrary strides (in elements; 16-byte multiples),
+// read in boxes of box_cols columns x box_rows rows of one head and batch entry, swizzled for
+// wgmma: 128B when a box row is 128 bytes, 64B when it is 64. 16-bit (`type` BFLOAT16 or
+// FLOAT16) or 1-byte (UINT8: FP8 e4m3) elements. Returns a CUresult.
+inline int encode_4d(CUtensorMap* map, const void* base, CUtensorMapDataType type, uint64_t batch, uint64_t rows,
+                     uint64_t heads, uint64_t dim, uint64_t batch_stride, uint64_t row_stride, uint64_t head_stride,
+                     uint32_t box_cols, uint32_t box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
   // A dimension may not be empty (seqlen_k = 0: no block is ever loaded, any size will do), and
   // a size-1 dimension's stride (0 for varlen's batch) is never stepped over: make it dense.
+  const uint64_t elem = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
   const cuuint64_t dims[4] = {dim, rows ? rows : 1, heads, batch};
-  const cuuint64_t strides[3] = {row_stride * 2, (heads == 1 ? dim : head_stride) * 2,
-                                 (batch == 1 ? dim : batch_stride) * 2};
-  const cuuint32_t box[4] = {64, box_rows, 1, 1};
+  const cuuint64_t strides[3] = {row_stride * elem, (heads == 1 ? dim : head_stride) * elem,
+                                 (batch == 1 ? dim : batch_stride) * elem};
+  const cuuint32_t box[4] = {box_cols, box_rows, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return int(encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                    const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+  const CUtensorMapSwizzle swizzle = box_cols * elem == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  return int(encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 

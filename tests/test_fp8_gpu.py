@@ -1,0 +1,88 @@
+"""FP8 Q/K on the GPU (profiles with `fp8: {qk: e4m3}`): e4m3 q and k with descales, or 16-bit
+q and k quantised by the op (qk_fp8=True), against an fp32 reference on fresh random inputs,
+outputs poisoned before each launch. Runs with $FLASHTUNE_PROFILE or the GPU's matched profile;
+skipped where that profile has no FP8 kernels."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+FP8_BAR = 3e-2  # relative L2 against the fp32 reference of the 16-bit inputs (issue 7)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fp8_profile():
+    import flashtune.ops as ops
+
+    profile = ops.use_profile(os.environ.get("FLASHTUNE_PROFILE")) or ops.active_profile()
+    if not profile.fp8_qk:
+        pytest.skip(f"profile {profile.name} has no FP8 kernels")
+    ops.poison_outputs = True
+    yield profile
+    ops.poison_outputs = False
+    ops.use_profile(None)
+
+
+def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.bfloat16):
+    return (torch.randn(b, sq, hq, d, device="cuda", dtype=dtype), torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype),
+            torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype))
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlens", [(512, 512), (17, 1000), (1000, 17), (1, 4097), (4097, 4097)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_qk_fp8_matches_the_fp32_reference(fp8_profile, hdim, causal, seqlens):
+    import flashtune
+    from flashtune.reference import attention_reference, rel_l2
+
+    if hdim not in fp8_profile.head_dims:
+        pytest.skip(f"hdim {hdim} not in profile {fp8_profile.name}")
+    q, k, v = _inputs(2, *seqlens, 8, 2, hdim)
+    out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, qk_fp8=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert out.dtype == v.dtype and not torch.isnan(out).any()
+    ref, ref_lse = attention_reference(q, k, v, causal, hdim ** -0.5)
+    assert rel_l2(out, ref) <= FP8_BAR
+    no_key = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), no_key)
+    torch.testing.assert_close(lse[~no_key], ref_lse[~no_key], atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_e4m3_inputs_with_descales_and_an_explicit_scale(fp8_profile, dtype):
+    """The kernel computes exactly softmax(q8 k8^T x q_descale x k_descale x scale) v: against the
+    reference on the dequantised inputs the error is 16-bit-sized, not FP8-sized."""
+    import flashtune
+    from flashtune.reference import attention_reference, rel_l2
+
+    hdim = fp8_profile.head_dims[-1]
+    b, hkv = 3, 2
+    q8 = (torch.randn(b, 300, 4, hdim, device="cuda") * 40).to(torch.float8_e4m3fn)
+    k8 = (torch.randn(b, 700, hkv, hdim, device="cuda") * 40).to(torch.float8_e4m3fn)
+    v = torch.randn(b, 700, hkv, hdim, device="cuda", dtype=dtype)
+    q_descale = torch.rand(b, hkv, device="cuda") * 0.02 + 0.005
+    k_descale = torch.rand(b, hkv, device="cuda") * 0.02 + 0.005
+    scale = 0.3  # honoured on top of the descales
+    out = flashtune.flash_attn_func(q8, k8, v, softmax_scale=scale, causal=True, q_descale=q_descale,
+                                    k_descale=k_descale)
+    q = q8.float() * q_descale.repeat_interleave(2, dim=1)[:, None, :, None]
+    k = k8.float() * k_descale[:, None, :, None]
+    ref, _ = attention_reference(q, k, v.float(), True, scale)
+    assert out.dtype == dtype and rel_l2(out, ref) < 1e-2
+
+
+def test_fp8_kernel_is_the_one_that_runs(fp8_profile):
+    import flashtune
+    from flashtune import ops
+    from flashtune.bench import kernel_names
+
+    q, k, v = _inputs(1, 256, 256, 4, 4, fp8_profile.head_dims[0])
+    spec = ops.select_spec(fp8_profile, v.dtype, q.shape[-1], False, 256, 256, fp8=True)
+    names = kernel_names(lambda: flashtune.flash_attn_func(q, k, v, qk_fp8=True))
+    assert spec.name in names and "fp8qk" in spec.name
+    assert not any(n.startswith("flashtune_fwd") and "fp8qk" not in n for n in names)
