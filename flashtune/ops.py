@@ -199,16 +199,17 @@ def _check_tensors(q, k, v, varlen: bool) -> None:
               "torch.inference_mode(), or detach the inputs")
 
 
-def _check_devices(q, k, v, *cu_seqlens) -> None:
-    """Checked last, so every other input error is reported (and testable) without a GPU."""
+def _check_devices(q, k, v, **extra) -> None:
+    """Checked last, so every other input error is reported (and testable) without a GPU.
+    `extra`: cu_seqlens_q/k (varlen) or q_descale/k_descale (FP8), which must sit beside q."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             _fail(f"{name} is on {t.device}; flashtune runs on CUDA tensors (move it with .cuda())")
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
-    for name, cu in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens):
-        if cu.device != q.device:
-            _fail(f"{name} is on {cu.device}, q on {q.device}; put them on the same device")
+    for name, t in extra.items():
+        if t is not None and t.device != q.device:
+            _fail(f"{name} is on {t.device}, q on {q.device}; put them on the same device")
 
 
 def _check_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
@@ -338,36 +339,42 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
     _check_tensors(q, k, v, varlen=False)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
-    _check_devices(q, k, v)
+    _check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
+    _check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale)
     q, k, q_descale, k_descale = _fp8_operands(q, k, q_descale, k_descale, qk_fp8)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
-def _fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool):
-    """(q, k, q_descale, k_descale) as the kernel takes them: e4m3 q/k with float32
-    (batch, heads_kv) descales, or the 16-bit q/k unchanged with no descales."""
+def _check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool) -> None:
     batch, heads_kv = q.shape[0], k.shape[2]
     if q.dtype != _FP8:
         if q_descale is not None or k_descale is not None:
             _fail("q_descale/k_descale scale FP8 (torch.float8_e4m3fn) q and k; q and k are "
                   f"{q.dtype}: pass qk_fp8=True to quantise them, or drop the descales")
-        if not qk_fp8:
-            return q, k, None, None
-        return quantise_qk(q, k, heads_kv)
+        return
     if qk_fp8:
         _fail("qk_fp8=True quantises 16-bit q and k; these are already torch.float8_e4m3fn "
               "(pass their q_descale/k_descale instead)")
-    descales = []
     for name, d in (("q_descale", q_descale), ("k_descale", k_descale)):
+        if d is not None and (not isinstance(d, torch.Tensor) or d.dtype != torch.float32
+                              or tuple(d.shape) != (batch, heads_kv)):
+            got = f"{tuple(d.shape)} {d.dtype}" if isinstance(d, torch.Tensor) else type(d).__name__
+            _fail(f"{name} must be a float32 tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got {got}")
+
+
+def _fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool):
+    """(q, k, q_descale, k_descale) as the kernel takes them (arguments already checked): e4m3
+    q/k with contiguous float32 (batch, heads_kv) descales, or 16-bit q/k with none."""
+    if q.dtype != _FP8:
+        return quantise_qk(q, k, k.shape[2]) if qk_fp8 else (q, k, None, None)
+    ones = None
+    descales = []
+    for d in (q_descale, k_descale):
         if d is None:
-            d = torch.ones(batch, heads_kv, dtype=torch.float32, device=q.device)
-        elif not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or tuple(d.shape) != (batch, heads_kv):
-            _fail(f"{name} must be a float32 tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got "
-                  f"{tuple(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__}"
-                  f"{' ' + str(d.dtype) if isinstance(d, torch.Tensor) else ''}")
-        elif d.device != q.device:
-            _fail(f"{name} is on {d.device}, q on {q.device}; put them on the same device")
+            ones = ones if ones is not None else torch.ones(q.shape[0], k.shape[2], dtype=torch.float32,
+                                                            device=q.device)
+            d = ones
         descales.append(d.contiguous())
     return q, k, descales[0], descales[1]
 
@@ -413,7 +420,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.numel() - 1 > 65535:
         _fail("at most 65535 sequences per call")
     scale = _softmax_scale(softmax_scale, q.shape[-1])
-    _check_devices(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                              bool(causal))
     return _pack(out, lse, return_lse, return_attn_probs)

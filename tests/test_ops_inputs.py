@@ -111,3 +111,44 @@ def test_strides_of_size_one_dimensions_do_not_matter():
     q = torch.randn(1, 16, 4, 64, dtype=torch.bfloat16).as_strided((1, 16, 4, 64), (3, 256, 64, 1))
     k = v = torch.randn(1, 16, 4, 64, dtype=torch.bfloat16)
     _raises("is on cpu", flash_attn_func, q, k, v)  # batch stride 3 is fine: past the stride check
+
+
+def test_fp8_arguments_are_checked_before_any_launch():
+    b, s, h, d = 2, 16, 4, 64
+    q8 = torch.zeros(b, s, h, d).to(torch.float8_e4m3fn)
+    k8 = torch.zeros(b, s, 2, d).to(torch.float8_e4m3fn)
+    v = torch.zeros(b, s, 2, d, dtype=torch.bfloat16)
+    q16, k16 = q8.to(torch.bfloat16), k8.to(torch.bfloat16)
+    cases = [
+        (lambda: flash_attn_func(q8, k16, v), "both q and k in torch.float8_e4m3fn"),
+        (lambda: flash_attn_func(q16, k16, v.to(torch.float8_e4m3fn)), "v has dtype torch.float8_e4m3fn"),
+        (lambda: flash_attn_func(q16, k16, v, q_descale=torch.ones(b, 2)), "pass qk_fp8=True"),
+        (lambda: flash_attn_func(q8, k8, v, qk_fp8=True), "already torch.float8_e4m3fn"),
+        (lambda: flash_attn_func(q8, k8, v, q_descale=torch.ones(b, h)), r"\(batch, heads_kv\) = \(2, 2\)"),
+        (lambda: flash_attn_func(q8, k8, v, k_descale=torch.ones(b, 2, dtype=torch.float64)), "float32"),
+        (lambda: flash_attn_varlen_func(q8[0], k8[0], v[0], *[torch.tensor([0, s], dtype=torch.int32)] * 2,
+                                                  s, s), "not the varlen one"),
+        (lambda: flash_attn_func(q8, k8, v, q_descale=torch.ones(b, 2)), "is on cpu"),  # last: device
+    ]
+    for call, message in cases:
+        with pytest.raises(FlashtuneInputError, match=message):
+            call()
+
+
+def test_fp8_needs_fp8_tensor_cores_and_an_fp8_profile():
+    with pytest.raises(FlashtuneInputError, match="sm_80 .*lacks"):
+        ops.select_spec(find_profile("a100"), torch.bfloat16, 128, False, 512, 512, fp8=True)
+    with pytest.raises(FlashtuneInputError, match="h200-sm80 has no FP8 kernels"):
+        ops.select_spec(find_profile("h200-sm80"), torch.bfloat16, 128, False, 512, 512, fp8=True)
+    spec = ops.select_spec(find_profile("h200"), torch.bfloat16, 128, False, 512, 512, fp8=True)
+    assert spec.fp8 and spec.name.endswith("_fp8qk_sm90a")
+
+
+def test_quantise_qk_is_per_batch_and_kv_head():
+    q = torch.randn(2, 33, 4, 64) * torch.tensor([1.0, 10.0])[:, None, None, None]
+    k = torch.randn(2, 40, 2, 64)
+    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, heads_kv=2)
+    assert q8.dtype == k8.dtype == torch.float8_e4m3fn and q_descale.shape == k_descale.shape == (2, 2)
+    assert q_descale[1, 0] > 5 * q_descale[0, 0]  # batch 1 is 10x larger
+    back = q8.float() * q_descale.repeat_interleave(2, dim=1)[:, None, :, None]
+    assert (back - q).norm() / q.norm() < 0.05 and q8.float().abs().max() <= 448
