@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device visit that fits a lease: named steps, each bounded by what is left of a total budget,
+# logs under $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
+# Usage: bash tools/visit.sh SECONDS STEP... where STEP is one of the names below.
+set -uo pipefail
+BUDGET=$1; shift
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; END=$(( $(date +%s) + BUDGET ))
+run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit's end
+  local name=$1 max=$2; shift 2
+  local left=$(( END - $(date +%s) )); [ $left -lt $max ] && max=$left
+  if [ $max -le 5 ]; then echo "== $name: skipped (out of time)"; return; fi
+  local start=$(date +%s); timeout $max "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
+}
+for step in "$@"; do case $step in
+  build-h200) run build-h200 120 python3 -m flashtune build --profile h200 --jobs 16 ;;
+  build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
+  fp8-h200) FLASHTUNE_PROFILE=h200 run fp8-h200 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
+  fp8-sm80) FLASHTUNE_PROFILE=h200-sm80 run fp8-sm80 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
+  gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+              --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
+  verify-h200) run verify-h200 120 python3 -m flashtune verify --profile h200 ;;
+  verify-sm80) run verify-sm80 120 python3 -m flashtune verify --profile h200-sm80 ;;
+  bench-fp8) run bench-fp8 120 python3 -m flashtune bench --profile h200 --backends flashtune,flashtune-fp8,sdpa-cudnn \
+               --json "$OUT/bench_fp8.json" ;;
+  hf) FLASHTUNE_PROFILE=h200 run hf 120 python3 -m pytest -q -p no:cacheprovider tests/test_hf_gpu.py ;;
+  model) run model 240 python3 -m flashtune bench --profile h200 --model llama3-8b-like --layers 4 --batch 3 \
+           --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
+           --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
+  tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 8 --time-budget 100 --jobs 16" "--backends flashtune" ;;
+  *) echo "unknown step $step" ;;
+esac; done
