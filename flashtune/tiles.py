@@ -81,6 +81,8 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
     total = q_bytes + cfg.stages * kv_bytes_per_stage
     if family == "sm90":
         total += SM90_BARRIER_BYTES
+    else:  # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
+        total = max(total, v_elem * cfg.block_m * hdim)
     return total
 
 

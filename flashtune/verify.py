@@ -26,8 +26,11 @@ ATTENTION_KERNEL_RE = re.compile(
 
 # Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
 FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG")}
-# ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync with E4M3 operands.
-FP8_SASS = {"sm80": "HMMA.16832.F32.E4M3", "sm90": "QGMMA"}
+# ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync m16n8k32 e4m3 (QMMA on
+# sm_89/sm_120). Plain sm_90 has no native FP8 mma.sync: ptxas unpacks e4m3 to f16 for HMMA
+# (F2FP ... E4M3.UNPACK_B), correct but slow; Hopper's fast FP8 path is the sm90 family.
+FP8_SASS = {"sm80": "QMMA.16832.F32.E4M3", "sm90": "QGMMA"}
+FP8_SASS_PLAIN_SM90 = "F2FP.F16.E4M3.UNPACK_B"
 FP8_MAX_REL_ERR = 3e-2  # FP8 Q/K against the fp32 reference of the 16-bit inputs (issue 7's bar)
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
@@ -126,7 +129,8 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> dict:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    wanted = FAMILY_SASS[spec.family] + ((FP8_SASS[spec.family],) if spec.fp8 else ())
+    fp8_op = FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family]
+    wanted = FAMILY_SASS[spec.family] + ((fp8_op,) if spec.fp8 else ())
     missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]
     if missing:
         problems.append(f"missing {', '.join(missing)}")

@@ -21,7 +21,9 @@ def test_cross_compiles_rtx5090_for_sm120_then_hits_the_cache():
     report = json.loads(cold.output)
     names = [k["name"] for k in report["kernels"]]
     assert names == ["flashtune_C", "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_sm120",
-                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_sm120"]
+                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_fp8qk_sm120",
+                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_sm120",
+                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_fp8qk_sm120"]
     kernels = report["kernels"][1:]
     assert all(not k["cache_hit"] and k["registers"] and k["spill_stores"] == 0 for k in kernels)
     warm = json.loads(CliRunner().invoke(cli, args).output)
@@ -34,6 +36,30 @@ def test_unknown_profile_and_bad_arch_are_input_errors():
     assert result.exit_code == 2 and "rtx9999" in result.output
     result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_42"])
     assert result.exit_code == 2 and "sm_42" in result.output
+
+
+@pytest.mark.parametrize("family, arch, tile, fp8_op", [
+    ("sm80", "sm_89", (128, 64, 4, 2), "QMMA.16832.F32.E4M3"),
+    ("sm80", "sm_120", (128, 64, 4, 1), "QMMA.16832.F32.E4M3"),  # rtx5090.yaml's d128 tile
+    ("sm90", "sm_90a", (128, 176, 2), "QGMMA"),
+])
+def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp8_op):
+    """CI's compile-check of the FP8 Q/K kernels: the FP8 MMA in the SASS, no local memory."""
+    from flashtune.build import build_spec
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import TileConfig, sm90_tile
+    from flashtune.toolchain import detect_toolchain
+    from flashtune.verify import sass_row
+
+    spec = KernelSpec(family, arch, "bfloat16", 128, sm90_tile(*tile) if family == "sm90" else TileConfig(*tile),
+                      False, fp8=True)
+    result = build_spec(spec)
+    assert result.spill_stores == 0 and result.registers
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    row = sass_row(spec, result.library, result.spills, cuobjdump)
+    assert row["ok"] is True and fp8_op in row["detail"], row
 
 
 def test_sm90_kernel_compiles_with_hopper_sass():

@@ -62,7 +62,9 @@ def test_specs_for_profile_cover_dtypes_hdims_and_both_causal_flags():
     assert {s.causal for s in specs} == {False, True}
     assert all(s.arch == "sm_120" for s in specs)
     narrowed = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[64])
-    assert {(s.dtype, s.hdim) for s in narrowed} == {("bfloat16", 64)} and len(narrowed) == 2
+    assert {(s.dtype, s.hdim) for s in narrowed} == {("bfloat16", 64)}
+    # causal and not, each as a 16-bit kernel and (fp8: {qk: e4m3}) its FP8 Q/K twin
+    assert sorted((s.causal, s.fp8) for s in narrowed) == [(False, False), (False, True), (True, False), (True, True)]
 
 
 def test_specs_for_profile_retargets_and_rejects_unknown_choices():

@@ -1,4 +1,5 @@
-// Thin wrappers over the sm_80+ PTX the portable family uses: cp.async, ldmatrix, mma.sync, ex2.
+// Thin wrappers over the sm_80+ PTX the portable family uses: cp.async, ldmatrix, mma.sync, ex2
+// (and the sm_89+ FP8 mma.sync).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,6 +58,18 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// D = A(16x32, row) * B(32x8, col) + D, e4m3 inputs, f32 accumulation; sm_89 and newer.
+// A fragment: 4 regs of 4 bytes (rows g, g+8; k bytes 4t.. then 16+4t..), B: 2 regs (column g,
+// k bytes 4t.., 16+4t..): byte for byte what ldmatrix delivers, as for m16n8k16 with 16-bit data.
+__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 }  // namespace flashtune

@@ -1,5 +1,6 @@
 // FlashAttention-2-style forward for sm_80 and newer: mma.sync m16n8k16, ldmatrix, a cp.async
-// K/V ring in swizzled shared memory, online softmax in the exp2 domain.
+// K/V ring in swizzled shared memory, online softmax in the exp2 domain. With T::kFp8Qk, Q and K
+// are e4m3 and S = Q K^T runs on mma m16n8k32 (sm_89+); P V and O stay 16-bit.
 //
 // One CTA computes kBlockM query rows of one (batch, head); each warp owns kRowsPerWarp of them,
 // so the softmax needs no cross-warp communication. The generated translation unit wraps
@@ -14,25 +15,35 @@
 namespace flashtune {
 namespace sm80 {
 
-// Copies `kRows` rows of a [rows][kHeadDim] tile into swizzled shared memory; rows at or beyond
-// `rows_valid` are zero-filled (their source address is clamped to row 0 and never read).
+// Copies `kRows` rows of a [rows][kHeadDim] tile of E (16-bit, or e4m3 for FP8 Q/K) into
+// swizzled shared memory; rows at or beyond `rows_valid` are zero-filled (their source address
+// is clamped to row 0 and never read).
 // Each thread keeps one column chunk and walks rows kRowsPerPass apart, so its addresses are a
 // base plus compile-time steps rather than one live register pair per chunk.
-template <class T, int kRows>
-__device__ __forceinline__ void load_tile_async(uint32_t smem, const typename T::Elem* gmem,
-                                                int64_t row_stride, int rows_valid, int tid) {
-  constexpr int kRowsPerPass = T::kThreads / T::kChunksPerRow;
-  static_assert(T::kThreads % T::kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "even split");
-  const int row0 = tid / T::kChunksPerRow;
-  const int col = (tid % T::kChunksPerRow) * 8;
+template <class T, int kRows, typename E>
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const E* gmem, int64_t row_stride,
+                                                int rows_valid, int tid) {
+  constexpr int kRowUnits = T::kHeadDim * int(sizeof(E)) / 2;  // the row in 16-bit units
+  constexpr int kChunks = kRowUnits / 8;
+  constexpr int kRowsPerPass = T::kThreads / kChunks;
+  // 16-bit tiles split evenly (Traits); an FP8 K tile may not (BN=48 at D=64): the last pass
+  // then leaves the threads past the tile's end idle.
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  constexpr bool kEven = kRows % kRowsPerPass == 0;
+  static_assert(T::kThreads % kChunks == 0, "whole rows per pass");
+  const int row0 = tid / kChunks;
+  const int chunk = tid % kChunks;
+  const int col = chunk * (16 / int(sizeof(E)));  // in elements of E
   // 32-bit in-tile offsets (a tile spans < 2^31 elements); the tile base pointer is 64-bit.
   const int step = kRowsPerPass * int(row_stride);
   int offset = row0 * int(row_stride) + col;
 #pragma unroll
-  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+  for (int i = 0; i < kPasses; ++i) {
     const int row = row0 + i * kRowsPerPass;
     const bool valid = row < rows_valid;
-    cp_async_16(smem + 2 * swizzled<T::kHeadDim>(row, col), gmem + (valid ? offset : col), valid);
+    if (kEven || row < kRows)
+      cp_async_16(smem + 2 * swizzled<kRowUnits>(row, chunk * 8), gmem + (valid ? offset : col),
+                  valid);
     offset += step;
   }
 }
@@ -40,15 +51,19 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const typename T:
 template <class T>
 __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   using Elem = typename T::Elem;
+  using QKElem = typename T::QKElem;
   constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
   constexpr int MT = T::kMTiles;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static_assert(!T::kFp8Qk, "FP8 Q/K needs sm_89 or newer (mma.m16n8k32 e4m3)");
+#endif
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // 32-bit shared addresses, in bytes: Q [BM][D], then kStages K and kStages V buffers [BN][D].
-  constexpr uint32_t kKVBytes = T::kKVElems * sizeof(Elem);
+  constexpr uint32_t kKBytes = T::kKBytes, kVBytes = T::kVBytes;
   const uint32_t sQ = smem_addr(smem_raw);
-  const uint32_t sK = sQ + T::kQElems * sizeof(Elem);
-  const uint32_t sV = sK + T::kStages * kKVBytes;
+  const uint32_t sK = sQ + T::kQBytes;
+  const uint32_t sV = sK + T::kStages * kKBytes;
 
   // Causal CTAs run heaviest (longest rows) first so the tail of the grid is short.
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -73,9 +88,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   }
   if (m_block * BM >= seqlen_q) return;  // uniform across the CTA: no barrier is skipped
 
-  const Elem* gQ = static_cast<const Elem*>(p.q) + q_off + int64_t(head) * p.q_head_stride +
-                   int64_t(m_block) * BM * p.q_row_stride;
-  const Elem* gK = static_cast<const Elem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride;
+  const QKElem* gQ = static_cast<const QKElem*>(p.q) + q_off + int64_t(head) * p.q_head_stride +
+                     int64_t(m_block) * BM * p.q_row_stride;
+  const QKElem* gK = static_cast<const QKElem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride;
   const Elem* gV = static_cast<const Elem*>(p.v) + v_off + int64_t(kv_head) * p.v_head_stride;
 
   // Bottom-right causal: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
@@ -90,17 +105,22 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
   const int warp_row = warp * T::kRowsPerWarp;
 
-  // ldmatrix row addresses. Every row a lane addresses has (row & 7) == (lane & 7), so within
-  // a 128-byte group the swizzled chunk takes one of 4 lane-dependent values per operand;
-  // everything else is a compile-time offset. Precomputing the 4 keeps the address math to 12
-  // registers instead of one per (k step, tile) that the compiler would otherwise spill.
-  constexpr uint32_t kRowBytes = D * sizeof(Elem);
+  // ldmatrix row addresses. Every row a lane addresses is (lane & 7) modulo 8, which fixes its
+  // swizzle, so within a 128-byte group the swizzled chunk takes one of 4 lane-dependent values
+  // per operand (2 for 64-byte FP8 rows); everything else is a compile-time offset. Precomputing
+  // them keeps the address math to 12 registers instead of one per (k step, tile) that the
+  // compiler would otherwise spill.
+  constexpr uint32_t kRowBytes = T::kRowBytes, kQKRowBytes = T::kQKRowBytes;
+  constexpr int kQKLane = T::kQKSteps < 4 ? T::kQKSteps : 4;
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
-  uint32_t q_addr[4], k_lane[4], v_lane[4];
+  uint32_t q_addr[kQKLane], k_lane[kQKLane], v_lane[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    q_addr[i] = sQ + (warp_row + mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
-    k_lane[i] = (hi * 8 + x) * kRowBytes + (((2 * i + mid) ^ x) << 4);
+  for (int i = 0; i < 4; ++i) {  // one loop: split in two, the 16-bit SASS changed (sm_120)
+    if (i < kQKLane) {
+      q_addr[i] = sQ + (warp_row + mid * 8 + x) * kQKRowBytes +
+                  (swizzle_chunk<T::kQKRowUnits>(2 * i + hi, x) << 4);
+      k_lane[i] = (hi * 8 + x) * kQKRowBytes + (swizzle_chunk<T::kQKRowUnits>(2 * i + mid, x) << 4);
+    }
     v_lane[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
   }
 
@@ -111,12 +131,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   for (int s = 0; s < T::kStages; ++s) {
     if (s > 0) {
       if (s - 1 < n_blocks)
-        load_tile_async<T, BN>(sV + (s - 1) * kKVBytes, gV + int64_t(s - 1) * BN * p.v_row_stride,
+        load_tile_async<T, BN>(sV + (s - 1) * kVBytes, gV + int64_t(s - 1) * BN * p.v_row_stride,
                                p.v_row_stride, seqlen_k - (s - 1) * BN, tid);
       cp_async_commit();
     }
     if (s < n_blocks)
-      load_tile_async<T, BN>(sK + s * kKVBytes, gK + int64_t(s) * BN * p.k_row_stride,
+      load_tile_async<T, BN>(sK + s * kKBytes, gK + int64_t(s) * BN * p.k_row_stride,
                              p.k_row_stride, seqlen_k - s * BN, tid);
     cp_async_commit();
   }
@@ -136,25 +156,32 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       row_max[mt][r] = -INFINITY;
       row_sum[mt][r] = 0.f;
     }
-  const float scale_log2 = p.softmax_scale_log2;
+  // FP8: S is in units of q_descale * k_descale; fold them into the scales once per CTA.
+  float scale_log2 = p.softmax_scale_log2;
+  float qk_descale = 1.f;
+  if constexpr (T::kFp8Qk) {
+    const int64_t idx = int64_t(batch) * p.descale_batch_stride + kv_head;
+    qk_descale = p.q_descale[idx] * p.k_descale[idx];
+    scale_log2 *= qk_descale;
+  }
 
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;
-    const uint32_t sKj = sK + stage * kKVBytes;
-    const uint32_t sVj = sV + stage * kKVBytes;
+    const uint32_t sKj = sK + stage * kKBytes;
+    const uint32_t sVj = sV + stage * kVBytes;
 
     cp_async_wait<T::kPendingGroups>();  // K_j (and Q) landed
     __syncthreads();                     // ... for every thread; and P V_(j-1) is done everywhere
     {
       const int jv = j + T::kStages - 1;  // refill the V buffer that P V_(j-1) just released
       if (jv < n_blocks)
-        load_tile_async<T, BN>(sV + (jv % T::kStages) * kKVBytes,
+        load_tile_async<T, BN>(sV + (jv % T::kStages) * kVBytes,
                                gV + int64_t(jv) * BN * p.v_row_stride, p.v_row_stride,
                                seqlen_k - jv * BN, tid);
       cp_async_commit();
     }
 
-    // ---- S = Q K_j^T
+    // ---- S = Q K_j^T, in k steps of 32 bytes (16 dims, or 32 for FP8)
     float acc_s[MT][T::kSTiles][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -163,19 +190,24 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < T::kQKSteps; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)  // rows warp_row + mt*16 + 0..15, columns kk*16 + 0..15
-        ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
+      for (int mt = 0; mt < MT; ++mt)  // rows warp_row + mt*16 + 0..15, bytes kk*32 + 0..31
+        ldmatrix_x4(a[mt], q_addr[kk % kQKLane] + mt * 16 * kQKRowBytes + (kk / 4) * 128);
 #pragma unroll
       for (int nt = 0; nt < T::kSTiles; nt += 2) {
-        uint32_t b[4];  // b0,b1 of n tile nt, then of nt+1: keys nt*8 + 0..15, dims kk*16 + 0..15
-        ldmatrix_x4(b, sKj + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
+        uint32_t b[4];  // b0,b1 of n tile nt, then of nt+1: keys nt*8 + 0..15, bytes kk*32 + 0..31
+        ldmatrix_x4(b, sKj + k_lane[kk % kQKLane] + nt * 8 * kQKRowBytes + (kk / 4) * 128);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<Elem>(acc_s[mt][nt], a[mt], b[0], b[1]);
-          mma_16816<Elem>(acc_s[mt][nt + 1], a[mt], b[2], b[3]);
+          if constexpr (T::kFp8Qk) {
+            mma_16832_e4m3(acc_s[mt][nt], a[mt], b[0], b[1]);
+            mma_16832_e4m3(acc_s[mt][nt + 1], a[mt], b[2], b[3]);
+          } else {
+            mma_16816<Elem>(acc_s[mt][nt], a[mt], b[0], b[1]);
+            mma_16816<Elem>(acc_s[mt][nt + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -255,7 +287,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     {
       const int jk = j + T::kStages;  // refill the K buffer that S_j just released
       if (jk < n_blocks)
-        load_tile_async<T, BN>(sK + stage * kKVBytes, gK + int64_t(jk) * BN * p.k_row_stride,
+        load_tile_async<T, BN>(sK + stage * kKBytes, gK + int64_t(jk) * BN * p.k_row_stride,
                                p.k_row_stride, seqlen_k - jk * BN, tid);
       cp_async_commit();
     }
@@ -278,8 +310,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
 
   // ---- Epilogue: normalise, stage O through shared memory (Q's buffer), 16-byte stores.
   cp_async_wait<0>();
-  __syncthreads();  // every warp is done reading sQ; no copy is still landing
-  Elem* sO = reinterpret_cast<Elem*>(smem_raw);  // O is staged in Q's buffer
+  __syncthreads();  // every warp is done reading sQ and sK; no copy is still landing
+  // O is staged from offset 0: Q's buffer and, with FP8 Q (half the size), the K ring after it
+  // (T::kOStageBytes <= T::kSmemBytes is asserted in Traits).
+  Elem* sO = reinterpret_cast<Elem*>(smem_raw);
   Elem* gO = static_cast<Elem*>(p.o) + o_off + int64_t(head) * p.o_head_stride +
              int64_t(m_block) * BM * p.o_row_stride;
 #pragma unroll
@@ -299,7 +333,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
         *reinterpret_cast<uint32_t*>(sO + swizzled<D>(row, dt * 8 + 2 * t)) = packed;
       }
       if (p.lse != nullptr && t == 0 && m_block * BM + row < seqlen_q) {
-        const float lse = l > 0.f ? row_max[mt][r] * p.softmax_scale + logf(l) : -INFINITY;
+        const float lse =
+            l > 0.f ? row_max[mt][r] * (p.softmax_scale * qk_descale) + logf(l) : -INFINITY;
         p.lse[lse_off + int64_t(head) * p.lse_head_stride + m_block * BM + row] = lse;
       }
     }

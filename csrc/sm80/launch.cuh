@@ -9,6 +9,9 @@ namespace sm80 {
 
 template <class T>
 int launch(void (*kernel)(const FwdParams), const FwdParams& p, void* stream) {
+  if constexpr (T::kFp8Qk) {  // the kernel reads both descales unconditionally
+    if (p.q_descale == nullptr || p.k_descale == nullptr) return int(cudaErrorInvalidValue);
+  }
   if (T::kSmemBytes > 48 * 1024) {
     // Opt in to more than 48 KB of dynamic shared memory (per device; cheap to repeat).
     const cudaError_t err =
