@@ -28,6 +28,6 @@ for step in "$@"; do case $step in
   model) run model 240 python3 -m flashtune bench --profile h200 --model llama3-8b-like --layers 4 --batch 3 \
            --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
            --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
-  tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 8 --time-budget 100 --jobs 16" "--backends flashtune" ;;
+  tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 6 --time-budget 70 --jobs 16" "--backends flashtune" ;;
   *) echo "unknown step $step" ;;
 esac; done
