@@ -127,7 +127,7 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
     else:
-        problems += _sm90_problems(cfg)
+        problems += _sm90_problems(hdim, cfg)
 
     if not problems:  # the size model assumes the shape rules above hold
         smem = shared_memory_bytes(family, hdim, cfg, fp8)
@@ -180,7 +180,15 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
     return problems
 
 
-def _sm90_problems(cfg: TileConfig) -> list[TileProblem]:
+# Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
+# warpgroups, 240 with 1-2. It holds S (block_n/2 fp32) and O (hdim/2) at once, plus about 32
+# for P fragments in flight, addresses and softmax state: measured on 2026-12-02, 192x128 at
+# hdim 128 (160 needed) builds clean, 192x144 spills over 1 KB and 192x224 at hdim 64 fails ptxas.
+SM90_CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
+SM90_REGISTER_OVERHEAD = 32
+
+
+def _sm90_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
     problems: list[TileProblem] = []
 
     def add(key: str, problem: str, allowed: str) -> None:
@@ -200,4 +208,12 @@ def _sm90_problems(cfg: TileConfig) -> list[TileProblem]:
         add("block_n", f"{cfg.block_n} is over the wgmma N limit", f"at most {SM90_MAX_BLOCK_N}")
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
+    budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
+    needed = cfg.block_n // 2 + hdim // 2 + SM90_REGISTER_OVERHEAD
+    if budget and needed > budget:
+        max_n = 2 * (budget - hdim // 2 - SM90_REGISTER_OVERHEAD) // 16 * 16
+        add("registers", f"S and O accumulators need about {needed} registers per consumer thread, over the "
+            f"{budget} that {warpgroups} consumer warpgroups get",
+            f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else
+            f"block_m <= 128 (2 consumer warpgroups, 240 registers each) at hdim {hdim}")
     return problems

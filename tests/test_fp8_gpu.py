@@ -11,7 +11,11 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-FP8_BAR = 3e-2  # relative L2 against the fp32 reference of the 16-bit inputs (issue 7)
+KERNEL_BAR = 1e-2  # against the fp32 reference of the kernel's own (dequantised) inputs
+# End to end, against the 16-bit inputs: e4m3 keeps 3 mantissa bits, so each q, k element is off
+# by up to 2^-4 relative (about 3.6% RMS) and S by about 5% of its spread; measured on the H200:
+# 3.1e-2 to 4.2e-2 over the FA grid (benchmarks/h200/). The bar leaves room above that.
+END_TO_END_BAR = 5e-2
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -38,7 +42,9 @@ def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.bfloat16):
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_qk_fp8_matches_the_fp32_reference(fp8_profile, hdim, causal, seqlens):
     import flashtune
+    from flashtune import ops
     from flashtune.reference import attention_reference, rel_l2
+    from flashtune.verify import dequantised_qk
 
     if hdim not in fp8_profile.head_dims:
         pytest.skip(f"hdim {hdim} not in profile {fp8_profile.name}")
@@ -46,11 +52,17 @@ def test_qk_fp8_matches_the_fp32_reference(fp8_profile, hdim, causal, seqlens):
     out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, qk_fp8=True, return_lse=True)
     torch.cuda.synchronize()
     assert out.dtype == v.dtype and not torch.isnan(out).any()
-    ref, ref_lse = attention_reference(q, k, v, causal, hdim ** -0.5)
-    assert rel_l2(out, ref) <= FP8_BAR
+    # the op's quantisation is quantise_qk's: the same call on its e4m3 outputs is bit-identical
+    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, 2)
+    again = flashtune.flash_attn_func(q8, k8, v, causal=causal, q_descale=q_descale, k_descale=k_descale)
+    assert torch.equal(out, again)
+    ref, ref_lse = attention_reference(*dequantised_qk(q, k), v, causal, hdim ** -0.5)
+    assert rel_l2(out, ref) <= KERNEL_BAR
     no_key = torch.isinf(ref_lse)
     assert torch.equal(torch.isinf(lse), no_key)
-    torch.testing.assert_close(lse[~no_key], ref_lse[~no_key], atol=0.05, rtol=0.02)
+    torch.testing.assert_close(lse[~no_key], ref_lse[~no_key], atol=5e-3, rtol=1e-3)
+    ref16, _ = attention_reference(q, k, v, causal, hdim ** -0.5)
+    assert rel_l2(out, ref16) <= END_TO_END_BAR
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

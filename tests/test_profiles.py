@@ -71,9 +71,11 @@ def test_tile_for_picks_by_hdim_causal_and_seqlen(tmp_path):
     rtx = find_profile("rtx4090")
     assert rtx.tile_for(128, False, 4096, 4096) == TileConfig(128, 32, 4, 1)
     assert rtx.tile_for(128, True, 4096, 4096) == TileConfig(64, 64, 4, 1)
-    h200 = find_profile("h200")
-    assert (h200.tile_for(128, False, 8192, 8192).block_n, h200.tile_for(128, False, 1, 1).num_warpgroups) == (176, 2)
-    assert h200.tile_for(64, True, 512, 512).block_n == 128
+    h100 = find_profile("h100")  # FA3's tiles
+    assert (h100.tile_for(128, False, 8192, 8192).block_n, h100.tile_for(128, False, 1, 1).num_warpgroups) == (176, 2)
+    assert h100.tile_for(64, True, 512, 512).block_n == 128
+    h200 = find_profile("h200")  # tuned on the H200: per-seqlen buckets for causal hdim 128
+    assert h200.tile_for(128, True, 1024, 1024).block_m == 128 and h200.tile_for(128, True, 4096, 4096).block_m == 192
     custom = load_profile(write(tmp_path, BASE))
     assert custom.tile_for(128, True, 100, 2047).block_m == 64
     assert custom.tile_for(128, True, 100, 2048).block_m == 128  # max(seqlen_q, seqlen_k), max exclusive

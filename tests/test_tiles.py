@@ -86,3 +86,17 @@ def test_registers_limit_ctas_per_sm_when_known():
     assert ctas_per_sm("sm80", 128, cfg, arch) == 3
     assert ctas_per_sm("sm80", 128, cfg, arch, registers=255) == 2  # 256 x 128 threads per CTA
     assert ctas_per_sm("sm80", 128, cfg, arch, registers=96) == 3
+
+
+def test_sm90_register_budget_keeps_spilling_tiles_out():
+    """Measured on the H200 (tune, 2026-12-02): 192x144 at hdim 128 spilled over 1 KB, 192x224 at
+    hdim 64 and 192x64 at hdim 256 failed ptxas; 192x128 at hdim 128 built clean and was fastest."""
+    from flashtune.arch import get_arch
+    from flashtune.tiles import check_tile, sm90_tile
+
+    hopper = get_arch("sm_90a")
+    assert not check_tile("sm90", 128, sm90_tile(192, 128, 2), hopper)
+    assert not check_tile("sm90", 128, sm90_tile(128, 176, 2), hopper)
+    for hdim, n, allowed in ((128, 144, "block_n <= 128"), (64, 224, "block_n <= 192"), (256, 64, "block_m <= 128")):
+        problems = check_tile("sm90", hdim, sm90_tile(192, n, 2), hopper)
+        assert [p.key for p in problems] == ["registers"] and allowed in problems[0].allowed
