@@ -135,11 +135,16 @@ def test_fp8_arguments_are_checked_before_any_launch():
             call()
 
 
-def test_fp8_needs_fp8_tensor_cores_and_an_fp8_profile():
+def test_fp8_needs_fp8_tensor_cores_and_an_fp8_profile(tmp_path):
+    import yaml
+
     with pytest.raises(FlashtuneInputError, match="sm_80 .*lacks"):
         ops.select_spec(find_profile("a100"), torch.bfloat16, 128, False, 512, 512, fp8=True)
-    with pytest.raises(FlashtuneInputError, match="h200-sm80 has no FP8 kernels"):
-        ops.select_spec(find_profile("h200-sm80"), torch.bfloat16, 128, False, 512, 512, fp8=True)
+    data = yaml.safe_load(find_profile("rtx4090").path.read_text())
+    data.update(name="no-fp8", fp8=None)
+    (tmp_path / "no-fp8.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(FlashtuneInputError, match="no-fp8 has no FP8 kernels"):
+        ops.select_spec(find_profile(str(tmp_path / "no-fp8.yaml")), torch.bfloat16, 128, False, 512, 512, fp8=True)
     spec = ops.select_spec(find_profile("h200"), torch.bfloat16, 128, False, 512, 512, fp8=True)
     assert spec.fp8 and spec.name.endswith("_fp8qk_sm90a")
 
