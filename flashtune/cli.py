@@ -333,7 +333,8 @@ def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, voca
               help="TFLOPS vs seqlen plot; with --model: TTFT, decode tok/s and memory (needs the plot extra).")
 @click.option("--model", "model_name", metavar="NAME|CONFIG.json",
               help="Model-level A/B instead of the kernel grid: a built-in shape (see `flashtune memory "
-                   "--help`) or a config.json, random weights. Backends: flashtune, sdpa-*, eager.")
+                   "--help`) or a config.json, random weights. Backends: flashtune, flashtune+sdpa-decode "
+                   "(decode steps through SDPA, by name), sdpa-*, eager.")
 @click.option("--layers", type=click.IntRange(min=1), help="With --model: fewer layers, to fit.")
 @click.option("--prefill", callback=_int_list, help="With --model: prompt lengths (default 1024,4096,16384).")
 @click.option("--decode-steps", type=click.IntRange(min=2), default=128, show_default=True,

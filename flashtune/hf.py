@@ -19,6 +19,22 @@ from flashtune import ops
 
 NAME = "ftune"  # no "flash" in it: see the module docstring
 
+# Where decode steps (one new query against the KV cache) go. flashtune's kernels give one CTA
+# per (batch, head) to a single query row, so with a long cache they are slower than a split-KV
+# kernel (H200, 16k cache: 285 against SDPA flash's 482 tokens/s); "sdpa" routes those steps to
+# torch's scaled_dot_product_attention, by name (`bench --model` calls it flashtune+sdpa-decode).
+DECODE_ROUTES = ("flashtune", "sdpa")
+decode_route = "flashtune"
+
+
+def set_decode_route(route: str) -> None:
+    """"flashtune" (default): every call through flashtune; "sdpa": single-query decode steps
+    through torch SDPA, prefill through flashtune."""
+    global decode_route
+    if route not in DECODE_ROUTES:
+        raise ValueError(f"decode route {route!r}; allowed: {', '.join(DECODE_ROUTES)}")
+    decode_route = route
+
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -35,6 +51,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dropout and module.training:
         raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if decode_route == "sdpa" and query.shape[2] == 1:
+        return _sdpa_decode(query, key, value, attention_mask, scaling), None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
     if attention_mask is None:
         return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal), None
@@ -42,6 +60,19 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError(f"flashtune attention takes no {attention_mask.dim()}-D attention mask; it needs the "
                          "2-D padding mask that its registered mask function produces")
     return _padded(q, k, v, attention_mask.bool(), scaling, causal), None
+
+
+def _sdpa_decode(query, key, value, attention_mask, scaling) -> torch.Tensor:
+    """One query per sequence (it is the last position, so causal masks nothing) through torch
+    SDPA; a 2-D padding mask hides the padded keys. (batch, 1, heads, head_dim) out."""
+    mask = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 2:
+            raise ValueError("flashtune's decode route takes the 2-D padding mask of its mask function")
+        mask = attention_mask.bool()[:, -key.shape[2]:][:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2)
 
 
 def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tensor:

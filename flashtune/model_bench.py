@@ -23,6 +23,7 @@ from flashtune.memory import ModelShape, accounts, find_model
 # backend -> (transformers attn_implementation, SDPA backend to force or None)
 MODEL_BACKENDS = {
     "flashtune": ("ftune", None),
+    "flashtune+sdpa-decode": ("ftune", None),  # prefill through flashtune, decode steps through SDPA
     "sdpa-flash": ("sdpa", "FLASH_ATTENTION"),
     "sdpa-cudnn": ("sdpa", "CUDNN_ATTENTION"),
     "sdpa-efficient": ("sdpa", "EFFICIENT_ATTENTION"),
@@ -34,7 +35,7 @@ NON_FLASH_BACKENDS = ("sdpa-math", "eager")
 # Kernel names that are attention work, per backend (math/eager: only their softmax can be
 # told apart from the model's other GEMMs, so their share is a lower bound).
 ATTENTION_KERNELS = {
-    "flashtune": r"^flashtune_fwd", "sdpa-flash": r"flash_fwd", "sdpa-cudnn": r"cudnn|fprop",
+    "flashtune": r"^flashtune_fwd", "flashtune+sdpa-decode": r"^flashtune_fwd", "sdpa-flash": r"flash_fwd", "sdpa-cudnn": r"cudnn|fprop",
     "sdpa-efficient": r"fmha|cutlassF", "sdpa-math": r"softmax", "eager": r"softmax",
 }
 
@@ -111,6 +112,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
 
     shape = find_model(model_name)
     model = build_model(shape, layers, getattr(torch, dtype), device, seed)
+    from flashtune import hf  # imported by build_model: transformers is there
     shape = replace(shape, layers=layers or shape.layers)
     cuda = device.startswith("cuda")
     rows, first = [], {}
@@ -122,6 +124,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             row = {"backend": name, "prefill": length, "batch": batch, "status": "ok"}
             context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
             try:
+                hf.set_decode_route("sdpa" if name.endswith("+sdpa-decode") else "flashtune")
                 model.set_attn_implementation(impl)
                 with context(), torch.no_grad():
                     ttfts = []
@@ -148,6 +151,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
                 rows.append({**row, "status": f"unavailable: {str(e).splitlines()[0][:200]}"})
                 continue
+            finally:
+                hf.set_decode_route("flashtune")
             if length not in first:
                 first[length] = (name, logits.cpu(), tokens)
             ref = first[length]

@@ -82,6 +82,27 @@ def test_decode_with_a_kv_cache_matches_eager():
     assert any(c[0] == "dense" and c[1][1] == 1 for c in CALLS)  # one query against the cache
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_decode_route_sdpa_sends_only_single_query_steps_to_sdpa(padded):
+    eager, ours = _pair("llama")
+    ids = torch.randint(0, 128, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    if padded:
+        mask[1, :6] = 0
+    hf.set_decode_route("sdpa")
+    try:
+        with torch.no_grad():
+            ref = eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+            got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    finally:
+        hf.set_decode_route("flashtune")
+    assert torch.equal(got, ref)
+    # the prefill went through flashtune (dense, or varlen for the padded batch), no decode step did
+    assert CALLS and all(c[0] == "varlen" or c[1][1] == 16 for c in CALLS)
+    with pytest.raises(ValueError, match="allowed: flashtune, sdpa"):
+        hf.set_decode_route("cudnn")
+
+
 def test_unsupported_features_are_refused():
     module = torch.nn.Module()
     q = torch.zeros(1, 4, 8, 64)
