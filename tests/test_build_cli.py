@@ -5,6 +5,7 @@ This is CI's sm_120 compile-check of the sm80 family (test_build.py covers sm_80
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -60,6 +61,18 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     row = sass_row(spec, result.library, result.spills, cuobjdump)
     assert row["ok"] is True and fp8_op in row["detail"], row
+
+
+def test_sm90_overlap_experiment_compiles_without_spills_or_serialised_wgmma():
+    """tools/experiments/exp-sm90-overlap.yaml (issue 9): compile-checked until it is measured."""
+    from flashtune.build import build_spec
+    from flashtune.profiles import find_profile
+    from flashtune.spec import specs_for_profile
+
+    profile = find_profile(str(Path(__file__).parents[1] / "tools" / "experiments" / "exp-sm90-overlap.yaml"))
+    spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=False)[0]
+    result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
+    assert result.spill_stores == 0 and "-DFLASHTUNE_SM90_OVERLAP=1" in spec.nvcc_flags_all()
 
 
 def test_sm90_kernel_compiles_with_hopper_sass():

@@ -111,18 +111,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
-  mbarrier_wait(&bar_q, 0);
-  for (int j = 0; j < n_blocks; ++j) {
-    const int stage = j % T::kStages;
-    mbarrier_wait(&full[stage], (j / T::kStages) & 1);
+  // S_j = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
+  // a panel's swizzled rows, then on to the next panel. Issued, not waited for.
+  auto issue_qk = [&](float (&acc_s)[T::kSRegs], int stage) {
     const uint32_t k_base = smem_u32(sK + stage * T::kKBytes);
-    const uint32_t v_base = smem_u32(sV + stage * T::kVBytes);
-
-    // S = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
-    // a panel's swizzled rows, then on to the next panel.
-    float acc_s[T::kSRegs];
-    fence_operands(acc_s);
-    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
       constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
@@ -132,10 +124,20 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
                                         kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(acc_s);
-
-    // Masks: the tail block and, for causal, blocks that cross the diagonal.
+  };
+  // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
+  auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], int stage) {
+    const uint32_t v_base = smem_u32(sV + stage * T::kVBytes);
+#pragma unroll
+    for (int s = 0; s < BN / 16; ++s)
+      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
+    wgmma_commit();
+  };
+  // Masks (the tail block and, for causal, blocks that cross the diagonal), then the online
+  // softmax on the accumulators: P in place of S, new row maxima and sums, and alpha, the
+  // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
+  // one quad.
+  auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) {
     const bool tail = (j + 1) * BN > seqlen_k;
     const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_block * BM + causal_shift;
     if (tail || diagonal) {
@@ -146,9 +148,6 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         if (col >= seqlen_k || (T::kCausal && col > row + causal_shift)) acc_s[i] = -INFINITY;
       }
     }
-
-    // Online softmax: accumulator i belongs to row +8*((i>>1)&1); a row lives in one quad.
-    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
@@ -169,28 +168,86 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         }
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
-#pragma unroll
-    for (int i = 0; i < T::kORegs; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
-
-    // P as register A fragments (k slice s = accumulators 8s..8s+7), all packed before the
-    // fence so ptxas need not serialise the wgmmas (C7519).
-    uint32_t frag_p[BN / 16][4];
+  };
+  // P as register A fragments (k slice s = accumulators 8s..8s+7), all packed before the next
+  // wgmma fence so ptxas need not serialise the wgmmas (C7519).
+  auto pack_p = [&](const float (&acc_s)[T::kSRegs], uint32_t (&frag_p)[BN / 16][4]) {
 #pragma unroll
     for (int s = 0; s < BN / 16; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+  };
 
-    // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
+  mbarrier_wait(&bar_q, 0);
+  if constexpr (!T::kOverlap) {
+    // One block at a time: S_j, softmax, P_j V_j, each waited for.
+    for (int j = 0; j < n_blocks; ++j) {
+      const int stage = j % T::kStages;
+      mbarrier_wait(&full[stage], (j / T::kStages) & 1);
+      float acc_s[T::kSRegs], alpha[2];
+      uint32_t frag_p[BN / 16][4];
+      fence_operands(acc_s);
+      wgmma_fence();
+      issue_qk(acc_s, stage);
+      wgmma_wait<0>();
+      fence_operands(acc_s);
+      softmax(acc_s, j, alpha);
+      rescale_o(alpha);
+      pack_p(acc_s, frag_p);
+      fence_operands(acc_o);
+      fence_operands(frag_p);
+      wgmma_fence();
+      issue_pv(frag_p, stage);
+      wgmma_wait<0>();
+      fence_operands(acc_o);
+      mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
+    }
+  } else if (n_blocks > 0) {
+    float acc_s[T::kSRegs], alpha[2];
+    uint32_t frag_p[BN / 16][4];
+    // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
+    // together, and the softmax of S_j runs while the second one still does. Groups complete
+    // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
+    // until wait_group<0>, when O is rescaled and P_j packed over them.
+    mbarrier_wait(&full[0], 0);
+    fence_operands(acc_s);
+    wgmma_fence();
+    issue_qk(acc_s, 0);
+    wgmma_wait<0>();
+    fence_operands(acc_s);
+    softmax(acc_s, 0, alpha);  // O is still zero: no rescale
+    pack_p(acc_s, frag_p);
+    for (int j = 1; j < n_blocks; ++j) {
+      const int stage = j % T::kStages, prev = (j - 1) % T::kStages;
+      mbarrier_wait(&full[stage], (j / T::kStages) & 1);
+      fence_operands(acc_s);
+      fence_operands(acc_o);
+      fence_operands(frag_p);
+      wgmma_fence();
+      issue_qk(acc_s, stage);
+      issue_pv(frag_p, prev);
+      wgmma_wait<1>();
+      fence_operands(acc_s);
+      softmax(acc_s, j, alpha);
+      wgmma_wait<0>();
+      fence_operands(acc_o);
+      fence_operands(frag_p);
+      mbarrier_arrive(&empty[prev]);  // K_(j-1) and V_(j-1) are done with
+      rescale_o(alpha);
+      pack_p(acc_s, frag_p);
+    }
+    const int last = (n_blocks - 1) % T::kStages;
     fence_operands(acc_o);
     fence_operands(frag_p);
     wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < BN / 16; ++s)
-      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
-    wgmma_commit();
+    issue_pv(frag_p, last);
     wgmma_wait<0>();
     fence_operands(acc_o);
-    mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
+    mbarrier_arrive(&empty[last]);
   }
 
   // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.

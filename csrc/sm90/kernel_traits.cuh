@@ -7,6 +7,13 @@
 
 #include <type_traits>
 
+// Experiment (issue 9), off by default: overlap the softmax of block j with the wgmmas of
+// S_j+1 and P_j V_j. Selected with nvcc_flags: ["-DFLASHTUNE_SM90_OVERLAP=1"] in a profile
+// (tools/experiments/); the flags are part of the build cache key.
+#ifndef FLASHTUNE_SM90_OVERLAP
+#define FLASHTUNE_SM90_OVERLAP 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -16,6 +23,7 @@ template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages
 struct Traits {
   using Elem = Elem_;
   static constexpr bool kFp8Qk = kFp8Qk_;
+  static constexpr bool kOverlap = FLASHTUNE_SM90_OVERLAP != 0;
   using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
