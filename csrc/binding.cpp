@@ -89,8 +89,8 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
                 "flashtune: FP8 q and k come with q_descale and k_descale");
     for (const at::Tensor* d : {&*q_descale, &*k_descale}) {
       TORCH_CHECK(d->scalar_type() == at::kFloat && d->is_contiguous() && d->dim() == 2 &&
-                      d->size(0) == p.batch && d->size(1) == p.heads_kv,
-                  "flashtune: descales must be contiguous float32 (batch, heads_kv)");
+                      d->size(0) == p.batch && d->size(1) == p.heads_kv && d->device() == q.device(),
+                  "flashtune: descales must be contiguous float32 (batch, heads_kv) on q's device");
     }
     p.q_descale = q_descale->data_ptr<float>();
     p.k_descale = k_descale->data_ptr<float>();

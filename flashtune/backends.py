@@ -122,4 +122,5 @@ BACKENDS: dict[str, Callable[[Case], Runner]] = {
     "flash-attn3": _flash_attn_module("flash_attn_interface"),
     "flash-attn4": _flash_attn_module("flash_attn.cute"),
 }
-DEFAULT_BACKENDS = tuple(BACKENDS)
+# Opt-in: flashtune-fp8 (it computes something else, on purpose: FP8 Q/K, with its error).
+DEFAULT_BACKENDS = tuple(name for name in BACKENDS if name != "flashtune-fp8")

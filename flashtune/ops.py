@@ -349,6 +349,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 def _check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool) -> None:
     batch, heads_kv = q.shape[0], k.shape[2]
     if q.dtype != _FP8:
+        if (q_descale is not None or k_descale is not None) and qk_fp8:
+            _fail("qk_fp8=True computes its own descales; drop q_descale/k_descale")
         if q_descale is not None or k_descale is not None:
             _fail("q_descale/k_descale scale FP8 (torch.float8_e4m3fn) q and k; q and k are "
                   f"{q.dtype}: pass qk_fp8=True to quantise them, or drop the descales")
@@ -383,8 +385,16 @@ def quantise_qk(q: torch.Tensor, k: torch.Tensor, heads_kv: int):
     """16-bit (batch, seqlen, heads, d) q, k -> (q8, k8, q_descale, k_descale): per (batch, kv
     head) absmax scaling to e4m3, x = x8 x descale with |x8| <= 448 (a q head shares its kv
     head's factor, as the kernel's descale layout has it)."""
+    for name, x in (("q", q), ("k", k)):
+        if x.dim() != 4 or heads_kv <= 0 or x.shape[2] % heads_kv:
+            raise FlashtuneInputError(f"flashtune: quantise_qk needs (batch, seqlen, heads, head_dim) {name} whose "
+                                      f"heads ({x.shape[2] if x.dim() == 4 else '?'}) are a multiple of "
+                                      f"heads_kv ({heads_kv})")
+
     def one(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, s, h, d = x.shape
+        if x.numel() == 0:  # an empty sequence: nothing to scale (the kernel sees no rows)
+            return x.to(_FP8), torch.ones(b, heads_kv, dtype=torch.float32, device=x.device)
         grouped = x.reshape(b, s, heads_kv, h // heads_kv, d)
         amax = grouped.abs().amax(dim=(1, 3, 4)).float()  # (b, heads_kv)
         descale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))

@@ -172,7 +172,8 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
             for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
                 if causal is not None and is_causal != causal:
                     continue
-                for fp8 in (False, True) if profile.fp8_qk else (False,):
+                # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none)
+                for fp8 in (False, True) if profile.fp8_qk and get_arch(arch).fp8 else (False,):
                     spec = KernelSpec(profile.family, arch, dtype, entry.hdim, entry.tile, is_causal,
                                       fp8=fp8, nvcc_flags=profile.nvcc_flags)
                     specs[spec] = None

@@ -97,8 +97,9 @@ def test_decode_route_sdpa_sends_only_single_query_steps_to_sdpa(padded):
     finally:
         hf.set_decode_route("flashtune")
     assert torch.equal(got, ref)
-    # the prefill went through flashtune (dense, or varlen for the padded batch), no decode step did
-    assert CALLS and all(c[0] == "varlen" or c[1][1] == 16 for c in CALLS)
+    # only the prefill (16 queries; cu_seqlens [0, 16, 26] when padded) went through flashtune;
+    # a decode step there would show 1 query per sequence
+    assert CALLS and all(c[1] == [0, 16, 26] if padded else c[1][1] == 16 for c in CALLS)
     with pytest.raises(ValueError, match="allowed: flashtune, sdpa"):
         hf.set_decode_route("cudnn")
 

@@ -50,4 +50,4 @@ def test_model_bench_on_the_gpu(tmp_path):
     assert 0 < ours["attention_share"] <= 1 and ours["peak_mem_mb"] > 0
     # Random weights give near-flat logits, where bf16 rounding alone flips some argmaxes: the
     # bar is 99%, or what another exact kernel (cuDNN) achieves against SDPA flash, less a point.
-    assert ours["top1_agreement"] >= min(0.99, cudnn["top1_agreement"] - 0.01), (ours, cudnn)
+    assert ours["top1_agreement"] >= max(0.9, min(0.99, cudnn["top1_agreement"] - 0.01)), (ours, cudnn)

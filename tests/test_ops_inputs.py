@@ -124,6 +124,7 @@ def test_fp8_arguments_are_checked_before_any_launch():
         (lambda: flash_attn_func(q16, k16, v.to(torch.float8_e4m3fn)), "v has dtype torch.float8_e4m3fn"),
         (lambda: flash_attn_func(q16, k16, v, q_descale=torch.ones(b, 2)), "pass qk_fp8=True"),
         (lambda: flash_attn_func(q8, k8, v, qk_fp8=True), "already torch.float8_e4m3fn"),
+        (lambda: flash_attn_func(q16, k16, v, qk_fp8=True, k_descale=torch.ones(b, 2)), "computes its own descales"),
         (lambda: flash_attn_func(q8, k8, v, q_descale=torch.ones(b, h)), r"\(batch, heads_kv\) = \(2, 2\)"),
         (lambda: flash_attn_func(q8, k8, v, k_descale=torch.ones(b, 2, dtype=torch.float64)), "float32"),
         (lambda: flash_attn_varlen_func(q8[0], k8[0], v[0], *[torch.tensor([0, s], dtype=torch.int32)] * 2,
@@ -150,10 +151,21 @@ def test_fp8_needs_fp8_tensor_cores_and_an_fp8_profile(tmp_path):
 
 
 def test_quantise_qk_is_per_batch_and_kv_head():
-    q = torch.randn(2, 33, 4, 64) * torch.tensor([1.0, 10.0])[:, None, None, None]
-    k = torch.randn(2, 40, 2, 64)
+    torch.manual_seed(0)
+    # q heads 0,1 share kv head 0 and heads 2,3 kv head 1: scale heads 2,3 and batch 1 up
+    q = torch.randn(2, 33, 4, 64) * torch.tensor([1.0, 10.0])[:, None, None, None] \
+        * torch.tensor([1.0, 1.0, 10.0, 10.0])[None, None, :, None]
+    k = torch.randn(2, 40, 2, 64) * torch.tensor([1.0, 20.0])[None, None, :, None]
     q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, heads_kv=2)
     assert q8.dtype == k8.dtype == torch.float8_e4m3fn and q_descale.shape == k_descale.shape == (2, 2)
-    assert q_descale[1, 0] > 5 * q_descale[0, 0]  # batch 1 is 10x larger
-    back = q8.float() * q_descale.repeat_interleave(2, dim=1)[:, None, :, None]
-    assert (back - q).norm() / q.norm() < 0.05 and q8.float().abs().max() <= 448
+    assert q_descale[1, 0] > 5 * q_descale[0, 0] and (q_descale[:, 1] > 5 * q_descale[:, 0]).all()
+    assert (k_descale[:, 1] > 10 * k_descale[:, 0]).all()
+    q_back = q8.float() * q_descale.repeat_interleave(2, dim=1)[:, None, :, None]
+    k_back = k8.float() * k_descale[:, None, :, None]
+    for x, back in ((q, q_back), (k, k_back)):
+        assert (back - x).norm() / x.norm() < 0.05
+    assert q8.float().abs().max() <= 448 and k8.float().abs().max() <= 448
+    empty8, _, empty_descale, _ = ops.quantise_qk(q[:, :0], k, heads_kv=2)  # seqlen 0: no crash
+    assert empty8.shape == (2, 0, 4, 64) and torch.equal(empty_descale, torch.ones(2, 2))
+    with pytest.raises(FlashtuneInputError, match="multiple of heads_kv"):
+        ops.quantise_qk(q, k, heads_kv=3)

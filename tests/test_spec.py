@@ -100,3 +100,10 @@ def test_cache_key_changes_when_a_kernel_header_changes(tmp_path, monkeypatch):
     (copy / "sm80" / "notes.txt").write_text("editor leftovers")
     assert _spec().source_hash() == spec_mod.KernelSpec(**{f: getattr(_spec(), f) for f in (
         "family", "arch", "dtype", "hdim", "tile", "causal")}).source_hash()
+
+
+def test_fp8_twins_only_where_the_target_has_fp8_tensor_cores():
+    profile = find_profile("rtx4090")  # fp8: {qk: e4m3}
+    assert any(s.fp8 for s in specs_for_profile(profile))
+    retargeted = specs_for_profile(profile, arch="sm_86")  # an RTX 3090: no FP8 tensor cores
+    assert retargeted and not any(s.fp8 for s in retargeted)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device visit: detect, build, GPU tests, sanitizers, verify, and the full FA-grid bench.
 # Usage on the device machine: bash tools/device_check.sh [PROFILE] [BENCH_ARGS...]
-#   the sm90 family (not yet GPU-verified): FLASHTUNE_EXPERIMENTAL_SM90=1 bash tools/device_check.sh h200
+#   the sm90 family: bash tools/device_check.sh h200
 # Results in $OUT: bench.json/.png/.txt, verify.txt, summary.txt, and logs.tar.gz with the rest.
 set -uo pipefail
 PROFILE=${1:-h200-sm80}; shift || true

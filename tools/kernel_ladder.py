@@ -6,7 +6,7 @@ Two probes split the kernel in halves: `V=I` makes the output the softmax matrix
 (the S = Q K^T and softmax half), `onehot` makes P a permutation so the output is V's rows
 (the P V half).
 
-Run: python3 tools/kernel_ladder.py PROFILE   (FLASHTUNE_EXPERIMENTAL_SM90=1 for sm90)
+Run: python3 tools/kernel_ladder.py PROFILE   (a name or a YAML path)
 """
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   // Varlen tensors are one "batch entry" of total rows; sequences start at cu_seqlens rows.
   const uint64_t batch = varlen ? 1 : p.batch;
   const uint64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  if constexpr (T::kFp8Qk) {  // the kernel reads both descales unconditionally
+    if (p.q_descale == nullptr || p.k_descale == nullptr) return int(cudaErrorInvalidValue);
+  }
   TmaMaps maps;
   int err = encode_4d(&maps.q, p.q, kQKType, batch, rows_q, p.heads_q, T::kHeadDim, p.q_batch_stride,
                       p.q_row_stride, p.q_head_stride, T::kQKBoxCols, T::kBlockM);
