@@ -202,13 +202,15 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: by cores and memory).")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
               help="Time candidates on this many local GPUs at once (one worker each).")
+@click.option("--fp8", is_flag=True, help="Tune the FP8 Q/K twins instead (profiles with fp8: {qk: e4m3}); "
+              "the winners become the written profile's fp8.configs, its 16-bit tiles stay.")
 @click.option("--cache", "cache_path", metavar="FILE.jsonl", help="Resumable results cache "
               "(default: under the flashtune cache dir, per GPU and profile).")
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
 @click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_spill_bytes, repeats, jobs,
-         gpus, cache_path, name, out, as_json) -> None:
+         gpus, fp8, cache_path, name, out, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
@@ -233,6 +235,9 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
 
     ops._check_runs_on(profile, gpus_seen[0])  # sm_89 SASS on an H200 would fail every launch
     check_build_toolchain(profile.arch)  # before anything is compiled or cached
+    if fp8 and not (profile.fp8_qk and profile.arch.fp8):
+        raise click.BadParameter(f"profile {profile.name} has no FP8 kernels (fp8: {profile.fp8}); "
+                                 "tune a profile with fp8: {qk: e4m3}", param_hint="--fp8")
     bad = sorted(set(hdims or ()) - set(profile.head_dims))
     if bad:
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
@@ -240,7 +245,7 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
     opts = tune_mod.TuneOptions(hdims=tuple(hdims or profile.head_dims),
                                 causal=(False, True) if causal is None else (causal,), dtype=dtype,
                                 max_candidates=max_candidates, time_budget_s=time_budget,
-                                max_spill_bytes=max_spill_bytes, repeats=repeats, jobs=jobs, gpus=gpus)
+                                max_spill_bytes=max_spill_bytes, repeats=repeats, jobs=jobs, gpus=gpus, fp8=fp8)
     console = Console(stderr=True) if as_json else make_console()
     with Progress(TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True) as bar:

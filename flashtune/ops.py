@@ -124,7 +124,7 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
                                   f"(head dims: {', '.join(map(str, profile.head_dims))})")
     try:
-        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k)
+        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8)
     except ProfileError as e:
         raise FlashtuneInputError(str(e)) from e
     if dtype_name not in profile.dtypes:

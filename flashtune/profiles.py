@@ -78,6 +78,8 @@ class Profile:
     fp8: dict | None = field(hash=False)  # e.g. {"qk": "e4m3"}
     nvcc_flags: tuple[str, ...]
     configs: tuple[ProfileConfig, ...]
+    # `fp8: {qk: e4m3, configs: [...]}`: tiles for the FP8 twins (default: `configs`' tiles).
+    fp8_configs: tuple[ProfileConfig, ...] = ()
     # Where the tiles came from (`flashtune tune` writes GPU, versions, date, measured TFLOPS).
     provenance: dict | None = field(default=None, hash=False, compare=False)
 
@@ -85,13 +87,14 @@ class Profile:
     def fp8_qk(self) -> bool:
         return bool(self.fp8 and self.fp8.get("qk"))
 
-    def tile_for(self, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int) -> TileConfig:
-        """The tile for a call; the seqlen bucket is chosen by max(seqlen_q, seqlen_k)."""
+    def tile_for(self, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> TileConfig:
+        """The tile for a call; the seqlen bucket is chosen by max(seqlen_q, seqlen_k). FP8 Q/K
+        calls take `fp8.configs` where the profile has them."""
         if hdim not in self.head_dims:
             raise ProfileError(f"{self.path}: head_dims: head dim {hdim} is not in profile "
                                f"{self.name}; allowed: {', '.join(map(str, self.head_dims))}")
         seqlen = max(seqlen_q, seqlen_k)
-        for entry in self.configs:
+        for entry in self.fp8_configs if fp8 and self.fp8_configs else self.configs:
             if entry.serves(hdim, bool(causal), seqlen):
                 return entry.tile
         # Validation guarantees coverage, so this only happens for hand-built profiles.
@@ -184,11 +187,17 @@ class _Validator:
         fp8 = self.fp8(data.get("fp8"), arch)
         match_names, match_ccs = self.match(data["match"])
         nvcc_flags = self.str_list(data.get("nvcc_flags", []), "nvcc_flags", "a list of strings")
-        configs = self.configs(data["configs"], family, arch, head_dims, fp8 is not None)
+        # `configs` serve the 16-bit kernels (and the FP8 twins unless fp8.configs exist), so
+        # they are checked against the 16-bit resource model; fp8.configs against the FP8 one.
+        configs = self.configs(data["configs"], family, arch, head_dims, False)
+        fp8_configs = ()
+        if fp8 is not None and "configs" in data["fp8"]:
+            fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, "fp8.configs")
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
-                       nvcc_flags=nvcc_flags, configs=configs, provenance=data.get("provenance"))
+                       nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
+                       provenance=data.get("provenance"))
 
     def head_dims(self, value: list) -> tuple[int, ...]:
         allowed = ", ".join(map(str, HEAD_DIMS))
@@ -203,14 +212,18 @@ class _Validator:
     def fp8(self, value: dict | None, arch: ArchFacts) -> dict | None:
         if value is None:
             return None
-        self.check_keys(value, "fp8", tuple(FP8_FORMATS))
+        self.expect(value, dict, "fp8", "null or a mapping like {qk: e4m3}")
+        self.check_keys(value, "fp8", (*FP8_FORMATS, "configs"))
         for key, formats in FP8_FORMATS.items():
             if key in value and value[key] not in formats:
                 raise self.fail(f"fp8.{key}", f"unknown format {value[key]!r}", ", ".join(formats))
         if not arch.fp8:
             raise self.fail("fp8", f"{arch.name} has no FP8 tensor cores",
                             "fp8: null on sm_80/sm_86; FP8 on sm_89, sm_90a, sm_100a, sm_120")
-        return dict(value) or None
+        if "configs" in value and not value.get("qk"):
+            raise self.fail("fp8.configs", "tiles for FP8 kernels the profile does not ask for",
+                            "fp8: {qk: e4m3, configs: [...]}")
+        return {k: v for k, v in value.items() if k != "configs"} or None
 
     def match(self, value: dict) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
         self.check_keys(value, "match", _MATCH_KEYS)
@@ -227,12 +240,13 @@ class _Validator:
         return names, tuple(ccs)
 
     def configs(self, value: list, family: str, arch: ArchFacts, head_dims: tuple[int, ...],
-                fp8: bool) -> tuple[ProfileConfig, ...]:
+                fp8: bool, key: str = "configs") -> tuple[ProfileConfig, ...]:
+        self.expect(value, list, key, "a list of configs")
         if not value:
-            raise self.fail("configs", "empty list", "one entry per (hdim, causal, seqlen bucket)")
-        entries = tuple(self.config(entry, f"configs[{i}]", family, arch, head_dims, fp8)
+            raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
+        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8)
                         for i, entry in enumerate(value))
-        self.check_buckets(entries, head_dims)
+        self.check_buckets(entries, head_dims, key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,
@@ -281,7 +295,8 @@ class _Validator:
             raise self.fail(key, f"max {high!r} is not an integer above min", allowed)
         return low, high
 
-    def check_buckets(self, entries: tuple[ProfileConfig, ...], head_dims: tuple[int, ...]) -> None:
+    def check_buckets(self, entries: tuple[ProfileConfig, ...], head_dims: tuple[int, ...],
+                      key: str = "configs") -> None:
         """For each head dim and causal value the buckets must cover [0, inf) exactly once."""
         allowed = "for each head dim and causal value, seqlen buckets covering [0, null) exactly once"
         for hdim in head_dims:
@@ -290,20 +305,20 @@ class _Validator:
                               if e.hdim == hdim and e.causal in (None, causal))
                 what = f"hdim {hdim} causal={str(causal).lower()}"
                 if not rows:
-                    raise self.fail("configs", f"{what}: no config", allowed)
+                    raise self.fail(key, f"{what}: no config", allowed)
                 covered_to, prev_index = 0, None
                 for low, index, entry in rows:
                     if prev_index is not None and covered_to is None:
-                        raise self.fail(f"configs[{index}].seqlen", f"{what}: overlaps configs[{prev_index}] "
+                        raise self.fail(f"{key}[{index}].seqlen", f"{what}: overlaps {key}[{prev_index}] "
                                         "(which has no upper bound)", allowed)
                     if low < covered_to:
-                        raise self.fail(f"configs[{index}].seqlen", f"{what}: overlaps configs[{prev_index}] "
+                        raise self.fail(f"{key}[{index}].seqlen", f"{what}: overlaps {key}[{prev_index}] "
                                         f"at [{low}, {covered_to})", allowed)
                     if low > covered_to:
-                        raise self.fail("configs", f"{what}: seqlen [{covered_to}, {low}) is missing", allowed)
+                        raise self.fail(key, f"{what}: seqlen [{covered_to}, {low}) is missing", allowed)
                     covered_to, prev_index = entry.seqlen_max, index
                 if covered_to is not None:
-                    raise self.fail("configs", f"{what}: seqlen [{covered_to}, inf) is missing", allowed)
+                    raise self.fail(key, f"{what}: seqlen [{covered_to}, inf) is missing", allowed)
 
 
 def _type_name(kind: type | tuple) -> str:

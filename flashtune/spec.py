@@ -164,17 +164,23 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
         if unknown:
             raise SpecError(f"{what} {', '.join(map(str, sorted(unknown)))} is not in profile "
                             f"{profile.name}; allowed: {', '.join(map(str, allowed))}")
+    # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none):
+    # beside each 16-bit kernel, or on the profile's own fp8.configs tiles where it has them.
+    fp8 = profile.fp8_qk and get_arch(arch).fp8
+    tables = [(profile.configs, (False, True) if fp8 and not profile.fp8_configs else (False,))]
+    if fp8 and profile.fp8_configs:
+        tables.append((profile.fp8_configs, (True,)))
     specs: dict[KernelSpec, None] = {}
     for dtype in dtypes or profile.dtypes:
-        for entry in profile.configs:
-            if hdims and entry.hdim not in hdims:
-                continue
-            for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
-                if causal is not None and is_causal != causal:
+        for table, fp8_flags in tables:
+            for entry in table:
+                if hdims and entry.hdim not in hdims:
                     continue
-                # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none)
-                for fp8 in (False, True) if profile.fp8_qk and get_arch(arch).fp8 else (False,):
-                    spec = KernelSpec(profile.family, arch, dtype, entry.hdim, entry.tile, is_causal,
-                                      fp8=fp8, nvcc_flags=profile.nvcc_flags)
-                    specs[spec] = None
+                for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
+                    if causal is not None and is_causal != causal:
+                        continue
+                    for flag in fp8_flags:
+                        spec = KernelSpec(profile.family, arch, dtype, entry.hdim, entry.tile, is_causal,
+                                          fp8=flag, nvcc_flags=profile.nvcc_flags)
+                        specs[spec] = None
     return list(specs)

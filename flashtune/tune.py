@@ -38,6 +38,7 @@ class TuneOptions:
     repeats: int = 20
     jobs: int | None = None
     gpus: int = 1
+    fp8: bool = False  # tune the FP8 Q/K twins (written as the profile's fp8.configs)
 
 
 @dataclass
@@ -82,13 +83,25 @@ def default_cache_path(gpu_name: str, profile: Profile) -> Path:
 
 # ---------------------------------------------------------------------------- one candidate
 
+def _operands(spec: KernelSpec, q, k, v) -> tuple:
+    """What run_spec takes for this spec: FP8 specs get e4m3 q/k and their descales."""
+    from flashtune import ops
+
+    if not spec.fp8:
+        return q, k, v, None, None
+    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, k.shape[2])
+    return q8, k8, v, q_descale, k_descale
+
+
 def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
-    """Run the candidate on an odd-sized random case against the fp32 reference."""
+    """Run the candidate on an odd-sized random case against the fp32 reference (for FP8
+    candidates: the reference of their dequantised inputs, as `flashtune verify` does)."""
     import torch
 
     from flashtune import ops
     from flashtune.baseline import tolerance
     from flashtune.reference import attention_reference, rel_l2
+    from flashtune.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qk
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
@@ -96,16 +109,22 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     k = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     scale = 1.0 / math.sqrt(spec.hdim)
+    q_in, k_in, v_in, q_descale, k_descale = _operands(spec, q, k, v)
     poison, ops.poison_outputs = ops.poison_outputs, True
     try:
-        out, _ = ops.run_spec(spec, q, k, v, None, None, 333, 517, scale)
+        out, _ = ops.run_spec(spec, q_in, k_in, v_in, None, None, 333, 517, scale, q_descale, k_descale)
         torch.cuda.synchronize()
     except RuntimeError as e:
         return False, f"launch failure: {str(e).splitlines()[0][:200]}"
     finally:
         ops.poison_outputs = poison
-    ref, _ = attention_reference(q, k, v, spec.causal, scale)
-    err, tol = rel_l2(out, ref), tolerance(q, k, v, spec.causal, scale, ref)
+    if spec.fp8:
+        ref, _ = attention_reference(*dequantised_qk(q, k), v, spec.causal, scale)
+        tol = FP8_KERNEL_MAX_REL_ERR
+    else:
+        ref, _ = attention_reference(q, k, v, spec.causal, scale)
+        tol = tolerance(q, k, v, spec.causal, scale, ref)
+    err = rel_l2(out, ref)
     return (True, f"rel err {err:.2e}") if err <= tol else (False, f"wrong result: rel err {err:.2e} > {tol:.2e}")
 
 
@@ -117,10 +136,10 @@ def time_spec(spec: KernelSpec, seqlen: int, repeats: int) -> dict:
     from flashtune.bench import fa_grid, input_sets, make_inputs, time_ms
 
     shape = fa_grid([seqlen], [spec.hdim], [spec.causal], spec.dtype)[0]  # the shape bench times
-    inputs = [make_inputs(shape, seed) for seed in range(input_sets(shape))]
+    inputs = [_operands(spec, *make_inputs(shape, seed)) for seed in range(input_sets(shape))]
     scale = 1.0 / math.sqrt(spec.hdim)
-    runners = [lambda q=q, k=k, v=v: ops.run_spec(spec, q, k, v, None, None, seqlen, seqlen, scale)
-               for q, k, v in inputs]
+    runners = [lambda args=args: ops.run_spec(spec, *args[:3], None, None, seqlen, seqlen, scale, *args[3:])
+               for args in inputs]
     ms = statistics.median(time_ms(runners, warmup=3, repeats=repeats))
     return {"ms": ms, "tflops": shape.flops / (ms * 1e-3) / 1e12}
 
@@ -200,11 +219,11 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     for hdim in opts.hdims:
         for causal in opts.causal:
             start_tiles = tuple(dict.fromkeys(
-                profile.tile_for(hdim, causal, s, s) for s in BUCKET_SEQLENS))
-            for tile in candidates(profile.family, hdim, profile.arch, False, start_tiles,
+                profile.tile_for(hdim, causal, s, s, fp8=opts.fp8) for s in BUCKET_SEQLENS))
+            for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
                                    opts.max_candidates):
                 specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
-                                        nvcc_flags=profile.nvcc_flags))
+                                        fp8=opts.fp8, nvcc_flags=profile.nvcc_flags))
     hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec
 
     def key(spec: KernelSpec, what) -> str:
@@ -271,7 +290,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
             slot = (spec.hdim, spec.causal, o["seqlen"])
             if slot not in result.winners or o["tflops"] > result.winners[slot]["tflops"]:
                 result.winners[slot] = record
-            if spec.tile == profile.tile_for(spec.hdim, spec.causal, o["seqlen"], o["seqlen"]):
+            if spec.tile == profile.tile_for(spec.hdim, spec.causal, o["seqlen"], o["seqlen"], fp8=spec.fp8):
                 result.starting[slot] = record
     return result
 

@@ -28,7 +28,7 @@ def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
                 winner = result.winners.get((hdim, causal, s))
                 if winner is None:
                     fallbacks.append(f"hdim {hdim} causal={causal} seqlen {s}")
-                    per_bucket.append(profile.tile_for(hdim, causal, s, s))
+                    per_bucket.append(profile.tile_for(hdim, causal, s, s, fp8=opts.fp8))
                 else:
                     per_bucket.append(winner["tile"])
             tiles[(hdim, causal)] = per_bucket
@@ -51,6 +51,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
     return {"tool": "flashtune tune", "base_profile": profile.name, "gpu": gpu_name,
             "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
+            "kernels": "fp8 q/k" if opts.fp8 else "16-bit",
             "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(BUCKET_SEQLENS),
             "candidates_failed": sum(1 for r in result.records if r.get("status") == "failed"),
             "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
@@ -61,9 +62,10 @@ def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_nam
                 out: str) -> tuple[Profile, dict]:
     tiles, fallbacks = chosen_tiles(profile, result, opts)
     prov = provenance(profile, result, opts, gpu_name, fallbacks)
-    description = (f"{profile.description.strip()} Tiles for head dims {', '.join(map(str, opts.hdims))} "
+    what = "FP8 Q/K tiles (fp8.configs)" if opts.fp8 else "Tiles"
+    description = (f"{profile.description.strip()} {what} for head dims {', '.join(map(str, opts.hdims))} "
                    f"tuned by `flashtune tune` on {gpu_name} ({prov['date']}).")
-    path = write_profile(profile, name, description, tiles, prov, out)
+    path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8)
     return load_profile(path), prov  # loading validates what was written
 
 

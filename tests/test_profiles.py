@@ -56,8 +56,10 @@ def test_shipped_profiles_all_load():
     assert {name: p.arch.name for name, p in profiles.items()} == SHIPPED
     for p in profiles.values():
         assert p.path.parent == profiles_dir()
-        for entry in p.configs:
-            assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, p.fp8_qk) == []
+        for entry in p.configs:  # they serve the 16-bit kernels: the stricter resource model
+            assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, False) == []
+        for entry in p.fp8_configs:
+            assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, True) == []
 
 
 def test_shipped_families():
@@ -297,3 +299,57 @@ def test_plain_sm90_target_suggests_h200_sm80():
 def test_no_gpu_no_profile():
     with pytest.raises(ProfileError, match="no GPU is visible"):
         select_profile()
+
+
+# ---------------------------------------------------------------- FP8 tiles
+
+def _with_fp8(fp8_configs=None):
+    data = copy.deepcopy(BASE)
+    data["fp8"] = {"qk": "e4m3"}
+    if fp8_configs is not None:
+        data["fp8"]["configs"] = fp8_configs
+    return data
+
+
+def test_fp8_configs_give_the_fp8_twins_their_own_tiles(tmp_path):
+    from flashtune.spec import specs_for_profile
+
+    fp8_tiles = [{"hdim": 64, "causal": "any", "seqlen": [0, None], "block_m": 64, "block_n": 64, "num_warps": 4,
+                  "stages": 2},
+                 {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 64, "block_n": 128, "num_warps": 4,
+                  "stages": 1}]
+    profile = load_profile(write(tmp_path, _with_fp8(fp8_tiles)))
+    assert profile.fp8 == {"qk": "e4m3"} and len(profile.fp8_configs) == 2
+    assert profile.tile_for(128, False, 4096, 4096, fp8=True) == TileConfig(64, 128, 4, 1)
+    assert profile.tile_for(128, False, 4096, 4096) == TileConfig(128, 32, 4, 2)  # 16-bit: configs
+    specs = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=False)
+    assert {(s.fp8, s.tile) for s in specs} == {(False, TileConfig(64, 64, 4, 2)), (False, TileConfig(128, 32, 4, 2)),
+                                                (True, TileConfig(64, 128, 4, 1))}
+    plain = load_profile(write(tmp_path, _with_fp8(), "plain.yaml"))  # no fp8.configs: twins on configs' tiles
+    assert plain.tile_for(128, False, 4096, 4096, fp8=True) == TileConfig(128, 32, 4, 2)
+
+
+def test_fp8_configs_are_validated_like_configs_with_the_fp8_resource_model(tmp_path):
+    gap = [{"hdim": 64, "causal": "any", "seqlen": [0, 1024], "block_m": 64, "block_n": 64, "num_warps": 4,
+            "stages": 2}]
+    message = broken(tmp_path, lambda d: d.update(_with_fp8(gap)))
+    assert "fp8.configs" in message and "missing" in message
+    message = broken(tmp_path, lambda d: d.update(fp8={"configs": gap}))
+    assert "fp8.configs: tiles for FP8 kernels the profile does not ask for" in message
+    # a tile the arch cannot run is refused there too, naming the fp8 table's entry
+    big = {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 128, "num_warps": 4,
+           "stages": 3}
+    message = broken(tmp_path, lambda d: d.update(_with_fp8([BASE["configs"][0], big])))
+    assert "fp8.configs[1]." in message
+
+
+def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
+    """Hopper, hdim 128: 128x256 needs 288 KB with 16-bit Q/K, 208 KB with FP8 Q/K (227 KB limit)."""
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    wide = {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 256, "stages": 2}
+    data["fp8"] = {"qk": "e4m3", "configs": [c for c in data["configs"] if c["hdim"] != 128] + [wide]}
+    profile = load_profile(write(tmp_path, data, "h200-fp8.yaml"))
+    assert profile.tile_for(128, True, 8192, 8192, fp8=True).block_n == 256
+    data["configs"] = data["fp8"]["configs"]  # the same tile for the 16-bit kernels: refused
+    with pytest.raises(ProfileError, match=r"configs\[\d+\]\.shared_memory"):
+        load_profile(write(tmp_path, data, "h200-wide16.yaml"))

@@ -11,7 +11,7 @@ from flashtune.arch import get_arch
 from flashtune.build import BuildError, BuildResult
 from flashtune.profile_writer import write_profile
 from flashtune.profiles import find_profile, load_profile
-from flashtune.tiles import TileConfig, check_tile, shared_memory_bytes
+from flashtune.tiles import TileConfig, check_tile, shared_memory_bytes, sm90_tile
 from flashtune.tune_cache import TuneCache
 from flashtune.tune_space import BUCKET_SEQLENS, bucket_of, candidates
 
@@ -103,6 +103,25 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
     assert len(lines) == 2  # equal neighbouring buckets merged
 
 
+def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
+    base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
+    wide = sm90_tile(128, 256, 2)  # only FP8 Q/K fits it in shared memory
+    tiles = {(128, False): [wide] * 3}
+    path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
+    tuned = load_profile(path)
+    assert tuned.fp8 == {"qk": "e4m3"} and tuned.fp8_configs
+    assert tuned.tile_for(128, False, 4096, 4096, fp8=True) == wide
+    for hdim in (64, 128, 256):  # the 16-bit tiles are untouched; untuned FP8 slots keep them too
+        for causal in (False, True):
+            assert tuned.tile_for(hdim, causal, 5000, 5000) == base.tile_for(hdim, causal, 5000, 5000)
+            if (hdim, causal) != (128, False):
+                assert tuned.tile_for(hdim, causal, 5000, 5000, fp8=True) == base.tile_for(hdim, causal, 5000, 5000)
+    # a later 16-bit tune of that profile keeps its fp8.configs
+    again = load_profile(write_profile(tuned, "h200-fp8-2", "test", {(64, True): [sm90_tile(192, 128, 2)] * 3},
+                                       {"tool": "flashtune tune"}, tmp_path / "again.yaml"))
+    assert again.tile_for(128, False, 4096, 4096, fp8=True) == wide
+
+
 # ---------------------------------------------------------------- the search loop, faked
 
 @pytest.fixture
@@ -153,6 +172,14 @@ def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_
     again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
     assert len(fake_world["build"]) == builds and len(fake_world["measure"]) == measures  # all from cache
     assert again.winners == result.winners
+
+
+def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
+    profile = find_profile("h200")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,), max_candidates=3, fp8=True)
+    result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
+    assert fake_world["build"] and all("_fp8qk_" in name for name in fake_world["build"])
+    assert result.winners and all(w["spec"].endswith("_fp8qk_sm90a") for w in result.winners.values())
 
 
 def test_time_budget_stops_and_a_rerun_resumes(fake_world, tmp_path, monkeypatch):
