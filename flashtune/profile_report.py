@@ -31,7 +31,7 @@ def summary(profile: Profile) -> dict:
     }
 
 
-def built_registers(profile: Profile, entry) -> int | None:
+def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
     """Registers per thread that ptxas reported for this config, if any variant is in the
     build cache (the most of them); None until it is built."""
     import json
@@ -44,7 +44,7 @@ def built_registers(profile: Profile, entry) -> int | None:
         for causal in ((False, True) if entry.causal is None else (entry.causal,)):
             try:
                 spec = KernelSpec(profile.family, profile.arch.name, dtype, entry.hdim, entry.tile, causal,
-                                  nvcc_flags=profile.nvcc_flags)
+                                  fp8=fp8, nvcc_flags=profile.nvcc_flags)
                 manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
                 found.append(manifest["result"]["registers"])
             except (SpecError, OSError, ValueError, KeyError):
@@ -54,30 +54,34 @@ def built_registers(profile: Profile, entry) -> int | None:
 
 
 def details(profile: Profile) -> dict:
-    """The profile plus, per config, the numbers the resource model derives."""
+    """The profile plus, per config, the numbers the resource model derives (for `configs`
+    the 16-bit kernels', for `fp8.configs` the FP8 twins')."""
+    return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags),
+            "configs": [_config_row(profile, e, False) for e in profile.configs],
+            "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs]}
+
+
+def _config_row(profile: Profile, entry, fp8: bool) -> dict:
     arch = profile.arch
-    configs = []
-    for entry in profile.configs:
-        tile = entry.tile
-        registers = built_registers(profile, entry)
-        smem = shared_memory_bytes(profile.family, entry.hdim, tile)  # the 16-bit kernel's: FP8 needs less
-        configs.append({
-            "hdim": entry.hdim,
-            "causal": entry.causal_label,
-            "seqlen": [entry.seqlen_min, entry.seqlen_max],
-            "block_m": tile.block_m,
-            "block_n": tile.block_n,
-            "num_warps": tile.num_warps,
-            "num_warpgroups": tile.num_warpgroups,
-            "stages": tile.stages,
-            "threads": threads_per_cta(profile.family, tile),
-            "smem_bytes": smem,
-            "smem_limit_bytes": arch.max_smem_per_block,
-            "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
-            "registers": registers,  # None until built (`flashtune build`)
-            "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, registers=registers),
-        })
-    return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags), "configs": configs}
+    tile = entry.tile
+    registers = built_registers(profile, entry, fp8)
+    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8)
+    return {
+        "hdim": entry.hdim,
+        "causal": entry.causal_label,
+        "seqlen": [entry.seqlen_min, entry.seqlen_max],
+        "block_m": tile.block_m,
+        "block_n": tile.block_n,
+        "num_warps": tile.num_warps,
+        "num_warpgroups": tile.num_warpgroups,
+        "stages": tile.stages,
+        "threads": threads_per_cta(profile.family, tile),
+        "smem_bytes": smem,
+        "smem_limit_bytes": arch.max_smem_per_block,
+        "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
+        "registers": registers,  # None until built (`flashtune build`)
+        "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, fp8, registers=registers),
+    }
 
 
 def render_list(profiles: list[Profile], console: Console) -> None:
@@ -102,18 +106,22 @@ def render_details(profile: Profile, console: Console) -> None:
                   f"nvcc flags: {' '.join(profile.nvcc_flags) or 'none'}")
     console.print(f"{arch.name} limits: {human_bytes(arch.max_smem_per_block)} shared memory per block, "
                   f"{human_bytes(arch.smem_per_sm)} per SM, {arch.max_threads_per_sm} threads per SM")
-    table = Table(title_justify="left")
-    warps_header = "warpgroups" if profile.family == "sm90" else "warps"
-    for column in ("hdim", "causal", "seqlen", "tile", warps_header, "stages", "threads",
-                   "smem", "% of limit", "registers", "CTAs/SM"):
-        table.add_column(column, no_wrap=True)
-    for entry, row in zip(profile.configs, data["configs"]):
-        warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
-        table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, f"{row['block_m']}x{row['block_n']}",
-                      str(warps), str(row["stages"]), str(row["threads"]),
-                      f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
-                      str(row["registers"] or "-"), str(row["ctas_per_sm"]))
-    console.print(table)
+    tables = [("configs", profile.configs, data["configs"])]
+    if profile.fp8_configs:
+        tables.append(("fp8.configs (the FP8 twins' own tiles)", profile.fp8_configs, data["fp8_configs"]))
+    for title, entries, rows in tables:
+        table = Table(title=title if len(tables) > 1 else None, title_justify="left")
+        warps_header = "warpgroups" if profile.family == "sm90" else "warps"
+        for column in ("hdim", "causal", "seqlen", "tile", warps_header, "stages", "threads",
+                       "smem", "% of limit", "registers", "CTAs/SM"):
+            table.add_column(column, no_wrap=True)
+        for entry, row in zip(entries, rows):
+            warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
+            table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, f"{row['block_m']}x{row['block_n']}",
+                          str(warps), str(row["stages"]), str(row["threads"]),
+                          f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
+                          str(row["registers"] or "-"), str(row["ctas_per_sm"]))
+        console.print(table)
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

@@ -162,3 +162,18 @@ def test_detect_picks_the_sm90_profile_for_hopper_without_warnings():
     result = CliRunner().invoke(cli, ["detect", "--gpu", "H200", "--json"])
     entry = json.loads(result.output)["gpus"][0]
     assert entry["profile"]["name"] == "h200" and entry["warnings"] == []
+
+
+def test_profiles_show_lists_fp8_tiles_with_their_own_resource_numbers(tmp_path):
+    import yaml
+
+    from flashtune.profiles import find_profile
+
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    wide = {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 256, "stages": 2}
+    data["fp8"] = {"qk": "e4m3", "configs": [c for c in data["configs"] if c["hdim"] != 128] + [wide]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    shown = json.loads(run("profiles", "show", str(tmp_path / "p.yaml"), "--json").output)
+    row = shown["fp8_configs"][-1]
+    assert (row["block_n"], row["smem_bytes"]) == (256, 214016)  # FP8 Q/K: 16K + 2 x (32K + 64K) + barriers
+    assert "fp8.configs" in run("profiles", "show", str(tmp_path / "p.yaml")).output
