@@ -2,6 +2,7 @@
 # One device visit that fits a lease: named steps, each bounded by what is left of a total budget,
 # logs under $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
 # Usage: bash tools/visit.sh SECONDS STEP... where STEP is one of the names below.
+# Next visit (see the closing note): bash tools/visit.sh 560 build-h200 gpu-h200 verify-h200 overlap tune-fp8 bench-fp8-tuned
 set -uo pipefail
 BUDGET=$1; shift
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
@@ -18,6 +19,8 @@ for step in "$@"; do case $step in
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   fp8-h200) FLASHTUNE_PROFILE=h200 run fp8-h200 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
   fp8-sm80) FLASHTUNE_PROFILE=h200-sm80 run fp8-sm80 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
+  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+              --deselect tests/test_sm90_probe_gpu.py ;;
   gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
   verify-h200) run verify-h200 120 python3 -m flashtune verify --profile h200 ;;
@@ -29,5 +32,15 @@ for step in "$@"; do case $step in
            --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
            --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
   tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 6 --time-budget 70 --jobs 16" "--backends flashtune" ;;
+  tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
+              --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
+  bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
+              --backends flashtune,flashtune-fp8,sdpa-cudnn --json "$OUT/bench_fp8_tuned.json" ;;
+  overlap) run overlap-ladder 150 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-overlap.yaml
+           run overlap-ab 200 bash tools/experiment.sh tools/experiments/exp-sm90-overlap.yaml \
+              "--dtype bfloat16 --backends flashtune" tools/experiments/exp-sm90-control.yaml \
+              tools/experiments/exp-sm90-overlap.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
+# The device tool brings back only a few files per call: pack everything into one.
+( cd "$OUT" && tar czf /tmp/visit.tgz --exclude=visit.tgz . && find . -mindepth 1 -delete && mv /tmp/visit.tgz . )
