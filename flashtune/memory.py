@@ -8,6 +8,10 @@ Three accounts, each with how it grows:
   the peak: scores, their fp32 softmax and the 16-bit probabilities, as measured for SDPA's
   math backend on an H200). A flash kernel holds none of it.
 Plus the transient activations of one layer, an estimate. Everything is bytes.
+
+The transient peak of a Llama-style layer is its gated MLP, evaluated eagerly as
+down(act(gate(x)) * up(x)): at the multiply, act(gate(x)), up(x) and their product are live
+(3 x intermediate per token) beside the residual stream and the normed input (2 x hidden).
 """
 from __future__ import annotations
 
@@ -99,7 +103,7 @@ def accounts(model: ModelShape, batch: int, seqlen: int, dtype: str = "bfloat16"
         weights=int(model.params * elem),
         kv_cache=int(2 * model.layers * model.kv_heads * model.head_dim * tokens * kv_elem),
         score_matrix=batch * model.heads * seqlen * seqlen * SCORE_BYTES_PER_ELEMENT,
-        activations=int(tokens * (4 * model.hidden + 2 * model.intermediate) * elem),
+        activations=int(tokens * (3 * model.intermediate + 2 * model.hidden) * elem),
     )
 
 

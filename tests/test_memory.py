@@ -19,6 +19,8 @@ def test_llama3_8b_accounts_by_hand():
     assert acc.weights == 8_030_261_248 * 2
     assert acc.kv_cache == 2 * 32 * 8 * 128 * 8192 * 2 == 2**30  # 128 KiB per token
     assert acc.score_matrix == 32 * 8192 * 8192 * 9
+    # the gated MLP's multiply: act(gate), up and their product, beside residual and normed input
+    assert acc.activations == 8192 * (3 * 14336 + 2 * 4096) * 2
     assert memory.accounts(m, 1, 8192, kv_dtype="fp8").kv_cache == 2**29
 
 
@@ -87,3 +89,22 @@ def test_score_account_matches_the_peak_measured_on_the_h200():
         account = r["batch"] * r["heads"] * r["seqlen_q"] * r["seqlen_k"] * memory.SCORE_BYTES_PER_ELEMENT
         measured = r["peak_mem_mb"] * 2**20
         assert abs(measured - account) / measured < 0.10, r
+
+
+def test_whole_model_peaks_measured_on_the_h200_are_within_10_percent():
+    """`bench --model llama3-8b-like --layers 4 --batch 3` on the H200 (committed): the peak of a
+    serving-style prefill (weights, growing KV cache, one layer's transients, and the scores for
+    SDPA math), 1k to 16k tokens, against the accounts for that shape."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    bench = Path(__file__).parent.parent / "benchmarks/h200/2026-12-02_model_llama3-8b-like_4-layers.json"
+    result = json.loads(bench.read_text())
+    shape = replace(memory.MODELS["llama3-8b-like"], layers=result["layers"])
+    rows = [r for r in result["rows"] if r.get("peak_mem_mb")]
+    assert len(rows) >= 10
+    for r in rows:
+        acc = memory.accounts(shape, r["batch"], r["prefill"], result["dtype"])
+        predicted = acc.total(flash=r["backend"] not in ("sdpa-math", "eager"))
+        measured = r["peak_mem_mb"] * 2**20
+        assert abs(measured - predicted) / measured < 0.10, (r["backend"], r["prefill"], predicted / measured)
