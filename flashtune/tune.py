@@ -173,6 +173,10 @@ def measure_candidate(spec: KernelSpec, seqlens: tuple[int, ...], repeats: int) 
     return [failed]
 
 
+# CUDA needs freshly spawned workers; the CPU tests fork them instead, so their fakes carry over.
+POOL_START_METHOD = "spawn"
+
+
 def _init_gpu_worker(queue) -> None:
     # Each worker owns one GPU; set before torch initialises CUDA in this process.
     os.environ["CUDA_VISIBLE_DEVICES"] = queue.get()
@@ -263,7 +267,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else [str(i) for i in range(opts.gpus)]
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(POOL_START_METHOD)
         queue = ctx.Queue()
         for device in devices[:opts.gpus]:
             queue.put(device)

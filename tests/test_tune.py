@@ -182,6 +182,31 @@ def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
     assert result.winners and all(w["spec"].endswith("_fp8qk_sm90a") for w in result.winners.values())
 
 
+def test_gpus_2_times_candidates_in_one_worker_per_gpu(fake_world, tmp_path, monkeypatch):
+    """--gpus 2: a pool of two workers, each pinned to its own device by CUDA_VISIBLE_DEVICES
+    before CUDA starts; every candidate is measured once, by one of them."""
+    import os
+
+    fake = tune.measure_candidate
+
+    def pinned(spec, seqlens, repeats):  # runs in the worker: report which device it was given
+        import time
+
+        time.sleep(0.2)  # long enough that both workers take candidates
+        return [{**o, "check": os.environ["CUDA_VISIBLE_DEVICES"]} for o in fake(spec, seqlens, repeats)]
+
+    monkeypatch.setattr(tune, "measure_candidate", pinned)
+    monkeypatch.setattr(tune, "POOL_START_METHOD", "fork")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    profile = find_profile("h200-sm80")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False, True), max_candidates=6, gpus=2)
+    result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
+    ok = [r for r in result.records if r.get("status") == "ok"]
+    assert ok and {r["check"] for r in ok} <= {"0", "1"} and len({r["check"] for r in ok}) == 2
+    measured = [r["spec"] for r in ok if r["seqlen"] == 1024]
+    assert len(measured) == len(set(measured))  # each candidate once
+
+
 def test_time_budget_stops_and_a_rerun_resumes(fake_world, tmp_path, monkeypatch):
     profile = find_profile("h200-sm80")
     opts = tune.TuneOptions(hdims=(64,), causal=(True,), time_budget_s=1)
