@@ -113,8 +113,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   // S_j = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
   // a panel's swizzled rows, then on to the next panel. Issued, not waited for.
-  auto issue_qk = [&](float (&acc_s)[T::kSRegs], int stage) {
-    const uint32_t k_base = smem_u32(sK + stage * T::kKBytes);
+  auto k_tile = [&](int stage) { return smem_u32(sK + stage * T::kKBytes); };
+  auto v_tile = [&](int stage) { return smem_u32(sV + stage * T::kVBytes); };
+  auto issue_qk = [&](float (&acc_s)[T::kSRegs], uint32_t k_base) {
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
       constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
@@ -126,8 +127,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     wgmma_commit();
   };
   // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
-  auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], int stage) {
-    const uint32_t v_base = smem_u32(sV + stage * T::kVBytes);
+  auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], uint32_t v_base) {
 #pragma unroll
     for (int s = 0; s < BN / 16; ++s)
       Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
@@ -188,11 +188,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     for (int j = 0; j < n_blocks; ++j) {
       const int stage = j % T::kStages;
       mbarrier_wait(&full[stage], (j / T::kStages) & 1);
+      const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
       float acc_s[T::kSRegs], alpha[2];
       uint32_t frag_p[BN / 16][4];
       fence_operands(acc_s);
       wgmma_fence();
-      issue_qk(acc_s, stage);
+      issue_qk(acc_s, k_base);
       wgmma_wait<0>();
       fence_operands(acc_s);
       softmax(acc_s, j, alpha);
@@ -201,7 +202,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();
-      issue_pv(frag_p, stage);
+      issue_pv(frag_p, v_base);
       wgmma_wait<0>();
       fence_operands(acc_o);
       mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
@@ -216,7 +217,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     mbarrier_wait(&full[0], 0);
     fence_operands(acc_s);
     wgmma_fence();
-    issue_qk(acc_s, 0);
+    issue_qk(acc_s, k_tile(0));
     wgmma_wait<0>();
     fence_operands(acc_s);
     softmax(acc_s, 0, alpha);  // O is still zero: no rescale
@@ -228,8 +229,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();
-      issue_qk(acc_s, stage);
-      issue_pv(frag_p, prev);
+      issue_qk(acc_s, k_tile(stage));
+      issue_pv(frag_p, v_tile(prev));
       wgmma_wait<1>();
       fence_operands(acc_s);
       softmax(acc_s, j, alpha);
@@ -244,7 +245,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     fence_operands(acc_o);
     fence_operands(frag_p);
     wgmma_fence();
-    issue_pv(frag_p, last);
+    issue_pv(frag_p, v_tile(last));
     wgmma_wait<0>();
     fence_operands(acc_o);
     mbarrier_arrive(&empty[last]);
