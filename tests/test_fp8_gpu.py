@@ -4,7 +4,6 @@ outputs poisoned before each launch. Runs with $FLASHTUNE_PROFILE or the GPU's m
 skipped where that profile has no FP8 kernels."""
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
