@@ -370,15 +370,11 @@ def _fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool):
     q/k with contiguous float32 (batch, heads_kv) descales, or 16-bit q/k with none."""
     if q.dtype != _FP8:
         return quantise_qk(q, k, k.shape[2]) if qk_fp8 else (q, k, None, None)
-    ones = None
-    descales = []
-    for d in (q_descale, k_descale):
-        if d is None:
-            ones = ones if ones is not None else torch.ones(q.shape[0], k.shape[2], dtype=torch.float32,
-                                                            device=q.device)
-            d = ones
-        descales.append(d.contiguous())
-    return q, k, descales[0], descales[1]
+    def ones():  # FlashAttention-3's default: no descaling
+        return torch.ones(q.shape[0], k.shape[2], dtype=torch.float32, device=q.device)
+
+    return (q, k, ones() if q_descale is None else q_descale.contiguous(),
+            ones() if k_descale is None else k_descale.contiguous())
 
 
 def quantise_qk(q: torch.Tensor, k: torch.Tensor, heads_kv: int):
