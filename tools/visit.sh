@@ -2,7 +2,6 @@
 # One device visit that fits a lease: named steps, each bounded by what is left of a total budget,
 # logs under $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
 # Usage: bash tools/visit.sh SECONDS STEP... where STEP is one of the names below.
-# Next visit (see the closing note): bash tools/visit.sh 560 build-h200 gpu-h200 verify-h200 overlap tune-fp8 bench-fp8-tuned
 set -uo pipefail
 BUDGET=$1; shift
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
@@ -36,10 +35,11 @@ for step in "$@"; do case $step in
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
               --backends flashtune,flashtune-fp8,sdpa-cudnn --json "$OUT/bench_fp8_tuned.json" ;;
-  overlap) run overlap-ladder 150 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-overlap.yaml
-           run overlap-ab 200 bash tools/experiment.sh tools/experiments/exp-sm90-overlap.yaml \
-              "--dtype bfloat16 --backends flashtune" tools/experiments/exp-sm90-control.yaml \
-              tools/experiments/exp-sm90-overlap.yaml ;;
+  ladders) run overlap-ladder 120 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-overlap.yaml
+           run pingpong-ladder 120 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-pingpong.yaml ;;
+  ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-pingpong.yaml \
+        "--dtype bfloat16 --backends flashtune,sdpa-cudnn" $E/exp-sm90-control.yaml $E/exp-sm90-overlap.yaml \
+        $E/exp-sm90-pingpong.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack everything into one.

@@ -182,6 +182,20 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     for (int i = 0; i < T::kORegs; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
   };
 
+  // Pingpong turns: warpgroup cw issues its wgmmas after warpgroup cw-1 (cyclically) has
+  // issued its own. Named barrier 1 + cw: cw waits, cw-1 arrives; 256 threads count. Each
+  // warpgroup takes n_blocks turns; the last one's final hand-over is skipped and replaced by
+  // the first hand-over to warpgroup 0, so every barrier is balanced when the CTA exits.
+  auto turn_to = [&](int next) { named_barrier_arrive(1 + next, 256); };
+  auto my_turn = [&] {
+    if constexpr (T::kPingpong) named_barrier_sync(1 + cw, 256);
+  };
+  auto end_turn = [&](bool last_block) {
+    if constexpr (T::kPingpong) {
+      if (!(last_block && cw == T::kConsumers - 1)) turn_to((cw + 1) % T::kConsumers);
+    }
+  };
+
   mbarrier_wait(&bar_q, 0);
   if constexpr (!T::kOverlap) {
     // One block at a time: S_j, softmax, P_j V_j, each waited for.
@@ -215,9 +229,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
     // until wait_group<0>, when O is rescaled and P_j packed over them.
     mbarrier_wait(&full[0], 0);
+    if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
     fence_operands(acc_s);
     wgmma_fence();
+    my_turn();
     issue_qk(acc_s, k_tile(0));
+    end_turn(n_blocks == 1);
     wgmma_wait<0>();
     fence_operands(acc_s);
     softmax(acc_s, 0, alpha);  // O is still zero: no rescale
@@ -229,8 +246,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();
+      my_turn();
       issue_qk(acc_s, k_tile(stage));
       issue_pv(frag_p, v_tile(prev));
+      end_turn(j == n_blocks - 1);
       wgmma_wait<1>();
       fence_operands(acc_s);
       softmax(acc_s, j, alpha);

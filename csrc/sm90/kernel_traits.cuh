@@ -14,6 +14,12 @@
 #define FLASHTUNE_SM90_OVERLAP 0
 #endif
 
+// Experiment (issue 9), on top of the overlap: pingpong, the consumer warpgroups issue their
+// wgmmas in turn (named barriers), so one's softmax runs under another's GEMMs.
+#ifndef FLASHTUNE_SM90_PINGPONG
+#define FLASHTUNE_SM90_PINGPONG 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -24,6 +30,7 @@ struct Traits {
   using Elem = Elem_;
   static constexpr bool kFp8Qk = kFp8Qk_;
   static constexpr bool kOverlap = FLASHTUNE_SM90_OVERLAP != 0;
+  static constexpr bool kPingpong = FLASHTUNE_SM90_PINGPONG != 0 && kBlockM_ > 64;  // needs 2-3 consumers
   using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -65,6 +72,7 @@ struct Traits {
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
+  static_assert(!kPingpong || kOverlap, "pingpong is built on the overlap: set FLASHTUNE_SM90_OVERLAP=1 too");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
   static_assert(kSmemBytes <= 227 * 1024, "over the 227 KB per-block limit");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread

@@ -86,6 +86,15 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// ---- Named barriers (ids 1-15; 0 is __syncthreads): one warpgroup waits on `id` until another
+// has arrived there, `threads` counting both sides.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, 1)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
