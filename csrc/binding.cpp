@@ -2,6 +2,7 @@
 // calls a kernel library's launcher on the current stream. Registered as the torch op
 // flashtune_C::fwd; flashtune/ops.py wraps it in the public custom op.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -99,6 +100,9 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   if (p.batch == 0 || p.seqlen_q == 0) return;
 
   const c10::cuda::CUDAGuard guard(q.device());
+  // From the caching allocator, so stream-ordered reuse is safe; 4 bytes, no fill kernel here.
+  const at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+  p.tile_counter = tile_counter.data_ptr<int32_t>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   auto fn = reinterpret_cast<flashtune::FwdLaunchFn>(launcher);
   const int err = fn(&p, stream);

@@ -181,13 +181,13 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
 
 # Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
-# warpgroups, 240 with 1-2. It holds S (block_n/2 fp32) and O (hdim/2) at once, plus about 32
+# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. It holds S (block_n/2 fp32) and O (hdim/2) at once, plus about 32
 # for P fragments in flight, addresses and softmax state: measured on 2026-12-02, 192x128 at
 # hdim 128 (160 needed) builds clean, 192x144 spills over 1 KB and 192x224 at hdim 64 fails ptxas.
 # An estimate, not a guarantee: FA3's 192x192 at hdim 64 (also 160) spills 60 bytes, and the
 # FLASHTUNE_SM90_OVERLAP experiment keeps P live on top (block_n/4 more); ptxas has the last word
 # (`flashtune tune` rejects spills over --max-spill-bytes).
-SM90_CONSUMER_REGISTERS = {1: 240, 2: 240, 3: 160}
+SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
 SM90_REGISTER_OVERHEAD = 32
 
 
@@ -218,5 +218,5 @@ def _sm90_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
         add("registers", f"S and O accumulators need about {needed} registers per consumer thread, over the "
             f"{budget} that {warpgroups} consumer warpgroups get",
             f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else
-            f"block_m <= 128 (2 consumer warpgroups, 240 registers each) at hdim {hdim}")
+            f"block_m <= 128 (2 consumer warpgroups, {SM90_CONSUMER_REGISTERS[2]} registers each) at hdim {hdim}")
     return problems

@@ -63,16 +63,21 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     assert row["ok"] is True and fp8_op in row["detail"], row
 
 
-def test_sm90_overlap_experiment_compiles_without_spills_or_serialised_wgmma():
-    """tools/experiments/exp-sm90-overlap.yaml (issue 9): compile-checked until it is measured."""
+@pytest.mark.parametrize("experiment, flag", [
+    ("exp-sm90-overlap", "-DFLASHTUNE_SM90_OVERLAP=1"),
+    ("exp-sm90-pingpong", "-DFLASHTUNE_SM90_PINGPONG=1"),
+    ("exp-sm90-persistent", "-DFLASHTUNE_SM90_PERSISTENT=1"),
+])
+def test_sm90_experiments_compile_without_spills_or_serialised_wgmma(experiment, flag):
+    """tools/experiments/ (issue 9): each step compile-checked at hdim 128 until it is the default."""
     from flashtune.build import build_spec
     from flashtune.profiles import find_profile
     from flashtune.spec import specs_for_profile
 
-    profile = find_profile(str(Path(__file__).parents[1] / "tools" / "experiments" / "exp-sm90-overlap.yaml"))
+    profile = find_profile(str(Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"))
     spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=False)[0]
     result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
-    assert result.spill_stores == 0 and "-DFLASHTUNE_SM90_OVERLAP=1" in spec.nvcc_flags_all()
+    assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
 
 
 def test_sm90_kernel_compiles_with_hopper_sass():

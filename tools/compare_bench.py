@@ -1,7 +1,9 @@
 """Print TFLOPS per shape from several `flashtune bench --json` files side by side.
 
 Usage: python3 tools/compare_bench.py LABEL=FILE.json [LABEL=FILE.json ...]
-The flashtune column of each file is shown under its label; other backends once.
+The flashtune column of each file is shown under its label; other backends once (from the
+last file that has them). Ratios against a reference backend use that file's own run of it
+(same process), with the geomean and the worst cell.
 """
 import json
 import sys
@@ -9,21 +11,28 @@ from collections import defaultdict
 
 from flashtune.bench import geomean
 
+REFERENCES = ("sdpa-flash", "sdpa-cudnn")
 cols, table = [], defaultdict(dict)
+ratios = defaultdict(dict)  # (label, reference) -> {shape key: flashtune / reference}
 for arg in sys.argv[1:]:
     label, path = arg.split("=", 1)
     cols.append(label)
+    per_file = defaultdict(dict)
     for r in json.load(open(path))["rows"]:
         key = (r["hdim"], r["causal"], r["seqlen_q"])
         name = label if r["backend"] == "flashtune" else r["backend"]
         if name not in cols:
             cols.append(name)
         table[key][name] = r["tflops"]
+        per_file[key][r["backend"]] = r["tflops"]
+    for key, row in per_file.items():
+        for ref in REFERENCES:
+            if row.get("flashtune") and row.get(ref):
+                ratios[(label, ref)][key] = row["flashtune"] / row[ref]
 print("hdim causal seqlen " + " ".join(f"{c:>14}" for c in cols))
 for key in sorted(table):
     print(f"{key[0]:4} {str(key[1]):6} {key[2]:6} " + " ".join(
         f"{table[key].get(c) or 0:14.0f}" for c in cols))
-for c in cols:
-    ratio = geomean(table[k][c] / table[k]["sdpa-flash"] for k in table if table[k].get(c) and table[k].get("sdpa-flash"))
-    if ratio:
-        print(f"{c}: geomean vs sdpa-flash {ratio:.3f}")
+for (label, ref), cells in ratios.items():
+    worst = min(cells, key=cells.get)
+    print(f"{label}: geomean vs {ref} {geomean(cells.values()):.3f}, worst {cells[worst]:.3f} at {worst}")

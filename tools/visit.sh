@@ -35,13 +35,14 @@ for step in "$@"; do case $step in
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
               --backends flashtune,flashtune-fp8,sdpa-cudnn --json "$OUT/bench_fp8_tuned.json" ;;
-  ladders) E=tools/experiments; run build-exp 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-overlap.yaml \
-             --jobs 16 && python3 -m flashtune build --profile $E/exp-sm90-pingpong.yaml --jobs 16"
-           run overlap-ladder 120 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-overlap.yaml
-           run pingpong-ladder 120 python3 tools/kernel_ladder.py tools/experiments/exp-sm90-pingpong.yaml ;;
-  ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-pingpong.yaml \
+  ladders) E=tools/experiments  # the default path (control) and all three experiments at once (persistent)
+           run build-exp 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-control.yaml --jobs 16 \
+             && python3 -m flashtune build --profile $E/exp-sm90-persistent.yaml --jobs 16"
+           run control-ladder 100 python3 tools/kernel_ladder.py $E/exp-sm90-control.yaml
+           run persistent-ladder 100 python3 tools/kernel_ladder.py $E/exp-sm90-persistent.yaml ;;
+  ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-persistent.yaml \
         "--dtype bfloat16 --backends flashtune,sdpa-cudnn" $E/exp-sm90-control.yaml $E/exp-sm90-overlap.yaml \
-        $E/exp-sm90-pingpong.yaml ;;
+        $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack everything into one.

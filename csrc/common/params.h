@@ -36,6 +36,11 @@ struct FwdParams {
   const float* q_descale;
   const float* k_descale;
   int64_t descale_batch_stride;
+
+  // Scratch for kernels that hand out work tiles from a counter (the sm90 family's persistent
+  // grid, for causal and varlen calls): one int32 on the device, any value; the launcher zeroes
+  // it on the stream first. May be null: those kernels then take tiles by a fixed stride.
+  int32_t* tile_counter;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

@@ -22,6 +22,50 @@ struct TmaMaps {
   CUtensorMap q, k, v;
 };
 
+// One work tile: BM query rows of one head of one sequence, and the K/V blocks they see.
+struct Tile {
+  int m_block, head, batch, kv_head;
+  int seqlen_q, seqlen_k, q_row0, k_row0, tma_batch;
+  int n_blocks;  // K/V blocks of BN keys this tile reads (0: every row is masked out)
+};
+
+// Tile t of batch x heads x m-blocks, m-blocks fastest (the tiles of one head run side by side
+// and share its K/V in L2), the heaviest causal rows first. `valid` is false for a varlen
+// sequence shorter than the tile's first row.
+template <class T>
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
+  const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  tile.m_block = num_m - 1 - t % num_m;
+  tile.head = (t / num_m) % p.heads_q;
+  tile.batch = t / num_m / p.heads_q;
+  tile.kv_head = tile.head / p.head_ratio;
+  tile.seqlen_q = p.seqlen_q, tile.seqlen_k = p.seqlen_k, tile.q_row0 = 0, tile.k_row0 = 0;
+  tile.tma_batch = tile.batch;
+  if (p.cu_seqlens_q != nullptr) {  // varlen: one TMA "batch entry" of total rows
+    tile.q_row0 = p.cu_seqlens_q[tile.batch];
+    tile.k_row0 = p.cu_seqlens_k[tile.batch];
+    tile.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - tile.q_row0;
+    tile.seqlen_k = p.cu_seqlens_k[tile.batch + 1] - tile.k_row0;
+    tile.tma_batch = 0;
+  }
+  if (tile.m_block * T::kBlockM >= tile.seqlen_q) return false;
+  tile.n_blocks = (tile.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  if (T::kCausal) {  // bottom-right: key j visible to row i iff j <= i + seqlen_k - seqlen_q
+    const int last_visible = (tile.m_block + 1) * T::kBlockM - 1 + tile.seqlen_k - tile.seqlen_q;
+    tile.n_blocks = min(tile.n_blocks, last_visible < 0 ? 0 : last_visible / T::kBlockN + 1);
+  }
+  return true;
+}
+
+// Tiles per launch: m-blocks x heads x batch.
+template <class T>
+__device__ __forceinline__ int num_tiles(const FwdParams& p) {
+  return (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+}
+
+// A CTA loops over tiles (persistent when the launcher's grid is smaller than the tile count;
+// one tile per CTA otherwise). The producer picks each tile and publishes its index in shared memory
+// with the Q load; the consumers read it once Q has landed, and -1 tells them to stop.
 template <class T>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps) {
   using Elem = typename T::Elem;
@@ -33,31 +77,17 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   unsigned char* sQ = base;
   unsigned char* sK = sQ + T::kQBytes;                // kStages tiles
   unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
-  __shared__ __align__(8) uint64_t bar_q, full[T::kStages], empty[T::kStages];
-
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal rows first
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / p.head_ratio;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, q_row0 = 0, k_row0 = 0, tma_batch = batch;
-  if (varlen) {
-    q_row0 = p.cu_seqlens_q[batch];
-    k_row0 = p.cu_seqlens_k[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0;
-    seqlen_k = p.cu_seqlens_k[batch + 1] - k_row0;
-    tma_batch = 0;
-  }
-  if (m_block * BM >= seqlen_q) return;  // uniform: before any barrier
-
-  const int causal_shift = seqlen_k - seqlen_q;  // bottom-right: key j visible to i iff j <= i + shift
-  int n_blocks = (seqlen_k + BN - 1) / BN;
-  if (T::kCausal) {
-    const int last_visible = (m_block + 1) * BM - 1 + causal_shift;
-    n_blocks = min(n_blocks, last_visible < 0 ? 0 : last_visible / BN + 1);
+  // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q.
+  __shared__ __align__(8) uint64_t bar_q, q_empty, full[T::kStages], empty[T::kStages];
+  __shared__ int tile_index;
+  if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
+    Tile tile;
+    if (!tile_at<T>(p, blockIdx.x, tile)) return;
   }
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bar_q, 1);
+    mbarrier_init(&q_empty, 128 * T::kConsumers);
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 128 * T::kConsumers);
@@ -68,25 +98,53 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    // ---- Producer: one thread issues every TMA load.
+    // ---- Producer: one thread picks the tiles and issues every TMA load. The K/V ring runs on
+    // across tiles (kv_iter counts blocks since the CTA started), so the next tile's first
+    // blocks load while the consumers finish this one.
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(&bar_q, T::kQBytes);
-      for (int c = 0; c < T::kQKPanels; ++c)
-        tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, T::kQKBoxCols * c, q_row0 + m_block * BM, head,
-                    tma_batch);
-      for (int j = 0; j < n_blocks; ++j) {
-        const int stage = j % T::kStages;
-        if (j >= T::kStages) mbarrier_wait(&empty[stage], ((j / T::kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&full[stage], T::kKBytes + T::kVBytes);
-        unsigned char* k_tile = sK + stage * T::kKBytes;
-        unsigned char* v_tile = sV + stage * T::kVBytes;
+      const int tiles = num_tiles<T>(p);
+      // From the counter when the launcher gave one (causal and varlen tiles differ in cost: the
+      // next free CTA takes the next tile), else by a fixed stride.
+      auto next_tile = [&](int t) {
+        return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : t + int(gridDim.x);
+      };
+      int kv_iter = 0;
+      int t = blockIdx.x;
+      for (int q_iter = 0;; ++q_iter) {
+        Tile tile;
+        if constexpr (T::kPersistent) {
+          while (t < tiles && !tile_at<T>(p, t, tile)) t = next_tile(t);  // varlen: no rows there
+          if (q_iter > 0) mbarrier_wait(&q_empty, (q_iter - 1) & 1);  // Q and tile_index are free
+          if (t >= tiles) {
+            tile_index = -1;
+            mbarrier_arrive(&bar_q);  // no bytes: the consumers stop
+            break;
+          }
+          tile_index = t;
+        } else {
+          tile_at<T>(p, t, tile);  // valid: checked on entry
+        }
+        mbarrier_arrive_expect_tx(&bar_q, T::kQBytes);
         for (int c = 0; c < T::kQKPanels; ++c)
-          tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full[stage], T::kQKBoxCols * c, k_row0 + j * BN,
-                      kv_head, tma_batch);
-        for (int c = 0; c < T::kVPanels; ++c)
-          tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full[stage], 64 * c, k_row0 + j * BN, kv_head,
-                      tma_batch);
+          tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, T::kQKBoxCols * c,
+                      tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
+        for (int j = 0; j < tile.n_blocks; ++j, ++kv_iter) {
+          const int stage = kv_iter % T::kStages;
+          if (kv_iter >= T::kStages) mbarrier_wait(&empty[stage], ((kv_iter / T::kStages) & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&full[stage], T::kKBytes + T::kVBytes);
+          unsigned char* k_tile = sK + stage * T::kKBytes;
+          unsigned char* v_tile = sV + stage * T::kVBytes;
+          const int row = tile.k_row0 + j * BN;
+          for (int c = 0; c < T::kQKPanels; ++c)
+            tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full[stage], T::kQKBoxCols * c, row, tile.kv_head,
+                        tile.tma_batch);
+          for (int c = 0; c < T::kVPanels; ++c)
+            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full[stage], 64 * c, row, tile.kv_head,
+                        tile.tma_batch);
+        }
+        if constexpr (!T::kPersistent) break;
+        t = next_tile(t);
       }
     }
     return;
@@ -98,18 +156,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row_in_tile = cw * 64 + 16 * warp + g;  // this thread's rows: +0 and +8
   const uint32_t q_base = smem_u32(sQ) + cw * 64 * T::kQKRowBytes;
-  float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
-  if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
-    const int64_t at = int64_t(batch) * p.descale_batch_stride + kv_head;
-    const float descale = p.q_descale[at] * p.k_descale[at];
-    scale_log2 *= descale;
-    scale *= descale;
-  }
-
+  // Per tile: where it is, its softmax scale (FP8 descales are per batch and kv head), O and
+  // the running row maxima and sums. The steps below read them by reference.
+  // Only what the softmax's masks need stays live through the main loop; the epilogue looks
+  // the tile up again (registers are what a consumer has least of).
+  int m_row0 = 0, seqlen_k = 0;
+  int causal_shift = 0;  // bottom-right causal: key j visible to row i iff j <= i + shift
+  float scale_log2 = 0.f, scale = 0.f;
   float acc_o[T::kORegs];
-#pragma unroll
-  for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  float row_max[2], row_sum[2];
 
   // S_j = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
   // a panel's swizzled rows, then on to the next panel. Issued, not waited for.
@@ -139,12 +194,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // one quad.
   auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) {
     const bool tail = (j + 1) * BN > seqlen_k;
-    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_block * BM + causal_shift;
+    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_row0 + causal_shift;
     if (tail || diagonal) {
 #pragma unroll
       for (int i = 0; i < T::kSRegs; ++i) {
         const int col = j * BN + 8 * (i >> 2) + 2 * t + (i & 1);
-        const int row = m_block * BM + row_in_tile + 8 * ((i >> 1) & 1);
+        const int row = m_row0 + row_in_tile + 8 * ((i >> 1) & 1);
         if (col >= seqlen_k || (T::kCausal && col > row + causal_shift)) acc_s[i] = -INFINITY;
       }
     }
@@ -184,8 +239,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   // Pingpong turns: warpgroup cw issues its wgmmas after warpgroup cw-1 (cyclically) has
   // issued its own. Named barrier 1 + cw: cw waits, cw-1 arrives; 256 threads count. Each
-  // warpgroup takes n_blocks turns; the last one's final hand-over is skipped and replaced by
-  // the first hand-over to warpgroup 0, so every barrier is balanced when the CTA exits.
+  // warpgroup takes n_blocks turns per tile; the last one's final hand-over is skipped and
+  // replaced by the first hand-over to warpgroup 0, so every barrier is balanced per tile.
   auto turn_to = [&](int next) { named_barrier_arrive(1 + next, 256); };
   auto my_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(1 + cw, 256);
@@ -196,100 +251,138 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     }
   };
 
-  mbarrier_wait(&bar_q, 0);
-  if constexpr (!T::kOverlap) {
-    // One block at a time: S_j, softmax, P_j V_j, each waited for.
-    for (int j = 0; j < n_blocks; ++j) {
-      const int stage = j % T::kStages;
-      mbarrier_wait(&full[stage], (j / T::kStages) & 1);
-      const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
+  int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
+  for (int q_iter = 0;; ++q_iter) {
+    mbarrier_wait(&bar_q, q_iter & 1);
+    const int index = T::kPersistent ? tile_index : int(blockIdx.x);
+    if (index < 0) break;
+    int n_blocks;
+    {
+      Tile tile;
+      tile_at<T>(p, index, tile);
+      n_blocks = tile.n_blocks;
+      m_row0 = tile.m_block * BM;
+      seqlen_k = tile.seqlen_k;
+      causal_shift = tile.seqlen_k - tile.seqlen_q;
+      scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
+      if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
+        const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;
+        const float descale = p.q_descale[at] * p.k_descale[at];
+        scale_log2 *= descale;
+        scale *= descale;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    if constexpr (!T::kOverlap) {
+      // One block at a time: S_j, softmax, P_j V_j, each waited for.
+      for (int j = 0; j < n_blocks; ++j) {
+        const int stage = (kv_iter + j) % T::kStages;
+        mbarrier_wait(&full[stage], ((kv_iter + j) / T::kStages) & 1);
+        const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
+        float acc_s[T::kSRegs], alpha[2];
+        uint32_t frag_p[BN / 16][4];
+        fence_operands(acc_s);
+        wgmma_fence();
+        issue_qk(acc_s, k_base);
+        wgmma_wait<0>();
+        fence_operands(acc_s);
+        softmax(acc_s, j, alpha);
+        rescale_o(alpha);
+        pack_p(acc_s, frag_p);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        issue_pv(frag_p, v_base);
+        wgmma_wait<0>();
+        fence_operands(acc_o);
+        mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
+      }
+      mbarrier_arrive(&q_empty);
+    } else if (n_blocks == 0) {
+      mbarrier_arrive(&q_empty);
+    } else {
       float acc_s[T::kSRegs], alpha[2];
       uint32_t frag_p[BN / 16][4];
+      // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
+      // together, and the softmax of S_j runs while the second one still does. Groups complete
+      // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
+      // until wait_group<0>, when O is rescaled and P_j packed over them.
+      const int first = kv_iter % T::kStages;
+      mbarrier_wait(&full[first], (kv_iter / T::kStages) & 1);
+      if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
       fence_operands(acc_s);
-      wgmma_fence();
-      issue_qk(acc_s, k_base);
-      wgmma_wait<0>();
-      fence_operands(acc_s);
-      softmax(acc_s, j, alpha);
-      rescale_o(alpha);
-      pack_p(acc_s, frag_p);
-      fence_operands(acc_o);
-      fence_operands(frag_p);
-      wgmma_fence();
-      issue_pv(frag_p, v_base);
-      wgmma_wait<0>();
-      fence_operands(acc_o);
-      mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
-    }
-  } else if (n_blocks > 0) {
-    float acc_s[T::kSRegs], alpha[2];
-    uint32_t frag_p[BN / 16][4];
-    // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
-    // together, and the softmax of S_j runs while the second one still does. Groups complete
-    // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
-    // until wait_group<0>, when O is rescaled and P_j packed over them.
-    mbarrier_wait(&full[0], 0);
-    if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
-    fence_operands(acc_s);
-    wgmma_fence();
-    my_turn();
-    issue_qk(acc_s, k_tile(0));
-    end_turn(n_blocks == 1);
-    wgmma_wait<0>();
-    fence_operands(acc_s);
-    softmax(acc_s, 0, alpha);  // O is still zero: no rescale
-    pack_p(acc_s, frag_p);
-    for (int j = 1; j < n_blocks; ++j) {
-      const int stage = j % T::kStages, prev = (j - 1) % T::kStages;
-      mbarrier_wait(&full[stage], (j / T::kStages) & 1);
-      fence_operands(acc_s);
-      fence_operands(acc_o);
-      fence_operands(frag_p);
       wgmma_fence();
       my_turn();
-      issue_qk(acc_s, k_tile(stage));
-      issue_pv(frag_p, v_tile(prev));
-      end_turn(j == n_blocks - 1);
-      wgmma_wait<1>();
-      fence_operands(acc_s);
-      softmax(acc_s, j, alpha);
+      issue_qk(acc_s, k_tile(first));
+      end_turn(n_blocks == 1);
       wgmma_wait<0>();
+      fence_operands(acc_s);
+      softmax(acc_s, 0, alpha);  // O is still zero: no rescale
+      pack_p(acc_s, frag_p);
+      for (int j = 1; j < n_blocks; ++j) {
+        const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
+        mbarrier_wait(&full[stage], ((kv_iter + j) / T::kStages) & 1);
+        fence_operands(acc_s);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        my_turn();
+        issue_qk(acc_s, k_tile(stage));
+        issue_pv(frag_p, v_tile(prev));
+        end_turn(j == n_blocks - 1);
+        wgmma_wait<1>();
+        fence_operands(acc_s);
+        softmax(acc_s, j, alpha);
+        wgmma_wait<0>();
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        mbarrier_arrive(&empty[prev]);  // K_(j-1) and V_(j-1) are done with
+        rescale_o(alpha);
+        pack_p(acc_s, frag_p);
+      }
+      mbarrier_arrive(&q_empty);  // every S of the tile is done: the next Q may load under the last P V
+      const int last = (kv_iter + n_blocks - 1) % T::kStages;
       fence_operands(acc_o);
       fence_operands(frag_p);
-      mbarrier_arrive(&empty[prev]);  // K_(j-1) and V_(j-1) are done with
-      rescale_o(alpha);
-      pack_p(acc_s, frag_p);
+      wgmma_fence();
+      issue_pv(frag_p, v_tile(last));
+      wgmma_wait<0>();
+      fence_operands(acc_o);
+      mbarrier_arrive(&empty[last]);
     }
-    const int last = (n_blocks - 1) % T::kStages;
-    fence_operands(acc_o);
-    fence_operands(frag_p);
-    wgmma_fence();
-    issue_pv(frag_p, v_tile(last));
-    wgmma_wait<0>();
-    fence_operands(acc_o);
-    mbarrier_arrive(&empty[last]);
-  }
 
-  // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.
-  Elem* out = static_cast<Elem*>(p.o) + (varlen ? int64_t(q_row0) * p.o_row_stride : int64_t(batch) * p.o_batch_stride) +
-              int64_t(head) * p.o_head_stride;
-  const int64_t lse_off = varlen ? q_row0 : int64_t(batch) * p.lse_batch_stride;
+    kv_iter += n_blocks;
+
+    // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.
+    Tile tile;
+    tile_at<T>(p, index, tile);
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    Elem* out = static_cast<Elem*>(p.o) +
+                (varlen ? int64_t(tile.q_row0) * p.o_row_stride : int64_t(tile.batch) * p.o_batch_stride) +
+                int64_t(tile.head) * p.o_head_stride;
+    const int64_t lse_off = varlen ? tile.q_row0 : int64_t(tile.batch) * p.lse_batch_stride;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0, LSE = -inf
-    const int row = m_block * BM + row_in_tile + 8 * r;
-    if (row >= seqlen_q) continue;
-    Elem* out_row = out + int64_t(row) * p.o_row_stride;
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0, LSE = -inf
+      const int row = m_row0 + row_in_tile + 8 * r;
+      if (row >= tile.seqlen_q) continue;
+      Elem* out_row = out + int64_t(row) * p.o_row_stride;
 #pragma unroll
-    for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
-      *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
-          pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
-    if (p.lse != nullptr && t == 0)
-      p.lse[lse_off + int64_t(head) * p.lse_head_stride + row] =
-          l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
+      for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
+        *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
+            pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+      if (p.lse != nullptr && t == 0)
+        p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] =
+            l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
+    }
+    if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
 }
 

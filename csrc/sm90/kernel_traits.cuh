@@ -20,6 +20,12 @@
 #define FLASHTUNE_SM90_PINGPONG 0
 #endif
 
+// Experiment (issue 9): a persistent grid, one CTA per SM looping over the tiles (causal and
+// varlen ones from a counter), so a tile's Q and first K/V blocks load under the last one.
+#ifndef FLASHTUNE_SM90_PERSISTENT
+#define FLASHTUNE_SM90_PERSISTENT 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -30,6 +36,7 @@ struct Traits {
   using Elem = Elem_;
   static constexpr bool kFp8Qk = kFp8Qk_;
   static constexpr bool kOverlap = FLASHTUNE_SM90_OVERLAP != 0;
+  static constexpr bool kPersistent = FLASHTUNE_SM90_PERSISTENT != 0;
   static constexpr bool kPingpong = FLASHTUNE_SM90_PINGPONG != 0 && kBlockM_ > 64;  // needs 2-3 consumers
   using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
@@ -62,9 +69,10 @@ struct Traits {
   static constexpr int kPanelBytesV = kBlockN * 128;
   static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
 
-  // Register split (setmaxnreg): the producer only issues TMA.
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 ? 24 : 56);
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
+  // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232.
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 ? 40 : 56);
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
 
   static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
   static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");

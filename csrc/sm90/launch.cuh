@@ -33,9 +33,25 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (attr != cudaSuccess) return int(attr);
-  const dim3 grid((p.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.heads_q, p.batch);
-  if (grid.x == 0) return int(cudaSuccess);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(p, maps);
+  const int64_t tiles = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads_q * p.batch;
+  if (tiles == 0) return int(cudaSuccess);
+  if (tiles > INT32_MAX) return int(cudaErrorInvalidConfiguration);
+  // Persistent: one CTA per SM (a CTA fills an SM's shared memory), looping over the tiles;
+  // otherwise one CTA per tile, which the kernel treats as a loop of one.
+  int ctas = int(tiles);
+  if constexpr (T::kPersistent) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return int(cudaGetLastError());
+    ctas = int(tiles < sms ? tiles : sms);
+  }
+  const bool counted = T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr;
+  FwdParams args = p;
+  if (!counted) args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
+  else if (cudaMemsetAsync(args.tile_counter, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)) != cudaSuccess)
+    return int(cudaGetLastError());
+  kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);
   return int(cudaGetLastError());
 }
 
