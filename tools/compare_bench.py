@@ -20,7 +20,9 @@ for arg in sys.argv[1:]:
     per_file = defaultdict(dict)
     for r in json.load(open(path))["rows"]:
         key = (r["hdim"], r["causal"], r["seqlen_q"])
-        name = label if r["backend"] == "flashtune" else r["backend"]
+        # flashtune's own backends (flashtune, flashtune-fp8) belong to this file's label
+        backend = r["backend"]
+        name = label + backend[len("flashtune"):] if backend.startswith("flashtune") else backend
         if name not in cols:
             cols.append(name)
         table[key][name] = r["tflops"]

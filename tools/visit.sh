@@ -40,9 +40,13 @@ for step in "$@"; do case $step in
              && python3 -m flashtune build --profile $E/exp-sm90-persistent.yaml --jobs 16"
            run control-ladder 100 python3 tools/kernel_ladder.py $E/exp-sm90-control.yaml
            run persistent-ladder 100 python3 tools/kernel_ladder.py $E/exp-sm90-persistent.yaml ;;
+  gpu-control) E=tools/experiments; FLASHTUNE_PROFILE=$E/exp-sm90-control.yaml run gpu-control 200 \
+           bash -c "python3 -m flashtune build --profile $E/exp-sm90-control.yaml --jobs 16 >/dev/null && \
+           python3 -m pytest -q -p no:cacheprovider -m gpu tests/ --deselect tests/test_sm90_probe_gpu.py \
+           --deselect tests/test_hf_gpu.py" ;;
   ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-persistent.yaml \
-        "--dtype bfloat16 --backends flashtune,sdpa-cudnn" $E/exp-sm90-control.yaml $E/exp-sm90-overlap.yaml \
-        $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
+        "--dtype bfloat16 --backends flashtune,flashtune-fp8,sdpa-cudnn" $E/exp-sm90-control.yaml \
+        $E/exp-sm90-persistent-only.yaml $E/exp-sm90-overlap.yaml $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack everything into one.

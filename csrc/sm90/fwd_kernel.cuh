@@ -77,8 +77,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   unsigned char* sQ = base;
   unsigned char* sK = sQ + T::kQBytes;                // kStages tiles
   unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
-  // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q.
-  __shared__ __align__(8) uint64_t bar_q, q_empty, full[T::kStages], empty[T::kStages];
+  // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q. K and V have
+  // rings of their own: K_j is free once S_j is done, V_j only after P_j V_j, which the overlap
+  // issues an iteration later; one shared slot would hold K back and leave no prefetch.
+  __shared__ __align__(8) uint64_t bar_q, q_empty;
+  __shared__ __align__(8) uint64_t full_k[T::kStages], empty_k[T::kStages], full_v[T::kStages], empty_v[T::kStages];
   __shared__ int tile_index;
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
     Tile tile;
@@ -89,8 +92,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     mbarrier_init(&bar_q, 1);
     mbarrier_init(&q_empty, 128 * T::kConsumers);
     for (int s = 0; s < T::kStages; ++s) {
-      mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 128 * T::kConsumers);
+      mbarrier_init(&full_k[s], 1);
+      mbarrier_init(&full_v[s], 1);
+      mbarrier_init(&empty_k[s], 128 * T::kConsumers);
+      mbarrier_init(&empty_v[s], 128 * T::kConsumers);
     }
     fence_barrier_init();
   }
@@ -130,17 +135,19 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, T::kQKBoxCols * c,
                       tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
         for (int j = 0; j < tile.n_blocks; ++j, ++kv_iter) {
-          const int stage = kv_iter % T::kStages;
-          if (kv_iter >= T::kStages) mbarrier_wait(&empty[stage], ((kv_iter / T::kStages) & 1) ^ 1);
-          mbarrier_arrive_expect_tx(&full[stage], T::kKBytes + T::kVBytes);
+          const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
+          const int row = tile.k_row0 + j * BN;
           unsigned char* k_tile = sK + stage * T::kKBytes;
           unsigned char* v_tile = sV + stage * T::kVBytes;
-          const int row = tile.k_row0 + j * BN;
+          if (kv_iter >= T::kStages) mbarrier_wait(&empty_k[stage], free_phase);
+          mbarrier_arrive_expect_tx(&full_k[stage], T::kKBytes);
           for (int c = 0; c < T::kQKPanels; ++c)
-            tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full[stage], T::kQKBoxCols * c, row, tile.kv_head,
-                        tile.tma_batch);
+            tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full_k[stage], T::kQKBoxCols * c, row,
+                        tile.kv_head, tile.tma_batch);
+          if (kv_iter >= T::kStages) mbarrier_wait(&empty_v[stage], free_phase);
+          mbarrier_arrive_expect_tx(&full_v[stage], T::kVBytes);
           for (int c = 0; c < T::kVPanels; ++c)
-            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full[stage], 64 * c, row, tile.kv_head,
+            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full_v[stage], 64 * c, row, tile.kv_head,
                         tile.tma_batch);
         }
         if constexpr (!T::kPersistent) break;
@@ -281,7 +288,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // One block at a time: S_j, softmax, P_j V_j, each waited for.
       for (int j = 0; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages;
-        mbarrier_wait(&full[stage], ((kv_iter + j) / T::kStages) & 1);
+        const int phase = ((kv_iter + j) / T::kStages) & 1;
+        mbarrier_wait(&full_k[stage], phase);
         const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
         float acc_s[T::kSRegs], alpha[2];
         uint32_t frag_p[BN / 16][4];
@@ -290,16 +298,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         issue_qk(acc_s, k_base);
         wgmma_wait<0>();
         fence_operands(acc_s);
+        mbarrier_arrive(&empty_k[stage]);  // this thread is done with K_j
         softmax(acc_s, j, alpha);
         rescale_o(alpha);
         pack_p(acc_s, frag_p);
+        mbarrier_wait(&full_v[stage], phase);
         fence_operands(acc_o);
         fence_operands(frag_p);
         wgmma_fence();
         issue_pv(frag_p, v_base);
         wgmma_wait<0>();
         fence_operands(acc_o);
-        mbarrier_arrive(&empty[stage]);  // this thread is done with K_j and V_j
+        mbarrier_arrive(&empty_v[stage]);  // and with V_j
       }
       mbarrier_arrive(&q_empty);
     } else if (n_blocks == 0) {
@@ -312,7 +322,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
       // until wait_group<0>, when O is rescaled and P_j packed over them.
       const int first = kv_iter % T::kStages;
-      mbarrier_wait(&full[first], (kv_iter / T::kStages) & 1);
+      mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
       if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
       fence_operands(acc_s);
       wgmma_fence();
@@ -321,11 +331,13 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       end_turn(n_blocks == 1);
       wgmma_wait<0>();
       fence_operands(acc_s);
+      mbarrier_arrive(&empty_k[first]);
       softmax(acc_s, 0, alpha);  // O is still zero: no rescale
       pack_p(acc_s, frag_p);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
-        mbarrier_wait(&full[stage], ((kv_iter + j) / T::kStages) & 1);
+        mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
+        mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
         fence_operands(acc_s);
         fence_operands(acc_o);
         fence_operands(frag_p);
@@ -336,23 +348,25 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         end_turn(j == n_blocks - 1);
         wgmma_wait<1>();
         fence_operands(acc_s);
+        mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
         softmax(acc_s, j, alpha);
         wgmma_wait<0>();
         fence_operands(acc_o);
         fence_operands(frag_p);
-        mbarrier_arrive(&empty[prev]);  // K_(j-1) and V_(j-1) are done with
+        mbarrier_arrive(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
         rescale_o(alpha);
         pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty);  // every S of the tile is done: the next Q may load under the last P V
       const int last = (kv_iter + n_blocks - 1) % T::kStages;
+      mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();
       issue_pv(frag_p, v_tile(last));
       wgmma_wait<0>();
       fence_operands(acc_o);
-      mbarrier_arrive(&empty[last]);
+      mbarrier_arrive(&empty_v[last]);
     }
 
     kv_iter += n_blocks;
