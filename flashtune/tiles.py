@@ -181,12 +181,13 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
 
 # Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
-# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. It holds S (block_n/2 fp32) and O (hdim/2) at once, plus about 32
-# for P fragments in flight, addresses and softmax state: measured on 2026-12-02, 192x128 at
-# hdim 128 (160 needed) builds clean, 192x144 spills over 1 KB and 192x224 at hdim 64 fails ptxas.
-# An estimate, not a guarantee: FA3's 192x192 at hdim 64 (also 160) spills 60 bytes, and the
-# FLASHTUNE_SM90_OVERLAP experiment keeps P live on top (block_n/4 more); ptxas has the last word
-# (`flashtune tune` rejects spills over --max-spill-bytes).
+# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. With the
+# softmax/GEMM overlap (on by default) a thread holds S (block_n/2 fp32), O (hdim/2) and the
+# previous block's P (block_n/4 packed pairs) at once, plus about 32 for addresses and softmax
+# state. Measured on 2026-12-02 (H200): 128x176 at hdim 128, 128x80 at hdim 256 and 192x128 at
+# hdim 64 build clean (228, 220, 160 needed); 192x128 at hdim 128 (192) spills 272 bytes and
+# 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word (`flashtune tune` rejects
+# spills over --max-spill-bytes).
 SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
 SM90_REGISTER_OVERHEAD = 32
 
@@ -212,10 +213,10 @@ def _sm90_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
     budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
-    needed = cfg.block_n // 2 + hdim // 2 + SM90_REGISTER_OVERHEAD
+    needed = cfg.block_n // 2 + cfg.block_n // 4 + hdim // 2 + SM90_REGISTER_OVERHEAD
     if budget and needed > budget:
-        max_n = 2 * (budget - hdim // 2 - SM90_REGISTER_OVERHEAD) // 16 * 16
-        add("registers", f"S and O accumulators need about {needed} registers per consumer thread, over the "
+        max_n = 4 * (budget - hdim // 2 - SM90_REGISTER_OVERHEAD) // 3 // 16 * 16
+        add("registers", f"S, O and P need about {needed} registers per consumer thread, over the "
             f"{budget} that {warpgroups} consumer warpgroups get",
             f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else
             f"block_m <= 128 (2 consumer warpgroups, {SM90_CONSUMER_REGISTERS[2]} registers each) at hdim {hdim}")

@@ -76,8 +76,8 @@ def test_tile_for_picks_by_hdim_causal_and_seqlen(tmp_path):
     h100 = find_profile("h100")  # FA3's tiles
     assert (h100.tile_for(128, False, 8192, 8192).block_n, h100.tile_for(128, False, 1, 1).num_warpgroups) == (176, 2)
     assert h100.tile_for(64, True, 512, 512).block_n == 128
-    h200 = find_profile("h200")  # tuned on the H200: per-seqlen buckets for causal hdim 128
-    assert h200.tile_for(128, True, 1024, 1024).block_m == 128 and h200.tile_for(128, True, 4096, 4096).block_m == 192
+    h200 = find_profile("h200")  # measured with the overlap schedule: 192x128 at hdim 64, not FA3's 192x192
+    assert h200.tile_for(64, False, 4096, 4096).block_n == 128 and h200.tile_for(128, True, 4096, 4096).block_m == 128
     custom = load_profile(write(tmp_path, BASE))
     assert custom.tile_for(128, True, 100, 2047).block_m == 64
     assert custom.tile_for(128, True, 100, 2048).block_m == 128  # max(seqlen_q, seqlen_k), max exclusive

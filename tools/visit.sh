@@ -24,6 +24,10 @@ for step in "$@"; do case $step in
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
   verify-h200) run verify-h200 120 python3 -m flashtune verify --profile h200 ;;
   verify-sm80) run verify-sm80 120 python3 -m flashtune verify --profile h200-sm80 ;;
+  bench-h200) run bench-h200 120 python3 -m flashtune bench --profile h200 --json "$OUT/bench_h200_bf16.json" \
+               --plot "$OUT/bench_h200_bf16.png" ;;
+  bench-h200-fp16) run bench-h200-fp16 90 python3 -m flashtune bench --profile h200 --dtype float16 \
+               --backends flashtune,sdpa-flash,sdpa-cudnn --json "$OUT/bench_h200_fp16.json" ;;
   bench-fp8) run bench-fp8 120 python3 -m flashtune bench --profile h200 --backends flashtune,flashtune-fp8,sdpa-cudnn \
                --json "$OUT/bench_fp8.json" ;;
   hf) FLASHTUNE_PROFILE=h200 run hf 120 python3 -m pytest -q -p no:cacheprovider tests/test_hf_gpu.py ;;
