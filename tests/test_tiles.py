@@ -22,7 +22,8 @@ def test_fp8_halves_q_and_k_only():
 
 
 def test_sm90_fa3_tiles_fit():
-    for hdim, bm, bn in [(64, 192, 192), (64, 192, 128), (128, 128, 176), (128, 128, 128), (256, 128, 80)]:
+    # FA3's 192x192 at hdim 64 is not among them: it spills with the overlap (see below)
+    for hdim, bm, bn in [(64, 192, 128), (128, 128, 176), (128, 128, 128), (256, 128, 80)]:
         cfg = sm90_tile(bm, bn, 2)
         assert cfg.num_warpgroups == bm // 64
         assert tile_problems("sm90", hdim, cfg, SM90A) == []

@@ -105,7 +105,7 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
 
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
-    wide = sm90_tile(128, 256, 2)  # only FP8 Q/K fits it in shared memory
+    wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
     tiles = {(128, False): [wide] * 3}
     path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
     tuned = load_profile(path)

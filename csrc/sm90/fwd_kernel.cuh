@@ -1,9 +1,9 @@
-// FlashAttention-3-style forward for sm_90a: TMA loads with 128B swizzle onto an mbarrier
-// ring, one producer warpgroup (setmaxnreg.dec) and 1-3 consumer warpgroups
+// FlashAttention-3-style forward for sm_90a: TMA loads with 128B swizzle onto mbarrier rings
+// (K and V each their own), one producer warpgroup (setmaxnreg.dec) and 1-3 consumer warpgroups
 // (setmaxnreg.inc), S = Q K^T and O += P V by wgmma, online softmax on the accumulators.
-//
-// Version 1: correctness first. Not yet here (issue 9): softmax overlapped with the next
-// GEMM, pingpong between consumers, a persistent scheduler, a TMA-store epilogue.
+// The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
+// S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
+// and a persistent grid loops each CTA over tiles. Not here yet (issue 9): a TMA-store epilogue.
 #pragma once
 #include <math.h>
 
