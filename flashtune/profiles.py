@@ -189,10 +189,11 @@ class _Validator:
         nvcc_flags = self.str_list(data.get("nvcc_flags", []), "nvcc_flags", "a list of strings")
         # `configs` serve the 16-bit kernels (and the FP8 twins unless fp8.configs exist), so
         # they are checked against the 16-bit resource model; fp8.configs against the FP8 one.
-        configs = self.configs(data["configs"], family, arch, head_dims, False)
+        configs = self.configs(data["configs"], family, arch, head_dims, False, nvcc_flags)
         fp8_configs = ()
         if fp8 is not None and "configs" in data["fp8"]:
-            fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, "fp8.configs")
+            fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, nvcc_flags,
+                                       "fp8.configs")
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
@@ -240,17 +241,17 @@ class _Validator:
         return names, tuple(ccs)
 
     def configs(self, value: list, family: str, arch: ArchFacts, head_dims: tuple[int, ...],
-                fp8: bool, key: str = "configs") -> tuple[ProfileConfig, ...]:
+                fp8: bool, nvcc_flags: tuple[str, ...], key: str = "configs") -> tuple[ProfileConfig, ...]:
         self.expect(value, list, key, "a list of configs")
         if not value:
             raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
-        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8)
+        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, nvcc_flags)
                         for i, entry in enumerate(value))
         self.check_buckets(entries, head_dims, key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,
-               head_dims: tuple[int, ...], fp8: bool) -> ProfileConfig:
+               head_dims: tuple[int, ...], fp8: bool, nvcc_flags: tuple[str, ...]) -> ProfileConfig:
         self.expect(entry, dict, key, "a mapping with keys " + ", ".join(_CONFIG_KEYS[family]))
         self.check_keys(entry, key, _CONFIG_KEYS[family], _REQUIRED_CONFIG[family])
         ints = {}
@@ -271,7 +272,8 @@ class _Validator:
                                   ints["num_warpgroups"])
         else:
             tile = TileConfig(ints["block_m"], ints["block_n"], ints["num_warps"], ints["stages"])
-        problems = [p for p in check_tile(family, hdim, tile, arch, fp8) if p.key not in ("family", "fp8")]
+        problems = [p for p in check_tile(family, hdim, tile, arch, fp8, nvcc_flags)
+                    if p.key not in ("family", "fp8")]
         if problems:  # family/arch and fp8/arch were already checked at the top level
             p = problems[0]
             raise self.fail(f"{key}.{p.key}", f"(hdim {hdim}) {p.problem}", p.allowed)

@@ -57,7 +57,7 @@ class KernelSpec:
                 f"(written: {', '.join(IMPLEMENTED_FAMILIES)}); use a profile of family sm80, "
                 "e.g. --profile h200-sm80 on an H100/H200 (in Python: flashtune.use_profile('h200-sm80') "
                 "or FLASHTUNE_PROFILE=h200-sm80)")
-        problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8)
+        problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8, self.nvcc_flags)
         if problems:
             raise SpecError(f"tile {self.tile.label} for hdim {self.hdim} on {self.arch}: "
                             + "; ".join(problems))

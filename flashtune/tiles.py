@@ -5,6 +5,7 @@ config that passes here is one the kernels are written to accept.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
@@ -101,9 +102,15 @@ def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: b
     return min(limits)
 
 
+def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:
+    """Whether sm90 kernels built with these flags use the softmax/GEMM overlap (the default)."""
+    return "-DFLASHTUNE_SM90_OVERLAP=0" not in nvcc_flags
+
+
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-               fp8: bool = False) -> list[TileProblem]:
-    """Everything wrong with this config on this arch (empty when it is valid)."""
+               fp8: bool = False, nvcc_flags: Sequence[str] = ()) -> list[TileProblem]:
+    """Everything wrong with this config on this arch (empty when it is valid). `nvcc_flags`:
+    the profile's, which can turn off the sm90 overlap and with it the registers P takes."""
     _check_family(family)
     problems: list[TileProblem] = []
 
@@ -127,7 +134,7 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
     else:
-        problems += _sm90_problems(hdim, cfg)
+        problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags))
 
     if not problems:  # the size model assumes the shape rules above hold
         smem = shared_memory_bytes(family, hdim, cfg, fp8)
@@ -138,9 +145,9 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
 
 def tile_problems(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-                  fp8: bool = False) -> list[str]:
+                  fp8: bool = False, nvcc_flags: Sequence[str] = ()) -> list[str]:
     """`check_tile` as readable strings: "key: what is wrong; allowed: ..."."""
-    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8)]
+    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8, nvcc_flags)]
 
 
 def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
@@ -182,17 +189,19 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
 # Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
 # warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. With the
-# softmax/GEMM overlap (on by default) a thread holds S (block_n/2 fp32), O (hdim/2) and the
-# previous block's P (block_n/4 packed pairs) at once, plus about 32 for addresses and softmax
-# state. Measured on 2026-12-02 (H200): 128x176 at hdim 128, 128x80 at hdim 256 and 192x128 at
-# hdim 64 build clean (228, 220, 160 needed); 192x128 at hdim 128 (192) spills 272 bytes and
-# 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word (`flashtune tune` rejects
-# spills over --max-spill-bytes).
+# softmax/GEMM overlap (on by default; a profile's -DFLASHTUNE_SM90_OVERLAP=0 turns it off) a
+# thread holds S (block_n/2 fp32), O (hdim/2) and the previous block's P (block_n/4 packed
+# pairs) at once, plus about 32 for addresses and softmax state. Measured on 2026-12-02 (H200
+# tiles, ptxas): 128x176 at hdim 128 (228 needed) and 128x80 at hdim 256 (220) build without
+# consumer spills (hdim 256 causal: 16 bytes), 192x128 at hdim 64 (160) too (its producer, at 32
+# registers, spills 60 bytes in the persistent loop); 192x128 at hdim 128 (192) spills 272 bytes
+# and 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word (`flashtune tune`
+# rejects spills over --max-spill-bytes).
 SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
 SM90_REGISTER_OVERHEAD = 32
 
 
-def _sm90_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
+def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True) -> list[TileProblem]:
     problems: list[TileProblem] = []
 
     def add(key: str, problem: str, allowed: str) -> None:
@@ -213,10 +222,12 @@ def _sm90_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
     budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
-    needed = cfg.block_n // 2 + cfg.block_n // 4 + hdim // 2 + SM90_REGISTER_OVERHEAD
+    p_regs = cfg.block_n // 4 if overlap else 0  # P_(j-1) stays live under the overlap
+    needed = cfg.block_n // 2 + p_regs + hdim // 2 + SM90_REGISTER_OVERHEAD
     if budget and needed > budget:
-        max_n = 4 * (budget - hdim // 2 - SM90_REGISTER_OVERHEAD) // 3 // 16 * 16
-        add("registers", f"S, O and P need about {needed} registers per consumer thread, over the "
+        per_column = 3 / 4 if overlap else 1 / 2
+        max_n = int((budget - hdim // 2 - SM90_REGISTER_OVERHEAD) / per_column) // 16 * 16
+        add("registers", f"{'S, O and P' if overlap else 'S and O'} need about {needed} registers per consumer thread, over the "
             f"{budget} that {warpgroups} consumer warpgroups get",
             f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else
             f"block_m <= 128 (2 consumer warpgroups, {SM90_CONSUMER_REGISTERS[2]} registers each) at hdim {hdim}")

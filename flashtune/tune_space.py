@@ -31,11 +31,12 @@ def _configs(family: str) -> list[TileConfig]:
 
 
 def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
-               starting: tuple[TileConfig, ...] = (), limit: int | None = None) -> list[TileConfig]:
+               starting: tuple[TileConfig, ...] = (), limit: int | None = None,
+               nvcc_flags: tuple[str, ...] = ()) -> list[TileConfig]:
     """Every config of the family's grid that the arch can run, starting configs first.
 
     `limit` keeps the starting configs and the largest tiles (most work per iteration)."""
-    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8)]
+    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8, nvcc_flags)]
     rest = sorted((c for c in valid if c not in starting), key=lambda c: (-c.block_m * c.block_n, c.stages))
     ordered = list(dict.fromkeys([*starting, *rest]))
     return ordered if limit is None else ordered[:max(limit, len(starting))]

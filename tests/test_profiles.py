@@ -354,3 +354,15 @@ def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
     data["configs"] = data["fp8"]["configs"]  # the same tile for the 16-bit kernels: refused
     with pytest.raises(ProfileError, match=r"configs\[\d+\]\.shared_memory"):
         load_profile(write(tmp_path, data, "h200-wide16.yaml"))
+
+
+def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
+    """192x128 with 3 warpgroups at hdim 128 (the tune before the overlap schedule) fits only a
+    profile that turns the overlap off."""
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    data["configs"] = [c for c in data["configs"] if c["hdim"] != 128] + [
+        {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 192, "block_n": 128, "stages": 2}]
+    with pytest.raises(ProfileError, match=r"configs\[\d+\]\.registers: .*S, O and P"):
+        load_profile(write(tmp_path, data, "h200-3wg.yaml"))
+    data["nvcc_flags"] = ["-DFLASHTUNE_SM90_OVERLAP=0"]
+    assert load_profile(write(tmp_path, data, "h200-3wg-no-overlap.yaml")).tile_for(128, False, 1, 1).block_m == 192

@@ -104,3 +104,8 @@ def test_sm90_register_budget_keeps_far_over_budget_tiles_out():
                                 (256, 192, 64, "block_m <= 128")):
         problems = check_tile("sm90", hdim, sm90_tile(m, n, 2), hopper)
         assert [p.key for p in problems] == ["registers"] and allowed in problems[0].allowed
+    # a profile that turns the overlap off gets the registers of P back: the tile tuned without it fits
+    no_overlap = ("-DFLASHTUNE_SM90_OVERLAP=0",)
+    assert not check_tile("sm90", 128, sm90_tile(192, 128, 2), hopper, nvcc_flags=no_overlap)
+    problems = check_tile("sm90", 128, sm90_tile(192, 144, 2), hopper, nvcc_flags=no_overlap)
+    assert [p.key for p in problems] == ["registers"] and "block_n <= 128" in problems[0].allowed

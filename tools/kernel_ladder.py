@@ -37,7 +37,7 @@ RUNGS = [
     ("d128 4k", 1, 4096, 4096, 16, 16, 128, False, "random", "bf16", False),
     # More tiles than SMs: a persistent grid's CTAs loop (causal and varlen: from the counter).
     ("d128 causal 512 tiles", 4, 2048, 2048, 8, 8, 128, True, "random", "bf16", False),
-    ("d64 varlen causal 1k tiles", 3, 3000, 3000, 16, 4, 64, True, "random", "bf16", True),
+    ("d64 varlen causal 768 tiles", 3, 3000, 3000, 16, 4, 64, True, "random", "bf16", True),
     ("d256 causal fp16 tiles", 2, 1500, 1800, 16, 16, 256, True, "random", "fp16", False),
 ]
 

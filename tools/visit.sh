@@ -39,7 +39,7 @@ for step in "$@"; do case $step in
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
               --backends flashtune,flashtune-fp8,sdpa-cudnn --json "$OUT/bench_fp8_tuned.json" ;;
-  ladders) E=tools/experiments  # the default path (control) and all three experiments at once (persistent)
+  ladders) E=tools/experiments  # the schedule with every step off (control) and with all three on
            run build-exp 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-control.yaml --jobs 16 \
              && python3 -m flashtune build --profile $E/exp-sm90-persistent.yaml --jobs 16"
            run control-ladder 100 python3 tools/kernel_ladder.py $E/exp-sm90-control.yaml

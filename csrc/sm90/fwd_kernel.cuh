@@ -30,8 +30,8 @@ struct Tile {
 };
 
 // Tile t of batch x heads x m-blocks, m-blocks fastest (the tiles of one head run side by side
-// and share its K/V in L2), the heaviest causal rows first. `valid` is false for a varlen
-// sequence shorter than the tile's first row.
+// and share its K/V in L2), the heaviest causal rows first. Returns false for a varlen
+// sequence shorter than the tile's first row (the tile has no rows).
 template <class T>
 __device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
   const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
@@ -103,9 +103,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    // ---- Producer: one thread picks the tiles and issues every TMA load. The K/V ring runs on
-    // across tiles (kv_iter counts blocks since the CTA started), so the next tile's first
-    // blocks load while the consumers finish this one.
+    // ---- Producer: one thread picks the tiles and issues every TMA load. The K/V rings run on
+    // across tiles (kv_iter counts blocks since the CTA started); the next tile's Q and first
+    // blocks load once the consumers have released Q (after the tile's last S), under its last
+    // P V and epilogue. (Its first K/V could go out earlier, into slots freed before that: a
+    // possible next step.)
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       const int tiles = num_tiles<T>(p);

@@ -41,7 +41,7 @@ struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;  // K/V buffers on the mbarrier ring
+  static constexpr int kStages = kStages_;  // buffers on each of the K and V mbarrier rings
   static constexpr bool kCausal = kCausal_;
 
   static constexpr int kConsumers = kBlockM / 64;  // one warpgroup per 64 query rows
@@ -69,7 +69,8 @@ struct Traits {
   static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
-  // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232.
+  // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
+  // persistent grid on or off (the A/B's control was measured with this split).
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 ? 40 : 56);
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
 

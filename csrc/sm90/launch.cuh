@@ -35,22 +35,26 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if (attr != cudaSuccess) return int(attr);
   const int64_t tiles = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads_q * p.batch;
   if (tiles == 0) return int(cudaSuccess);
-  if (tiles > INT32_MAX) return int(cudaErrorInvalidConfiguration);
-  // Persistent: one CTA per SM (a CTA fills an SM's shared memory), looping over the tiles;
-  // otherwise one CTA per tile, which the kernel treats as a loop of one.
-  int ctas = int(tiles);
+  // Persistent: one CTA per SM (the register pool, 65536 / threads, holds one), looping over the
+  // tiles; otherwise one CTA per tile, which the kernel treats as a loop of one.
+  int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
   if constexpr (T::kPersistent) {
     int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return int(cudaGetLastError());
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return int(err);
     ctas = int(tiles < sms ? tiles : sms);
   }
+  // The kernel's next tile index (t + ctas, or ctas + the counter) must not wrap around.
+  if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);
   const bool counted = T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr;
   FwdParams args = p;
-  if (!counted) args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
-  else if (cudaMemsetAsync(args.tile_counter, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)) != cudaSuccess)
-    return int(cudaGetLastError());
+  if (!counted) {
+    args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
+  } else {
+    const cudaError_t err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) return int(err);
+  }
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);
   return int(cudaGetLastError());
 }
