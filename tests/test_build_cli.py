@@ -63,21 +63,22 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     assert row["ok"] is True and fp8_op in row["detail"], row
 
 
-@pytest.mark.parametrize("experiment, flag", [
-    ("exp-sm90-control", "-DFLASHTUNE_SM90_OVERLAP=0"),
-    ("exp-sm90-overlap", "-DFLASHTUNE_SM90_PINGPONG=0"),
-    ("exp-sm90-pingpong", "-DFLASHTUNE_SM90_PERSISTENT=0"),
-    ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1"),
+@pytest.mark.parametrize("experiment, flag, causal", [
+    ("exp-sm90-control", "-DFLASHTUNE_SM90_OVERLAP=0", False),
+    ("exp-sm90-overlap", "-DFLASHTUNE_SM90_PINGPONG=0", False),
+    ("exp-sm90-pingpong", "-DFLASHTUNE_SM90_PERSISTENT=0", False),
+    ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1", False),
+    ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
 ])
-def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag):
-    """tools/experiments/ (issue 9): the schedule with steps turned off still builds (the default,
-    all on, is test_sm90_kernel_compiles_with_hopper_sass)."""
+def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
+    """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
+    still builds (the default, all on, is test_sm90_kernel_compiles_with_hopper_sass)."""
     from flashtune.build import build_spec
     from flashtune.profiles import find_profile
     from flashtune.spec import specs_for_profile
 
     profile = find_profile(str(Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"))
-    spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=False)[0]
+    spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=causal)[0]
     result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
     assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
 

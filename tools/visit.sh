@@ -51,6 +51,11 @@ for step in "$@"; do case $step in
   ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-persistent.yaml \
         "--dtype bfloat16 --backends flashtune,flashtune-fp8,sdpa-cudnn" $E/exp-sm90-control.yaml \
         $E/exp-sm90-persistent-only.yaml $E/exp-sm90-overlap.yaml $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
+  qbuf) E=tools/experiments  # next: the second Q buffer, against the default schedule on the same tiles
+        run qbuf-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-qbuf2.yaml --jobs 16 >/dev/null \
+          && python3 tools/kernel_ladder.py $E/exp-sm90-qbuf2.yaml"
+        run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
+          $E/exp-sm90-persistent.yaml $E/exp-sm90-qbuf2.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack everything into one.

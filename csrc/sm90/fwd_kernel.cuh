@@ -74,23 +74,26 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base =
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* sQ = base;
-  unsigned char* sK = sQ + T::kQBytes;                // kStages tiles
+  unsigned char* sQ = base;                            // kQBuffers tiles
+  unsigned char* sK = sQ + T::kQBuffers * T::kQBytes;  // kStages tiles
   unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
   // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q. K and V have
   // rings of their own: K_j is free once S_j is done, V_j only after P_j V_j, which the overlap
   // issues an iteration later; one shared slot would hold K back and leave no prefetch.
-  __shared__ __align__(8) uint64_t bar_q, q_empty;
+  // With 2 Q buffers (an experiment) the next tile's Q loads while this tile still uses its own.
+  __shared__ __align__(8) uint64_t bar_q[T::kQBuffers], q_empty[T::kQBuffers];
   __shared__ __align__(8) uint64_t full_k[T::kStages], empty_k[T::kStages], full_v[T::kStages], empty_v[T::kStages];
-  __shared__ int tile_index;
+  __shared__ int tile_index[T::kQBuffers];
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
     Tile tile;
     if (!tile_at<T>(p, blockIdx.x, tile)) return;
   }
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&bar_q, 1);
-    mbarrier_init(&q_empty, 128 * T::kConsumers);
+    for (int b = 0; b < T::kQBuffers; ++b) {
+      mbarrier_init(&bar_q[b], 1);
+      mbarrier_init(&q_empty[b], 128 * T::kConsumers);
+    }
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&full_k[s], 1);
       mbarrier_init(&full_v[s], 1);
@@ -106,8 +109,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     // ---- Producer: one thread picks the tiles and issues every TMA load. The K/V rings run on
     // across tiles (kv_iter counts blocks since the CTA started); the next tile's Q and first
     // blocks load once the consumers have released Q (after the tile's last S), under its last
-    // P V and epilogue. (Its first K/V could go out earlier, into slots freed before that: a
-    // possible next step.)
+    // P V and epilogue; with 2 Q buffers (an experiment), as soon as the tile before released
+    // its Q, so the next tile's first K/V blocks follow into the slots this tile frees.
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       const int tiles = num_tiles<T>(p);
@@ -120,21 +123,24 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       int t = blockIdx.x;
       for (int q_iter = 0;; ++q_iter) {
         Tile tile;
+        const int buf = q_iter % T::kQBuffers;  // Q buffer, used for the (q_iter / kQBuffers)-th time
         if constexpr (T::kPersistent) {
           while (t < tiles && !tile_at<T>(p, t, tile)) t = next_tile(t);  // varlen: no rows there
-          if (q_iter > 0) mbarrier_wait(&q_empty, (q_iter - 1) & 1);  // Q and tile_index are free
+          // free once the consumers released its last use (and with it its tile_index slot)
+          const int use = q_iter / T::kQBuffers;
+          if (use > 0) mbarrier_wait(&q_empty[buf], (use - 1) & 1);
           if (t >= tiles) {
-            tile_index = -1;
-            mbarrier_arrive(&bar_q);  // no bytes: the consumers stop
+            tile_index[buf] = -1;
+            mbarrier_arrive(&bar_q[buf]);  // no bytes: the consumers stop
             break;
           }
-          tile_index = t;
+          tile_index[buf] = t;
         } else {
           tile_at<T>(p, t, tile);  // valid: checked on entry
         }
-        mbarrier_arrive_expect_tx(&bar_q, T::kQBytes);
+        mbarrier_arrive_expect_tx(&bar_q[buf], T::kQBytes);
         for (int c = 0; c < T::kQKPanels; ++c)
-          tma_load_4d(sQ + c * T::kPanelBytesQ, &maps.q, &bar_q, T::kQKBoxCols * c,
+          tma_load_4d(sQ + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &bar_q[buf], T::kQKBoxCols * c,
                       tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
         for (int j = 0; j < tile.n_blocks; ++j, ++kv_iter) {
           const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
@@ -164,7 +170,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   const int cw = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane >> 2, t = lane & 3;
   const int row_in_tile = cw * 64 + 16 * warp + g;  // this thread's rows: +0 and +8
-  const uint32_t q_base = smem_u32(sQ) + cw * 64 * T::kQKRowBytes;
+  uint32_t q_base = 0;  // this warpgroup's rows of the tile's Q buffer
   // Per tile: where it is, its softmax scale (FP8 descales are per batch and kv head), O and
   // the running row maxima and sums. The steps below read them by reference.
   // Only what the softmax's masks need stays live through the main loop; the epilogue looks
@@ -262,9 +268,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
   for (int q_iter = 0;; ++q_iter) {
-    mbarrier_wait(&bar_q, q_iter & 1);
-    const int index = T::kPersistent ? tile_index : int(blockIdx.x);
+    const int q_buf = q_iter % T::kQBuffers;
+    mbarrier_wait(&bar_q[q_buf], (q_iter / T::kQBuffers) & 1);
+    const int index = T::kPersistent ? tile_index[q_buf] : int(blockIdx.x);
     if (index < 0) break;
+    q_base = smem_u32(sQ + q_buf * T::kQBytes) + cw * 64 * T::kQKRowBytes;
     int n_blocks;
     {
       Tile tile;
@@ -313,9 +321,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(acc_o);
         mbarrier_arrive(&empty_v[stage]);  // and with V_j
       }
-      mbarrier_arrive(&q_empty);
+      mbarrier_arrive(&q_empty[q_buf]);
     } else if (n_blocks == 0) {
-      mbarrier_arrive(&q_empty);
+      mbarrier_arrive(&q_empty[q_buf]);
     } else {
       float acc_s[T::kSRegs], alpha[2];
       uint32_t frag_p[BN / 16][4];
@@ -359,7 +367,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         rescale_o(alpha);
         pack_p(acc_s, frag_p);
       }
-      mbarrier_arrive(&q_empty);  // every S of the tile is done: the next Q may load under the last P V
+      mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
       const int last = (kv_iter + n_blocks - 1) % T::kStages;
       mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
       fence_operands(acc_o);

@@ -25,6 +25,13 @@
 #define FLASHTUNE_SM90_PERSISTENT 1
 #endif
 
+// Q_BUFFERS (experiment, 1 by default): 2 lets the persistent grid load the next tile's Q (and
+// then its first K/V blocks) while this tile still runs; tiles without room for a second Q
+// tile keep one.
+#ifndef FLASHTUNE_SM90_Q_BUFFERS
+#define FLASHTUNE_SM90_Q_BUFFERS 1
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -36,6 +43,7 @@ struct Traits {
   static constexpr bool kFp8Qk = kFp8Qk_;
   static constexpr bool kOverlap = FLASHTUNE_SM90_OVERLAP != 0;
   static constexpr bool kPersistent = FLASHTUNE_SM90_PERSISTENT != 0;
+  static constexpr int kSmemLimit = 227 * 1024;  // per block, opt-in (sm_90)
   static constexpr bool kPingpong = FLASHTUNE_SM90_PINGPONG != 0 && kOverlap && kBlockM_ > 64;  // 2-3 consumers
   using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
@@ -58,15 +66,18 @@ struct Traits {
   static constexpr int kVPanels = kHeadDim / 64;                 // V: 64 16-bit elements per row
   static constexpr int kKSteps = kHeadDim * kQKElemBytes / 32;   // wgmma k16 (16-bit) or k32 (FP8): 32 bytes
 
-  // Shared memory: Q, then kStages K and kStages V tiles, each 1024-byte aligned (rows are
-  // multiples of 16, so every panel stays aligned for its swizzle).
+  // Shared memory: kQBuffers Q tiles, then kStages K and kStages V tiles, each 1024-byte
+  // aligned (rows are multiples of 16, so every panel stays aligned for its swizzle).
   static constexpr int kQBytes = kBlockM * kHeadDim * kQKElemBytes;
   static constexpr int kKBytes = kBlockN * kHeadDim * kQKElemBytes;
   static constexpr int kVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kPanelBytesQ = kBlockM * kQKRowBytes;
   static constexpr int kPanelBytesK = kBlockN * kQKRowBytes;
   static constexpr int kPanelBytesV = kBlockN * 128;
-  static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
+  static constexpr int kQBuffers =  // a second Q tile only for a CTA that loops, and where it fits
+      kPersistent && FLASHTUNE_SM90_Q_BUFFERS == 2 && 2 * kQBytes + kStages * (kKBytes + kVBytes) + 1024 <= kSmemLimit
+          ? 2 : 1;
+  static constexpr int kSmemBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
@@ -80,8 +91,9 @@ struct Traits {
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
+  static_assert(FLASHTUNE_SM90_Q_BUFFERS == 1 || FLASHTUNE_SM90_Q_BUFFERS == 2, "1 or 2 Q buffers");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
-  static_assert(kSmemBytes <= 227 * 1024, "over the 227 KB per-block limit");
+  static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,
