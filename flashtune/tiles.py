@@ -222,12 +222,13 @@ def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True) -> list[Til
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
     budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
-    p_regs = cfg.block_n // 4 if overlap else 0  # P_(j-1) stays live under the overlap
-    needed = cfg.block_n // 2 + p_regs + hdim // 2 + SM90_REGISTER_OVERHEAD
+    # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4)
+    per_column = 3 / 4 if overlap else 1 / 2
+    needed = int(cfg.block_n * per_column) + hdim // 2 + SM90_REGISTER_OVERHEAD
     if budget and needed > budget:
-        per_column = 3 / 4 if overlap else 1 / 2
         max_n = int((budget - hdim // 2 - SM90_REGISTER_OVERHEAD) / per_column) // 16 * 16
-        add("registers", f"{'S, O and P' if overlap else 'S and O'} need about {needed} registers per consumer thread, over the "
+        held = "S, O and P" if overlap else "S and O"
+        add("registers", f"{held} need about {needed} registers per consumer thread, over the "
             f"{budget} that {warpgroups} consumer warpgroups get",
             f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else
             f"block_m <= 128 (2 consumer warpgroups, {SM90_CONSUMER_REGISTERS[2]} registers each) at hdim {hdim}")
