@@ -1,7 +1,8 @@
 """`flashtune bench`: a controlled A/B of attention backends, side by side in one process.
 
 Same shapes, same inputs, only the backend switched. Per row: median ms of CUDA-event
-timings after warm-up (inputs rotated so no run reads another's data from L2), TFLOPS,
+timings, taken in rounds that interleave the backends, each after a timed warm-up (inputs
+rotated so no run reads another's data from L2), TFLOPS,
 peak memory of the call, relative L2 error against an fp32 reference on a sample, and the
 kernel names the profiler saw. The grid and the FLOP count follow the FlashAttention
 papers (DESIGN.md, "Benchmark convention").
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
@@ -89,12 +91,25 @@ def kernel_names(run: Callable[[], object]) -> list[str]:
     return names
 
 
-def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> list[float]:
-    """CUDA-event times of `repeats` calls, cycling through input sets (a cold L2 each time)."""
+# The GPU's clocks ramp up over tens of milliseconds after an idle gap (the reference, the
+# profiler run): a fixed handful of warm-up calls leaves a 0.1 ms kernel timed at part speed,
+# and the backend measured first pays for it. Warm up for a time instead, every backend alike.
+WARMUP_SECONDS = 0.2
+ROUNDS = 3
+
+
+def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int,
+            warmup_seconds: float = WARMUP_SECONDS) -> list[float]:
+    """CUDA-event times of `repeats` calls, cycling through input sets (a cold L2 each time),
+    after at least `warmup` calls and `warmup_seconds` of back-to-back calls."""
     import torch
 
-    for i in range(warmup):
+    start, i = time.perf_counter(), 0
+    while i < warmup or time.perf_counter() - start < warmup_seconds:
         runners[i % len(runners)]()
+        i += 1
+        if i % 4 == 0:
+            torch.cuda.synchronize()  # the host clock measures GPU time, not queued launches
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
@@ -103,6 +118,21 @@ def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int) -> l
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_interleaved(timed: dict[str, list[Callable[[], object]]], warmup: int, repeats: int,
+                     timer: Callable[..., list[float]] = time_ms) -> dict[str, list[float]]:
+    """`repeats` times per backend, taken in ROUNDS interleaved rounds (A B C, A B C, ...): a
+    drift of the GPU's clocks with power and heat then falls on every backend alike instead of
+    on whichever ran first or last. The first round warms up fully, later ones briefly (the GPU
+    is busy from the round before)."""
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    per_round = max(1, math.ceil(repeats / ROUNDS))
+    for r in range(ROUNDS):
+        for name, runners in timed.items():
+            times[name] += timer(runners, warmup, per_round,
+                                 warmup_seconds=WARMUP_SECONDS if r == 0 else WARMUP_SECONDS / 4)
+    return times
 
 
 def make_inputs(shape: Shape, seed: int):
@@ -133,9 +163,10 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
     sample_h = min(SAMPLE_HEADS, shape.heads)
     ref, _ = attention_reference(q0[:1, :, :sample_h], k0[:1, :, :max(1, math.ceil(sample_h / group))],
                                  v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
-    rows = []
+    rows, timed = [], {}  # timed: backend -> its runners, for those that ran and were checked
     for name in backends:
         row = empty_row(name, shape)
+        rows.append(row)
         try:
             runners = [BACKENDS[name](case) for case in cases]
             torch.cuda.synchronize()
@@ -147,15 +178,17 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
             row["rel_err"] = rel_l2(out[:1, :, :sample_h], ref)
             del out
             row["kernel"] = "; ".join(kernel_names(runners[0]))
-            times = time_ms(runners, warmup, repeats)
-            row["ms"] = statistics.median(times)
-            row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
+            timed[name] = runners
         except Unavailable as e:
             row["status"] = f"unavailable: {e}"
         except torch.cuda.OutOfMemoryError:
             row["status"] = "unavailable: out of memory"
             torch.cuda.empty_cache()
-        rows.append(row)
+    times = time_interleaved(timed, warmup, repeats)
+    for row in rows:
+        if row["backend"] in times:
+            row["ms"] = statistics.median(times[row["backend"]])
+            row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
     return rows
 
 

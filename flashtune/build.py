@@ -247,7 +247,7 @@ def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
             raise BuildError(f"building {spec.name}: ptxas warned {', '.join(found)}: wgmma was serialised or "
                              f"setmaxnreg ignored, which makes the kernel slow; log: {directory / 'build.log'}")
         return {"arch": spec.arch, **parse_ptxas(log, spec.name),
-                "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8)}
+                "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8, spec.nvcc_flags)}
 
     return _build_entry(directory, spec.name, spec.source_hash(), force, spec.arch_facts, compile_kernel)
 

@@ -331,7 +331,7 @@ def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, voca
 @click.option("--backends", default=",".join(DEFAULT_BACKENDS), show_default=True,
               help="Comma-separated; absent ones show as such.")
 @click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True,
-              help="Timed runs per row (median reported).")
+              help="Timed runs per row, in 3 rounds interleaved with the other backends (median reported).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the result as JSON ('-' for stdout).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-' for stdout).")
 @click.option("--plot", "plot_path", metavar="FILE.png",

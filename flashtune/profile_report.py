@@ -65,7 +65,7 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
     arch = profile.arch
     tile = entry.tile
     registers = built_registers(profile, entry, fp8)
-    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8)
+    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, profile.nvcc_flags)
     return {
         "hdim": entry.hdim,
         "causal": entry.causal_label,

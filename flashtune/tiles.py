@@ -21,6 +21,7 @@ SM90_WARPGROUPS = (1, 2, 3)  # consumer warpgroups = block_m / 64
 SM90_STAGES = (2, 3, 4)
 SM90_MAX_BLOCK_N = 256  # wgmma N limit
 SM90_BARRIER_BYTES = 1024  # mbarriers + alignment slack
+SM90_SMEM_LIMIT = 227 * 1024  # kernel_traits.cuh's kSmemLimit: what the kernel sizes itself against
 
 RESERVED_SMEM_PER_CTA = 1024  # the driver keeps 1 KB of each CTA's shared memory
 
@@ -69,8 +70,11 @@ def threads_per_cta(family: str, cfg: TileConfig) -> int:
     return 32 * cfg.num_warps
 
 
-def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False) -> int:
-    """Shared memory one CTA needs: Q once, K and V per pipeline stage.
+def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False,
+                        nvcc_flags: Sequence[str] = ()) -> int:
+    """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90, plus the
+    TMA-store epilogue's O tile where it fits (kernel_traits.cuh: on unless the flags say
+    -DFLASHTUNE_SM90_TMA_STORE=0).
 
     With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit.
     """
@@ -82,6 +86,9 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
     total = q_bytes + cfg.stages * kv_bytes_per_stage
     if family == "sm90":
         total += SM90_BARRIER_BYTES
+        o_bytes = v_elem * cfg.block_m * hdim
+        if "-DFLASHTUNE_SM90_TMA_STORE=0" not in nvcc_flags and total + o_bytes <= SM90_SMEM_LIMIT:
+            total += o_bytes
     else:  # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
         total = max(total, v_elem * cfg.block_m * hdim)
     return total

@@ -120,3 +120,22 @@ def test_plot_draws_one_panel_per_hdim_and_causal(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="nothing to plot"):
         bench_report.plot({**result, "rows": [_row("flashtune", None)]}, str(path))
+
+
+def test_backends_are_timed_in_interleaved_rounds_after_a_timed_warm_up():
+    """Every backend gets its repeats in rounds A B, A B, A B, the first after the full warm-up,
+    so a clock drift cannot favour the backend timed first."""
+    from flashtune import bench
+
+    calls = []
+
+    def fake_timer(runners, warmup, repeats, warmup_seconds):
+        calls.append((runners[0], warmup, repeats, warmup_seconds))
+        return [float(len(calls))] * repeats
+
+    times = bench.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
+    assert [c[0] for c in calls] == ["A", "B"] * bench.ROUNDS
+    assert sum(c[2] for c in calls if c[0] == "A") >= 30 and len(times["a"]) == len(times["b"]) >= 30
+    assert [c[3] for c in calls[:2]] == [bench.WARMUP_SECONDS] * 2
+    assert all(0 < c[3] < bench.WARMUP_SECONDS for c in calls[2:]) and all(c[1] == 5 for c in calls)
+    assert times["a"][0] == 1.0 and times["b"][-1] == float(2 * bench.ROUNDS)

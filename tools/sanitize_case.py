@@ -17,6 +17,12 @@ for hdim in (64, 128, 256):
         k = torch.randn(1, 130, 2, hdim, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+# More tiles than SMs: the persistent grid's loop, its tile counter and the K/V rings across tiles.
+for hdim in (64, 128, 256):
+    for causal in (False, True):
+        q = torch.randn(4, 400, 40, hdim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(4, 400, 8, hdim, device="cuda", dtype=torch.bfloat16)
+        flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=causal)
 cu = torch.tensor([0, 3, 3, 70], dtype=torch.int32, device="cuda")
 q = torch.randn(70, 4, 64, device="cuda", dtype=torch.float16)
 flashtune.flash_attn_varlen_func(q, q[:, :2], q[:, 2:], cu, cu, 67, 67, causal=True)

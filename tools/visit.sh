@@ -24,9 +24,9 @@ for step in "$@"; do case $step in
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
   verify-h200) run verify-h200 120 python3 -m flashtune verify --profile h200 ;;
   verify-sm80) run verify-sm80 120 python3 -m flashtune verify --profile h200-sm80 ;;
-  bench-h200) run bench-h200 120 python3 -m flashtune bench --profile h200 --json "$OUT/bench_h200_bf16.json" \
-               --plot "$OUT/bench_h200_bf16.png" ;;
-  bench-h200-fp16) run bench-h200-fp16 90 python3 -m flashtune bench --profile h200 --dtype float16 \
+  bench-h200) run bench-h200 130 python3 -m flashtune bench --profile h200 --backends flashtune,sdpa-flash,sdpa-cudnn \
+               --json "$OUT/bench_h200_bf16.json" --plot "$OUT/bench_h200_bf16.png" ;;
+  bench-h200-fp16) run bench-h200-fp16 130 python3 -m flashtune bench --profile h200 --dtype float16 \
                --backends flashtune,sdpa-flash,sdpa-cudnn --json "$OUT/bench_h200_fp16.json" ;;
   bench-fp8) run bench-fp8 120 python3 -m flashtune bench --profile h200 --backends flashtune,flashtune-fp8,sdpa-cudnn \
                --json "$OUT/bench_fp8.json" ;;
@@ -51,6 +51,10 @@ for step in "$@"; do case $step in
   ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-persistent.yaml \
         "--dtype bfloat16 --backends flashtune,flashtune-fp8,sdpa-cudnn" $E/exp-sm90-control.yaml \
         $E/exp-sm90-persistent-only.yaml $E/exp-sm90-overlap.yaml $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
+  sanitize) run build-h200 120 python3 -m flashtune build --profile h200 --jobs 16  # every kernel path once, checked
+            run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py h200
+            run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_case.py h200
+            run synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 9 python3 tools/sanitize_case.py h200 ;;
   qbuf) E=tools/experiments  # next: the second Q buffer, against the default schedule on the same tiles
         run qbuf-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-qbuf2.yaml --jobs 16 >/dev/null \
           && python3 tools/kernel_ladder.py $E/exp-sm90-qbuf2.yaml"

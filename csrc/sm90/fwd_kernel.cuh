@@ -3,7 +3,7 @@
 // (setmaxnreg.inc), S = Q K^T and O += P V by wgmma, online softmax on the accumulators.
 // The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
-// and a persistent grid loops each CTA over tiles. Not here yet (issue 9): a TMA-store epilogue.
+// and a persistent grid loops each CTA over tiles; where an O tile fits, the TMA stores O.
 #pragma once
 #include <math.h>
 
@@ -19,7 +19,7 @@ namespace sm90 {
 // The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
 // total rows, and a sequence starts at row cu_seqlens[b].
 struct TmaMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;  // o: used by the TMA-store epilogue only
 };
 
 // One work tile: BM query rows of one head of one sequence, and the K/V blocks they see.
@@ -77,6 +77,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   unsigned char* sQ = base;                            // kQBuffers tiles
   unsigned char* sK = sQ + T::kQBuffers * T::kQBytes;  // kStages tiles
   unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
+  unsigned char* sO = sV + T::kStages * T::kVBytes;   // the TMA-store epilogue's O tile, if any
   // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q. K and V have
   // rings of their own: K_j is free once S_j is done, V_j only after P_j V_j, which the overlap
   // issues an iteration later; one shared slot would hold K back and leave no prefetch.
@@ -330,7 +331,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
       // together, and the softmax of S_j runs while the second one still does. Groups complete
       // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
-      // until wait_group<0>, when O is rescaled and P_j packed over them.
+      // until wait_group<0>, when P_j is packed over them. O is rescaled by the softmax's alpha
+      // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
       const int first = kv_iter % T::kStages;
       mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
       if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
@@ -342,7 +344,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       wgmma_wait<0>();
       fence_operands(acc_s);
       mbarrier_arrive(&empty_k[first]);
-      softmax(acc_s, 0, alpha);  // O is still zero: no rescale
+      softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
       pack_p(acc_s, frag_p);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
@@ -354,6 +356,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_fence();
         my_turn();
         issue_qk(acc_s, k_tile(stage));
+        rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
+        fence_operands(acc_o);
+        wgmma_fence();  // O's registers changed since the last fence
         issue_pv(frag_p, v_tile(prev));
         end_turn(j == n_blocks - 1);
         wgmma_wait<1>();
@@ -364,12 +369,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(acc_o);
         fence_operands(frag_p);
         mbarrier_arrive(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
-        rescale_o(alpha);
         pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
       const int last = (kv_iter + n_blocks - 1) % T::kStages;
       mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
+      rescale_o(alpha);
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();
@@ -389,6 +394,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
                 (varlen ? int64_t(tile.q_row0) * p.o_row_stride : int64_t(tile.batch) * p.o_batch_stride) +
                 int64_t(tile.head) * p.o_head_stride;
     const int64_t lse_off = varlen ? tile.q_row0 : int64_t(tile.batch) * p.lse_batch_stride;
+    const bool tma_store = T::kTmaStore && !varlen;
+    if (tma_store) {  // this warpgroup's last store must have read sO before it is written again
+      if (tid == 0) bulk_wait_group_read0();
+      named_barrier_sync(4 + cw, 128);
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = row_sum[r];
@@ -396,18 +406,39 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       l += __shfl_xor_sync(0xffffffff, l, 2);
       const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0, LSE = -inf
       const int row = m_row0 + row_in_tile + 8 * r;
-      if (row >= tile.seqlen_q) continue;
-      Elem* out_row = out + int64_t(row) * p.o_row_stride;
+      if (tma_store) {  // into sO's 128B-swizzled panels: 16-byte chunk c ^ (row % 8) of each 128-byte row
+        const uint32_t row_base = smem_u32(sO) + (row_in_tile + 8 * r) * 128;
 #pragma unroll
-      for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
-        *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
-            pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+        for (int c = 0; c < D / 8; ++c)
+          st_shared_u32(row_base + (c / 8) * T::kPanelBytesO + (((c % 8) ^ (g % 8)) * 16) + 4 * t,
+                        pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv));
+      }
+      if (row >= tile.seqlen_q) continue;
+      if (!tma_store) {
+        Elem* out_row = out + int64_t(row) * p.o_row_stride;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
+          *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
+              pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+      }
       if (p.lse != nullptr && t == 0)
         p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] =
             l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
     }
+    if (tma_store) {  // every thread's O is in sO: one thread stores the warpgroup's 64 rows
+      fence_proxy_async_smem();
+      named_barrier_sync(4 + cw, 128);
+      if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c)
+          tma_store_4d(&maps.o, sO + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m_row0 + cw * 64, tile.head,
+                       tile.batch);
+        bulk_commit_group();
+      }
+    }
     if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
+  if (T::kTmaStore && tid == 0) bulk_wait_group_read0();  // sO stays valid until the TMA has read it
 }
 
 }  // namespace sm90

@@ -32,6 +32,14 @@
 #define FLASHTUNE_SM90_Q_BUFFERS 1
 #endif
 
+// TMA_STORE: the epilogue stages O in shared memory and one thread per warpgroup stores it
+// with the TMA, where an O tile fits beside Q and the rings (hdim 64 192x128, hdim 128 causal
+// 128x128, FP8 twins; not hdim 128 128x176 or hdim 256 128x80). Varlen calls keep direct
+// stores: a tile's rows past its sequence belong to the next one.
+#ifndef FLASHTUNE_SM90_TMA_STORE
+#define FLASHTUNE_SM90_TMA_STORE 1
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -77,7 +85,11 @@ struct Traits {
   static constexpr int kQBuffers =  // a second Q tile only for a CTA that loops, and where it fits
       kPersistent && FLASHTUNE_SM90_Q_BUFFERS == 2 && 2 * kQBytes + kStages * (kKBytes + kVBytes) + 1024 <= kSmemLimit
           ? 2 : 1;
-  static constexpr int kSmemBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
+  static constexpr int kOBytes = kBlockM * kHeadDim * 2;  // O staged as 64-column panels of [rows][128 B]
+  static constexpr int kPanelBytesO = kBlockM * 128;
+  static constexpr int kMainBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
+  static constexpr bool kTmaStore = FLASHTUNE_SM90_TMA_STORE != 0 && kMainBytes + kOBytes <= kSmemLimit;
+  static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
@@ -87,7 +99,7 @@ struct Traits {
 
   static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
   static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");
-  static_assert(kKBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles stay 1024-byte aligned");
+  static_assert(kKBytes % 1024 == 0 && kQBytes % 1024 == 0 && kVBytes % 1024 == 0, "tiles stay 1024-byte aligned");
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");

@@ -29,6 +29,9 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if (!err)
     err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
                     p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
+  if (!err && T::kTmaStore)  // O is written in boxes of 64 columns x one warpgroup's 64 rows
+    err = encode_4d(&maps.o, p.o, kVType, batch, rows_q, p.heads_q, T::kHeadDim, p.o_batch_stride,
+                    p.o_row_stride, p.o_head_stride, 64, 64);
   if (err) return cudaErrorInvalidValue;  // a tensor the TMA cannot describe (python checks come first)
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
