@@ -51,6 +51,18 @@ def _int_list(ctx, param, value: str | None):
         raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 512,1024,4096")
 
 
+def _tile_shapes(ctx, param, value: str | None):
+    if value is None:
+        return None
+    try:
+        shapes = [tuple(int(x) for x in v.strip().lower().split("x", 1)) for v in value.split(",") if v.strip()]
+        if not shapes or any(len(shape) != 2 for shape in shapes):
+            raise ValueError
+        return shapes
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated BLOCK_MxBLOCK_N, e.g. 128x128,128x176")
+
+
 @click.group(cls=FlashtuneGroup)
 @click.version_option(__version__, prog_name="flashtune")
 def cli() -> None:
@@ -194,6 +206,9 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default both).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--max-candidates", type=click.IntRange(min=1), help="Per (hdim, causal); starting tiles always kept.")
+@click.option("--tiles", "shapes", callback=_tile_shapes, metavar="MxN,...",
+              help="Only these block_m x block_n shapes (every stage and warp count of the search grid), "
+              "besides the starting tiles; e.g. --tiles 128x128,128x176.")
 @click.option("--time-budget", type=click.FloatRange(min=1), help="Seconds; stop measuring after this and "
               "write what was found (rerun to resume).")
 @click.option("--max-spill-bytes", type=click.IntRange(min=0), default=64, show_default=True,
@@ -209,7 +224,7 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
 @click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
-def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_spill_bytes, repeats, jobs,
+def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget, max_spill_bytes, repeats, jobs,
          gpus, fp8, cache_path, name, out, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
@@ -221,7 +236,7 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
 
     Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible.
     """
-    from flashtune import tune as tune_mod, tune_command
+    from flashtune import tune as tune_mod, tune_command, tune_space
 
     gpus_seen = detect_gpus()
     if not gpus_seen:
@@ -242,9 +257,19 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, time_budget, max_sp
     if bad:
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
                                  param_hint="--hdims")
+    for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
+        problems = {h: tune_space.shape_problems(profile.family, h, shape, profile.arch, fp8, profile.nvcc_flags)
+                    for h in hdims or profile.head_dims}
+        said = "; ".join(f"hdim {h}: {', '.join(p)}" for h, p in problems.items() if p)
+        if all(problems.values()):
+            raise click.BadParameter(f"{shape[0]}x{shape[1]} cannot run on {profile.arch.name}: {said}",
+                                     param_hint="--tiles")
+        if said:  # fine elsewhere: say where it is not tried
+            click.secho(f"note: --tiles {shape[0]}x{shape[1]} is not tried at {said}", fg="yellow", err=True)
     opts = tune_mod.TuneOptions(hdims=tuple(hdims or profile.head_dims),
                                 causal=(False, True) if causal is None else (causal,), dtype=dtype,
-                                max_candidates=max_candidates, time_budget_s=time_budget,
+                                max_candidates=max_candidates, shapes=tuple(shapes or ()),
+                                time_budget_s=time_budget,
                                 max_spill_bytes=max_spill_bytes, repeats=repeats, jobs=jobs, gpus=gpus, fp8=fp8)
     console = Console(stderr=True) if as_json else make_console()
     with Progress(TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -33,6 +33,7 @@ class TuneOptions:
     causal: tuple[bool, ...] = (False, True)
     dtype: str = "bfloat16"
     max_candidates: int | None = None
+    shapes: tuple[tuple[int, int], ...] = ()  # only these (block_m, block_n) besides the starting tiles
     time_budget_s: float | None = None
     max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES
     repeats: int = 20
@@ -225,7 +226,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
             start_tiles = tuple(dict.fromkeys(
                 profile.tile_for(hdim, causal, s, s, fp8=opts.fp8) for s in BUCKET_SEQLENS))
             for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
-                                   opts.max_candidates, profile.nvcc_flags):
+                                   opts.max_candidates, profile.nvcc_flags, opts.shapes):
                 specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
                                         fp8=opts.fp8, nvcc_flags=profile.nvcc_flags))
     hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec

@@ -32,11 +32,15 @@ def _configs(family: str) -> list[TileConfig]:
 
 def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
                starting: tuple[TileConfig, ...] = (), limit: int | None = None,
-               nvcc_flags: tuple[str, ...] = ()) -> list[TileConfig]:
+               nvcc_flags: tuple[str, ...] = (), shapes: tuple[tuple[int, int], ...] = ()) -> list[TileConfig]:
     """Every config of the family's grid that the arch can run, starting configs first.
 
-    `limit` keeps the starting configs and the largest tiles (most work per iteration)."""
+    `shapes` ((block_m, block_n), ...) keeps only configs of those tile shapes besides the
+    starting ones (every stage and warp count the grid has for them). `limit` keeps the
+    starting configs and the largest tiles (most work per iteration)."""
     valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8, nvcc_flags)]
+    if shapes:
+        valid = [c for c in valid if (c.block_m, c.block_n) in shapes]
     rest = sorted((c for c in valid if c not in starting), key=lambda c: (-c.block_m * c.block_n, c.stages))
     ordered = list(dict.fromkeys([*starting, *rest]))
     return ordered if limit is None else ordered[:max(limit, len(starting))]
@@ -48,3 +52,21 @@ def bucket_of(seqlen: int) -> tuple[int, int | None]:
         if lo <= seqlen and (hi is None or seqlen < hi):
             return lo, hi
     raise ValueError(f"seqlen {seqlen} falls in no bucket")
+
+
+def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False,
+                   nvcc_flags: tuple[str, ...] = ()) -> list[str]:
+    """Why no config of this (block_m, block_n) can be tried at this head dim (empty when one
+    can): outside the family's grid, or every variant fails the arch's limits (their reasons)."""
+    variants = [c for c in _configs(family) if (c.block_m, c.block_n) == shape]
+    if not variants:
+        space = SEARCH_SPACE[family]
+        return [f"{shape[0]}x{shape[1]} is not in the {family} search grid (block_m {list(space['block_m'])}, "
+                f"block_n {list(space['block_n'])})"]
+    reasons = []
+    for c in variants:
+        problems = check_tile(family, hdim, c, arch, fp8, nvcc_flags)
+        if not problems:
+            return []
+        reasons += [str(p) for p in problems]
+    return list(dict.fromkeys(reasons))

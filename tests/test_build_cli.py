@@ -70,6 +70,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1", False),
     ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
     ("exp-sm90-persistent", "-DFLASHTUNE_SM90_TMA_STORE=0", True),
+    ("exp-sm90-wide-stores", "-DFLASHTUNE_SM90_WIDE_STORES=1", False),  # 128x176 stores O directly
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,

@@ -260,3 +260,52 @@ def test_a_candidate_that_breaks_the_cuda_context_stops_the_run(fake_world, tmp_
                            tune.TuneOptions(hdims=(64,), causal=(True,)), str(tmp_path / "c.jsonl"))
     assert result.aborted and "rerun to resume" in result.aborted
     assert len(fake_world["measure"]) == 1  # nothing after it was attempted in the broken process
+
+
+# ---------------------------------------------------------------- --tiles
+
+def test_tiles_keep_only_those_shapes_and_the_starting_tiles():
+    from flashtune.tune_space import shape_problems
+
+    h200 = get_arch("sm_90a")
+    start = (sm90_tile(128, 176, 2),)
+    cands = candidates("sm90", 128, h200, starting=start, shapes=((128, 128), (64, 128)))
+    assert cands[0] == start[0]
+    assert {(c.block_m, c.block_n) for c in cands[1:]} == {(128, 128), (64, 128)}
+    assert {c.stages for c in cands if (c.block_m, c.block_n) == (128, 128)} == {2, 3}  # every stage count
+    assert shape_problems("sm90", 128, (128, 128), h200) == []
+    assert "not in the sm90 search grid" in shape_problems("sm90", 128, (100, 128), h200)[0]
+    # 192-row tiles at hdim 256 exceed the registers (or shared memory) in every variant: the reasons say so
+    reasons = shape_problems("sm90", 256, (192, 256), h200)
+    assert reasons and all("not in the" not in r for r in reasons)
+
+
+def test_tune_rejects_a_tile_shape_that_cannot_run_before_building(monkeypatch, fake_props):
+    """A shape that runs at none of the head dims is an input error (exit 2) with each reason;
+    one that runs at some is tried there, with a note for the others."""
+    from click.testing import CliRunner
+
+    from flashtune import cli as cli_mod
+    from flashtune.gpu import detect_gpus
+
+    h200 = fake_props(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                      shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
+    monkeypatch.setattr(cli_mod, "detect_gpus", lambda: detect_gpus(lambda: [h200], lambda: "580.159.04"))
+    monkeypatch.setattr("flashtune.toolchain.check_build_toolchain", lambda arch: None)
+    monkeypatch.setattr(tune, "run_tune", lambda *a, **k: pytest.fail("tuned despite a bad --tiles"))
+    result = CliRunner().invoke(cli_mod.cli, ["tune", "--profile", "h200", "--hdims", "128,256", "--tiles", "192x256"])
+    assert result.exit_code == 2 and "--tiles" in result.output and "192x256 cannot run" in result.output
+    assert "hdim 128:" in result.output and "hdim 256:" in result.output
+    result = CliRunner().invoke(cli_mod.cli, ["tune", "--profile", "h200", "--tiles", "128"])
+    assert result.exit_code == 2 and "BLOCK_MxBLOCK_N" in result.output
+    # 192x128 runs at hdim 64 but not at 128: the tune goes ahead with it at 64 only, and says so
+    class Reached(Exception):
+        pass
+
+    def fake_run_tune(profile, gpu, opts, cache_path, on_event):
+        raise Reached(opts.shapes)
+
+    monkeypatch.setattr(tune, "run_tune", fake_run_tune)
+    result = CliRunner().invoke(cli_mod.cli, ["tune", "--profile", "h200", "--hdims", "64,128", "--tiles", "192x128"])
+    assert isinstance(result.exception, Reached) and result.exception.args[0] == ((192, 128),)
+    assert "not tried at hdim 128" in result.output and "hdim 64" not in result.output.split("not tried at")[1]

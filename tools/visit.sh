@@ -35,6 +35,9 @@ for step in "$@"; do case $step in
            --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
            --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
   tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 6 --time-budget 70 --jobs 16" "--backends flashtune" ;;
+  tune-short) run tune-short 400 bash tools/tune_check.sh h200 \
+                "--tiles 128x64,128x80,128x128,128x176,192x128 --jobs 16" "--backends flashtune,sdpa-cudnn" ;;
+              # next: smaller tiles for the short buckets (causal 512-1k computes up to 40% masked or padded work)
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
@@ -55,6 +58,11 @@ for step in "$@"; do case $step in
             run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py h200
             run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_case.py h200
             run synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 9 python3 tools/sanitize_case.py h200 ;;
+  wide) E=tools/experiments  # next: 8-byte direct O stores (written, compile-checked), against the default
+        run wide-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-wide-stores.yaml --jobs 16 >/dev/null \
+          && python3 tools/kernel_ladder.py $E/exp-sm90-wide-stores.yaml"
+        run wide-ab 330 bash tools/experiment.sh $E/exp-sm90-wide-stores.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
+          profiles/h200.yaml $E/exp-sm90-wide-stores.yaml ;;
   qbuf) E=tools/experiments  # next: the second Q buffer, against the default schedule on the same tiles
         run qbuf-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-qbuf2.yaml --jobs 16 >/dev/null \
           && python3 tools/kernel_ladder.py $E/exp-sm90-qbuf2.yaml"

@@ -413,9 +413,24 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           st_shared_u32(row_base + (c / 8) * T::kPanelBytesO + (((c % 8) ^ (g % 8)) * 16) + 4 * t,
                         pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv));
       }
+      Elem* out_row = out + int64_t(row) * p.o_row_stride;
+      if (!tma_store && T::kWideStores) {
+        // Chunks c, c+1 (8 columns each): the even thread of a pair takes the odd one's columns
+        // of chunk c, the odd thread the even one's of chunk c+1; each stores 4 columns. Every
+        // lane shuffles (a quad shares its row, the warp does not), so the row check follows.
+        const bool odd = t & 1;
+#pragma unroll
+        for (int c = 0; c < D / 8; c += 2) {
+          const uint32_t a = pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+          const uint32_t b = pack2<Elem>(acc_o[4 * c + 4 + 2 * r] * inv, acc_o[4 * c + 4 + 2 * r + 1] * inv);
+          const uint32_t got = __shfl_xor_sync(0xffffffff, odd ? a : b, 1);
+          if (row < tile.seqlen_q)
+            *reinterpret_cast<uint2*>(out_row + 8 * (c + odd) + 2 * (t & ~1)) =
+                odd ? make_uint2(got, b) : make_uint2(a, got);
+        }
+      }
       if (row >= tile.seqlen_q) continue;
-      if (!tma_store) {
-        Elem* out_row = out + int64_t(row) * p.o_row_stride;
+      if (!tma_store && !T::kWideStores) {
 #pragma unroll
         for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
           *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =

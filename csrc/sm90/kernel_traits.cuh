@@ -40,6 +40,13 @@
 #define FLASHTUNE_SM90_TMA_STORE 1
 #endif
 
+// WIDE_STORES (experiment, 0 by default): where O is stored directly (no room for an O tile, or
+// varlen), each pair of threads in a quad swaps halves so every thread stores 8 contiguous
+// bytes: a warp's store then fills 32-byte sectors, with half as many store instructions.
+#ifndef FLASHTUNE_SM90_WIDE_STORES
+#define FLASHTUNE_SM90_WIDE_STORES 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -90,6 +97,7 @@ struct Traits {
   static constexpr int kMainBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
   static constexpr bool kTmaStore = FLASHTUNE_SM90_TMA_STORE != 0 && kMainBytes + kOBytes <= kSmemLimit;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
+  static constexpr bool kWideStores = FLASHTUNE_SM90_WIDE_STORES != 0;
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
