@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
@@ -121,18 +121,26 @@ def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int,
 
 
 def time_interleaved(timed: dict[str, list[Callable[[], object]]], warmup: int, repeats: int,
-                     timer: Callable[..., list[float]] = time_ms) -> dict[str, list[float]]:
+                     timer: Callable[..., list[float]] = time_ms,
+                     catch: tuple[type[BaseException], ...] = ()) -> tuple[dict[str, list[float]], dict]:
     """`repeats` times per backend, taken in ROUNDS interleaved rounds (A B C, A B C, ...): a
     drift of the GPU's clocks with power and heat then falls on every backend alike instead of
     on whichever ran first or last. The first round warms up fully, later ones briefly (the GPU
-    is busy from the round before)."""
+    is busy from the round before). A backend whose timing raises one of `catch` leaves the
+    rounds; it is returned with its error."""
     times: dict[str, list[float]] = {name: [] for name in timed}
+    failed: dict[str, BaseException] = {}
     per_round = max(1, math.ceil(repeats / ROUNDS))
     for r in range(ROUNDS):
         for name, runners in timed.items():
-            times[name] += timer(runners, warmup, per_round,
-                                 warmup_seconds=WARMUP_SECONDS if r == 0 else WARMUP_SECONDS / 4)
-    return times
+            if name in failed:
+                continue
+            try:
+                times[name] += timer(runners, warmup, per_round,
+                                     warmup_seconds=WARMUP_SECONDS if r == 0 else WARMUP_SECONDS / 4)
+            except catch as e:
+                failed[name] = e
+    return {name: t for name, t in times.items() if name not in failed}, failed
 
 
 def make_inputs(shape: Shape, seed: int):
@@ -184,9 +192,13 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
         except torch.cuda.OutOfMemoryError:
             row["status"] = "unavailable: out of memory"
             torch.cuda.empty_cache()
-    times = time_interleaved(timed, warmup, repeats)
+    times, failed = time_interleaved(timed, warmup, repeats, catch=(torch.cuda.OutOfMemoryError,))
+    if failed:
+        torch.cuda.empty_cache()
     for row in rows:
-        if row["backend"] in times:
+        if row["backend"] in failed:
+            row["status"] = "unavailable: out of memory while timing"
+        elif row["backend"] in times:
             row["ms"] = statistics.median(times[row["backend"]])
             row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
     return rows

@@ -133,9 +133,26 @@ def test_backends_are_timed_in_interleaved_rounds_after_a_timed_warm_up():
         calls.append((runners[0], warmup, repeats, warmup_seconds))
         return [float(len(calls))] * repeats
 
-    times = bench.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
+    times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
+    assert failed == {}
     assert [c[0] for c in calls] == ["A", "B"] * bench.ROUNDS
     assert sum(c[2] for c in calls if c[0] == "A") >= 30 and len(times["a"]) == len(times["b"]) >= 30
     assert [c[3] for c in calls[:2]] == [bench.WARMUP_SECONDS] * 2
     assert all(0 < c[3] < bench.WARMUP_SECONDS for c in calls[2:]) and all(c[1] == 5 for c in calls)
     assert times["a"][0] == 1.0 and times["b"][-1] == float(2 * bench.ROUNDS)
+
+
+def test_a_backend_that_fails_while_timed_leaves_the_rounds_with_its_error():
+    from flashtune import bench
+
+    calls = []
+
+    def fake_timer(runners, warmup, repeats, warmup_seconds):
+        calls.append(runners[0])
+        if runners[0] == "B" and calls.count("B") == 2:
+            raise MemoryError("out of memory")
+        return [1.0] * repeats
+
+    times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, 5, 30, timer=fake_timer, catch=(MemoryError,))
+    assert list(times) == ["a"] and len(times["a"]) >= 30 and isinstance(failed["b"], MemoryError)
+    assert calls.count("B") == 2 and calls.count("A") == bench.ROUNDS
