@@ -87,7 +87,7 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
     if family == "sm90":
         total += SM90_BARRIER_BYTES
         o_bytes = v_elem * cfg.block_m * hdim
-        if "-DFLASHTUNE_SM90_TMA_STORE=0" not in nvcc_flags and total + o_bytes <= SM90_SMEM_LIMIT:
+        if sm90_step_on("TMA_STORE", nvcc_flags) and total + o_bytes <= SM90_SMEM_LIMIT:
             total += o_bytes
     else:  # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
         total = max(total, v_elem * cfg.block_m * hdim)
@@ -109,9 +109,15 @@ def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: b
     return min(limits)
 
 
+def sm90_step_on(step: str, nvcc_flags: Sequence[str] = ()) -> bool:
+    """Whether an sm90 schedule step that kernel_traits.cuh turns on by default (OVERLAP,
+    TMA_STORE, ...) stays on with these flags: a profile turns it off with -DFLASHTUNE_SM90_<step>=0."""
+    return f"-DFLASHTUNE_SM90_{step}=0" not in nvcc_flags
+
+
 def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:
     """Whether sm90 kernels built with these flags use the softmax/GEMM overlap (the default)."""
-    return "-DFLASHTUNE_SM90_OVERLAP=0" not in nvcc_flags
+    return sm90_step_on("OVERLAP", nvcc_flags)
 
 
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
