@@ -212,12 +212,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     const bool tail = (j + 1) * BN > seqlen_k;
     const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_row0 + causal_shift;
     if (tail || diagonal) {
+      // Per row, how many of the columns from this thread's first one on are visible (keys
+      // below seqlen_k and, causal, at most row + shift); accumulator i sits at the constant
+      // offset 8 (i / 4) + i % 2 from it: one compare and one select per element.
+      int visible[2];
 #pragma unroll
-      for (int i = 0; i < T::kSRegs; ++i) {
-        const int col = j * BN + 8 * (i >> 2) + 2 * t + (i & 1);
-        const int row = m_row0 + row_in_tile + 8 * ((i >> 1) & 1);
-        if (col >= seqlen_k || (T::kCausal && col > row + causal_shift)) acc_s[i] = -INFINITY;
+      for (int r = 0; r < 2; ++r) {
+        const int row = m_row0 + row_in_tile + 8 * r;
+        visible[r] = (T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k) - (j * BN + 2 * t);
       }
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (8 * (i >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -255,17 +261,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   // Pingpong turns: warpgroup cw issues its wgmmas after warpgroup cw-1 (cyclically) has
   // issued its own. Named barrier 1 + cw: cw waits, cw-1 arrives; 256 threads count. Each
-  // warpgroup takes n_blocks turns per tile; the last one's final hand-over is skipped and
-  // replaced by the first hand-over to warpgroup 0, so every barrier is balanced per tile.
+  // warpgroup takes n_blocks turns per tile (every warpgroup of a CTA is on the same tile), and
+  // the order runs on across tiles: warpgroup 0 starts its next tile's S as soon as the last
+  // one has issued its last S, under that one's last P V and epilogue. The last warpgroup opens
+  // once per CTA, and warpgroup 0 takes the final hand-over at exit, so no arrive is left over.
   auto turn_to = [&](int next) { named_barrier_arrive(1 + next, 256); };
   auto my_turn = [&] {
     if constexpr (T::kPingpong) named_barrier_sync(1 + cw, 256);
   };
-  auto end_turn = [&](bool last_block) {
-    if constexpr (T::kPingpong) {
-      if (!(last_block && cw == T::kConsumers - 1)) turn_to((cw + 1) % T::kConsumers);
-    }
+  auto end_turn = [&] {
+    if constexpr (T::kPingpong) turn_to((cw + 1) % T::kConsumers);
   };
+  if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
 
   int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
   for (int q_iter = 0;; ++q_iter) {
@@ -335,12 +342,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
       const int first = kv_iter % T::kStages;
       mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
-      if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
       fence_operands(acc_s);
       wgmma_fence();
       my_turn();
       issue_qk(acc_s, k_tile(first));
-      end_turn(n_blocks == 1);
+      end_turn();
       wgmma_wait<0>();
       fence_operands(acc_s);
       mbarrier_arrive(&empty_k[first]);
@@ -360,7 +366,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(acc_o);
         wgmma_fence();  // O's registers changed since the last fence
         issue_pv(frag_p, v_tile(prev));
-        end_turn(j == n_blocks - 1);
+        end_turn();
         wgmma_wait<1>();
         fence_operands(acc_s);
         mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
@@ -453,6 +459,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     }
     if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
+  if (T::kPingpong && cw == 0) my_turn();  // the last hand-over (or the opening one, if no tile had a block)
   if (T::kTmaStore && tid == 0) bulk_wait_group_read0();  // sO stays valid until the TMA has read it
 }
 
