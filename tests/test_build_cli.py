@@ -70,7 +70,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1", False),
     ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
     ("exp-sm90-persistent", "-DFLASHTUNE_SM90_TMA_STORE=0", True),
-    ("exp-sm90-wide-stores", "-DFLASHTUNE_SM90_WIDE_STORES=1", False),  # 128x176 stores O directly
+    ("exp-sm90-narrow-stores", "-DFLASHTUNE_SM90_WIDE_STORES=0", False),  # 128x176 stores O directly
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -94,29 +94,31 @@ def test_h200_profile_kernels_build_within_the_tuners_spill_limit():
     from flashtune.spec import specs_for_profile
     from flashtune.tune import DEFAULT_MAX_SPILL_BYTES
 
-    specs = [s for s in specs_for_profile(find_profile("h200"), dtypes=["bfloat16"]) if not s.fp8]
+    profile = find_profile("h200")
+    specs = [s for s in specs_for_profile(profile, dtypes=["bfloat16"]) if not s.fp8]
+    # one kernel per distinct (head dim, causal, tile) of the tuned table
+    assert len(specs) == len({(c.hdim, causal, c.tile) for c in profile.configs
+                              for causal in ((False, True) if c.causal is None else (c.causal,))})
     results, failures = build_specs(specs)
-    assert not failures and len(results) == len(specs) == 6
+    assert not failures and len(results) == len(specs)
     assert all(r.spill_stores <= DEFAULT_MAX_SPILL_BYTES for r in results), [(r.spill_stores) for r in results]
 
 
-@pytest.mark.parametrize("profile_path, causal, tma_store", [
-    ("h200", True, True),  # 128x128: an O tile fits beside Q and the rings
-    ("h200", False, False),  # 128x176: it does not, direct stores
-    ("tools/experiments/exp-sm90-persistent.yaml", True, False),  # turned off by the flag
+@pytest.mark.parametrize("block_n, causal, flags, tma_store", [
+    (128, True, (), True),  # hdim 128, 128x128: an O tile fits beside Q and the rings
+    (176, False, (), False),  # 128x176: it does not, direct stores
+    (128, True, ("-DFLASHTUNE_SM90_TMA_STORE=0",), False),  # turned off by the flag
 ])
-def test_sm90_tma_store_epilogue_is_where_an_o_tile_fits(profile_path, causal, tma_store):
+def test_sm90_tma_store_epilogue_is_where_an_o_tile_fits(block_n, causal, flags, tma_store):
     """The TMA-store epilogue (UTMASTG in the SASS) is in exactly the kernels that have room for
     it, and the reported shared memory counts its O tile."""
     from flashtune.build import build_spec
-    from flashtune.profiles import find_profile
-    from flashtune.spec import specs_for_profile
-    from flashtune.tiles import shared_memory_bytes
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import sm90_tile, shared_memory_bytes
     from flashtune.toolchain import detect_toolchain
     from flashtune.verify import parse_sass, run_cuobjdump
 
-    path = str(Path(__file__).parents[1] / profile_path) if profile_path.endswith(".yaml") else profile_path
-    spec = specs_for_profile(find_profile(path), dtypes=["bfloat16"], hdims=[128], causal=causal)[0]
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, block_n, 2), causal, nvcc_flags=flags)
     result = build_spec(spec)
     o_tile = 2 * spec.tile.block_m * 128
     no_o = shared_memory_bytes("sm90", 128, spec.tile, nvcc_flags=("-DFLASHTUNE_SM90_TMA_STORE=0",))

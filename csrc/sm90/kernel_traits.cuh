@@ -40,11 +40,11 @@
 #define FLASHTUNE_SM90_TMA_STORE 1
 #endif
 
-// WIDE_STORES (experiment, 0 by default): where O is stored directly (no room for an O tile, or
-// varlen), each pair of threads in a quad swaps halves so every thread stores 8 contiguous
-// bytes: a warp's store then fills 32-byte sectors, with half as many store instructions.
+// WIDE_STORES: where O is stored directly (no room for an O tile, or varlen), each pair of
+// threads in a quad swaps halves so every thread stores 8 contiguous bytes: a warp's store
+// then fills 32-byte sectors, with half as many store instructions.
 #ifndef FLASHTUNE_SM90_WIDE_STORES
-#define FLASHTUNE_SM90_WIDE_STORES 0
+#define FLASHTUNE_SM90_WIDE_STORES 1
 #endif
 
 namespace flashtune {
