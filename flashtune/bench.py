@@ -96,12 +96,20 @@ def kernel_names(run: Callable[[], object]) -> list[str]:
 # and the backend measured first pays for it. Warm up for a time instead, every backend alike.
 WARMUP_SECONDS = 0.2
 ROUNDS = 3
+# A call's events time its GPU work only while the GPU has a queue: when the host takes longer
+# to launch a call (Python checks, the dispatcher) than the GPU to run the one before, the
+# start event fires at once and the time includes that wait. A spin kernel ahead of the timed
+# calls gives the host this many cycles (about 10 ms at 2 GHz) to queue them all; if it still
+# could not, the spin is lengthened and the calls timed again.
+QUEUE_AHEAD_CYCLES = 20_000_000
+QUEUE_AHEAD_TRIES = 4
 
 
 def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int,
             warmup_seconds: float = WARMUP_SECONDS) -> list[float]:
-    """CUDA-event times of `repeats` calls, cycling through input sets (a cold L2 each time),
-    after at least `warmup` calls and `warmup_seconds` of back-to-back calls."""
+    """CUDA-event GPU times of `repeats` calls, cycling through input sets (a cold L2 each
+    time), after at least `warmup` calls and `warmup_seconds` of back-to-back calls; the calls
+    are queued behind a spin kernel, so the host's launch overhead is not in their times."""
     import torch
 
     start, i = time.perf_counter(), 0
@@ -110,14 +118,34 @@ def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int,
         i += 1
         if i % 4 == 0:
             torch.cuda.synchronize()  # the host clock measures GPU time, not queued launches
+    spin = QUEUE_AHEAD_CYCLES
+    for _ in range(QUEUE_AHEAD_TRIES):
+        times, queued = _queued_calls(runners, repeats, spin)
+        if queued:
+            break
+        spin *= 4
+    return times
+
+
+def _queued_calls(runners: list[Callable[[], object]], repeats: int, spin_cycles: int) -> tuple[list[float], bool]:
+    """Event times of `repeats` calls launched behind a spin of `spin_cycles`, and whether the
+    host launched them all before the spin ended (else some waited for their launch)."""
+    import torch
+
+    spin_start, spin_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    spin_start.record()
+    torch.cuda._sleep(spin_cycles)
+    spin_end.record()
+    launched = time.perf_counter()
     for i in range(repeats):
         starts[i].record()
         runners[i % len(runners)]()
         ends[i].record()
+    launch_ms = (time.perf_counter() - launched) * 1e3
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], launch_ms < spin_start.elapsed_time(spin_end)
 
 
 def time_interleaved(timed: dict[str, list[Callable[[], object]]], warmup: int, repeats: int,

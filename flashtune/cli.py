@@ -374,7 +374,8 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
-    timings, TFLOPS, peak memory, error against fp32, and the kernel that ran. Example:
+    GPU times (calls queued behind a spin kernel, so launch overhead is not in them), TFLOPS,
+    peak memory, error against fp32, and the kernel that ran. Example:
 
         flashtune bench --hdims 128 --seqlens 1024,4096 --json out.json --plot out.png
 

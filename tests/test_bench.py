@@ -156,3 +156,35 @@ def test_a_backend_that_fails_while_timed_leaves_the_rounds_with_its_error():
     times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, 5, 30, timer=fake_timer, catch=(MemoryError,))
     assert list(times) == ["a"] and len(times["a"]) >= 30 and isinstance(failed["b"], MemoryError)
     assert calls.count("B") == 2 and calls.count("A") == bench.ROUNDS
+
+
+def test_calls_the_host_could_not_queue_ahead_are_timed_again_behind_a_longer_spin(monkeypatch):
+    """If the host took longer to launch the timed calls than the spin kernel ran, their event
+    times include launch waits: time_ms retimes them behind a 4x longer spin."""
+    pytest.importorskip("torch")
+    spins = []
+
+    def fake_queued_calls(runners, repeats, spin_cycles):
+        spins.append(spin_cycles)
+        return [float(len(spins))] * repeats, len(spins) == 3
+
+    monkeypatch.setattr(bench, "_queued_calls", fake_queued_calls)
+    assert bench.time_ms([lambda: None], warmup=0, repeats=4, warmup_seconds=0.0) == [3.0] * 4
+    assert spins == [bench.QUEUE_AHEAD_CYCLES * 4 ** i for i in range(3)]
+
+
+@pytest.mark.gpu
+def test_event_times_leave_out_the_hosts_launch_overhead():
+    """A call that spends 2 ms on the host and microseconds on the GPU is timed at its GPU time
+    (timed host-bound, every call would read >= 2 ms). 10 such calls outlast the first spin
+    (about 10 ms), so the retry behind a longer one runs too."""
+    import time
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_call():
+        time.sleep(0.002)
+        x.add_(1)
+
+    times = bench.time_ms([slow_host_call], warmup=1, repeats=10, warmup_seconds=0.0)
+    assert len(times) == 10 and max(times) < 0.5, times
