@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device visit that fits a lease: named steps, each bounded by what is left of a total budget,
 # logs under $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
-# Usage: bash tools/visit.sh SECONDS STEP... where STEP is one of the names below.
+# Usage: [PROFILE=NAME|PATH] bash tools/visit.sh SECONDS STEP... where STEP is one of the names
+# below; the h200 steps use $PROFILE (default h200), e.g. a profile an earlier tune-short wrote.
 set -uo pipefail
 BUDGET=$1; shift
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; END=$(( $(date +%s) + BUDGET ))
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; END=$(( $(date +%s) + BUDGET )); P=${PROFILE:-h200}
 run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit's end
   local name=$1 max=$2; shift 2
   local left=$(( END - $(date +%s) )); [ $left -lt $max ] && max=$left
@@ -14,19 +15,19 @@ run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit'
   echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
 }
 for step in "$@"; do case $step in
-  build-h200) run build-h200 120 python3 -m flashtune build --profile h200 --jobs 16 ;;
+  build-h200) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16 ;;
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   fp8-h200) FLASHTUNE_PROFILE=h200 run fp8-h200 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
   fp8-sm80) FLASHTUNE_PROFILE=h200-sm80 run fp8-sm80 90 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_gpu.py ;;
-  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+  gpu-h200) FLASHTUNE_PROFILE=$P run gpu-h200 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py ;;
   gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
-  verify-h200) run verify-h200 120 python3 -m flashtune verify --profile h200 ;;
+  verify-h200) run verify-h200 120 python3 -m flashtune verify --profile "$P" ;;
   verify-sm80) run verify-sm80 120 python3 -m flashtune verify --profile h200-sm80 ;;
-  bench-h200) run bench-h200 130 python3 -m flashtune bench --profile h200 --backends flashtune,sdpa-flash,sdpa-cudnn \
+  bench-h200) run bench-h200 130 python3 -m flashtune bench --profile "$P" --backends flashtune,sdpa-flash,sdpa-cudnn \
                --json "$OUT/bench_h200_bf16.json" --plot "$OUT/bench_h200_bf16.png" ;;
-  bench-h200-fp16) run bench-h200-fp16 130 python3 -m flashtune bench --profile h200 --dtype float16 \
+  bench-h200-fp16) run bench-h200-fp16 130 python3 -m flashtune bench --profile "$P" --dtype float16 \
                --backends flashtune,sdpa-flash,sdpa-cudnn --json "$OUT/bench_h200_fp16.json" ;;
   bench-fp8) run bench-fp8 120 python3 -m flashtune bench --profile h200 --backends flashtune,flashtune-fp8,sdpa-cudnn \
                --json "$OUT/bench_fp8.json" ;;
@@ -35,9 +36,10 @@ for step in "$@"; do case $step in
            --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
            --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
   tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 6 --time-budget 70 --jobs 16" "--backends flashtune" ;;
-  tune-short) run tune-short 400 bash tools/tune_check.sh h200 \
-                "--tiles 128x64,128x80,128x128,128x176,192x128 --jobs 16" "--backends flashtune,sdpa-cudnn" ;;
-              # next: smaller tiles for the short buckets (causal 512-1k computes up to 40% masked or padded work)
+  tune-short) run tune-short 330 python3 -m flashtune tune --profile h200 --tiles 128x80,128x96,128x128,128x160,128x176,192x128 \
+                --jobs 16 --time-budget 240 --max-spill-bytes 140 --name h200 --out "$OUT/h200-tuned.yaml"
+              cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # for a later visit.sh run: PROFILE=/tmp/h200-tuned.yaml
+              # smaller tiles for the short buckets; hdim 64 192x128 (the starting tile) spills 60/72 bytes
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
@@ -54,21 +56,19 @@ for step in "$@"; do case $step in
   ab) E=tools/experiments; run ab 420 bash tools/experiment.sh $E/exp-sm90-persistent.yaml \
         "--dtype bfloat16 --backends flashtune,flashtune-fp8,sdpa-cudnn" $E/exp-sm90-control.yaml \
         $E/exp-sm90-persistent-only.yaml $E/exp-sm90-overlap.yaml $E/exp-sm90-pingpong.yaml $E/exp-sm90-persistent.yaml ;;
-  sanitize) run build-h200 120 python3 -m flashtune build --profile h200 --jobs 16  # every kernel path once, checked
-            run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py h200
-            run racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_case.py h200
-            run synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 9 python3 tools/sanitize_case.py h200 ;;
-  wide) E=tools/experiments  # next: 8-byte direct O stores (written, compile-checked), against the default
-        run wide-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-wide-stores.yaml --jobs 16 >/dev/null \
-          && python3 tools/kernel_ladder.py $E/exp-sm90-wide-stores.yaml"
-        run wide-ab 330 bash tools/experiment.sh $E/exp-sm90-wide-stores.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
-          profiles/h200.yaml $E/exp-sm90-wide-stores.yaml ;;
-  qbuf) E=tools/experiments  # next: the second Q buffer, against the default schedule on the same tiles
-        run qbuf-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-qbuf2.yaml --jobs 16 >/dev/null \
-          && python3 tools/kernel_ladder.py $E/exp-sm90-qbuf2.yaml"
+  sanitize) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16  # every kernel path once, checked
+            for tool in memcheck racecheck synccheck; do
+              run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py "$P"
+            done ;;
+  memcheck|racecheck|synccheck)  # one tool alone (the kernels built by an earlier step)
+            run $step 200 compute-sanitizer --tool $step --error-exitcode 9 python3 tools/sanitize_case.py "$P" ;;
+  qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
-          $E/exp-sm90-persistent.yaml $E/exp-sm90-qbuf2.yaml ;;
+          profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;
   *) echo "unknown step $step" ;;
 esac; done
-# The device tool brings back only a few files per call: pack everything into one.
-( cd "$OUT" && tar czf /tmp/visit.tgz --exclude=visit.tgz . && find . -mindepth 1 -delete && mv /tmp/visit.tgz . )
+# The device tool brings back only a few files per call: pack this run's files into one (an
+# earlier run's archive in the same call stays beside it).
+name=visit-$(date +%H%M%S).tgz
+( cd "$OUT" && tar czf "/tmp/$name" --exclude='visit*.tgz' . && find . -mindepth 1 ! -name 'visit*.tgz' -delete \
+  && mv "/tmp/$name" . )
