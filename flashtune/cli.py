@@ -214,6 +214,9 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--max-spill-bytes", type=click.IntRange(min=0), default=64, show_default=True,
               help="Reject candidates whose ptxas spills exceed this.")
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True)
+@click.option("--final-round", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Per bucket, time this many fastest candidates and the starting tile again side by side "
+                   "(interleaved, same inputs) and pick from that; 0: the first pass decides.")
 @click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: by cores and memory).")
 @click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
               help="Time candidates on this many local GPUs at once (one worker each).")
@@ -224,13 +227,14 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
 @click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
-def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget, max_spill_bytes, repeats, jobs,
-         gpus, fp8, cache_path, name, out, as_json) -> None:
+def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget, max_spill_bytes, repeats,
+         final_round, jobs, gpus, fp8, cache_path, name, out, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
-    parallel, checked against the fp32 reference, then timed per seqlen bucket; failures are
-    recorded with their reason and never retried; an interrupted tune resumes. Example:
+    parallel, checked against the fp32 reference, then timed per seqlen bucket; each bucket's
+    fastest few and the starting tile are timed again side by side, which decides. Failures
+    are recorded with their reason and never retried; an interrupted tune resumes. Example:
 
         flashtune tune --profile h200-sm80 --hdims 128 --out profiles/h200-sm80.yaml
 
@@ -270,7 +274,8 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget
                                 causal=(False, True) if causal is None else (causal,), dtype=dtype,
                                 max_candidates=max_candidates, shapes=tuple(shapes or ()),
                                 time_budget_s=time_budget,
-                                max_spill_bytes=max_spill_bytes, repeats=repeats, jobs=jobs, gpus=gpus, fp8=fp8)
+                                max_spill_bytes=max_spill_bytes, repeats=repeats, final_round=final_round,
+                                jobs=jobs, gpus=gpus, fp8=fp8)
     console = Console(stderr=True) if as_json else make_console()
     with Progress(TextColumn("[bold]tune[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True) as bar:

@@ -55,6 +55,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
             "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(BUCKET_SEQLENS),
             "candidates_failed": sum(1 for r in result.records if r.get("status") == "failed"),
             "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
+            "final_round": opts.final_round if result.final_round else 0,
             "measured": measured}
 
 
@@ -77,7 +78,10 @@ def render(result: TuneResult, console: Console, top: int = 3) -> None:
             slots[(r["hdim"], r["causal"], r["seqlen"])].append(r)
         elif r.get("status") == "failed":
             failures.append(r)
-    table = Table(title=f"flashtune tune: top {top} configs per bucket")
+    title = f"flashtune tune: top {top} configs per bucket"
+    if result.final_round:
+        title += " (the fastest few and the starting tile: final round, timed side by side)"
+    table = Table(title=title)
     for col in ("hdim", "causal", "seqlen", "rank", "tile", "TFLOPS", "ms", "vs starting"):
         table.add_column(col, justify="right" if col not in ("tile",) else "left")
     for slot in sorted(slots):

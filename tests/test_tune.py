@@ -2,6 +2,8 @@
 and the search loop with the compiler and the GPU replaced by fakes."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -149,10 +151,56 @@ def fake_world(monkeypatch, tmp_path):
         return [{"status": "ok", "seqlen": s, "ms": 1.0, "tflops": spec.tile.block_m * spec.tile.block_n / 100 + s / 1e4,
                  "check": "ok"} for s in seqlens]
 
+    def fake_side_by_side(specs, seqlen, repeats):  # the first pass's order again, unless a test says otherwise
+        calls["final"].append((seqlen, sorted(s.name for s in specs)))
+        return {s.name: 1.0 for s in specs}
+
+    calls["final"] = []
     monkeypatch.setattr("flashtune.build.build_specs", fake_build_specs)
     monkeypatch.setattr(tune, "measure_candidate", fake_measure)
+    monkeypatch.setattr(tune, "time_side_by_side", fake_side_by_side)
     monkeypatch.setattr(tune, "stamp", lambda gpu, family: {"gpu": gpu, "family": family})
     return calls
+
+
+def test_a_final_round_side_by_side_decides_each_bucket_and_is_cached(fake_world, tmp_path, monkeypatch):
+    """The first pass ranks by tile area; timed again side by side, a contender other than the
+    first pass's winner (a bucket's top 3 and the starting tile) is the fastest: it wins, with
+    the final round's figures, and a rerun takes them from the cache."""
+    profile = find_profile("h200-sm80")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,))
+    first = tune.run_tune(profile, "NVIDIA H200", dataclasses.replace(opts, final_round=0),
+                          str(tmp_path / "first.jsonl"))
+    slot = (128, False, 16384)
+    ranked = sorted((r for r in first.records if r.get("status") == "ok" and r["seqlen"] == 16384),
+                    key=lambda r: -r["tflops"])
+    contenders = {r["spec"] for r in ranked[:3]} | {first.starting[slot]["spec"]}
+    underdog = min((r for r in ranked if r["spec"] in contenders - {first.winners[slot]["spec"]}),
+                   key=lambda r: r["tflops"])
+
+    def underdog_fastest(specs, seqlen, repeats):
+        fake_world["final"].append((seqlen, sorted(s.name for s in specs)))
+        return {s.name: 0.5 if s.name == underdog["spec"] else 2.0 for s in specs}
+
+    monkeypatch.setattr(tune, "time_side_by_side", underdog_fastest)
+    cache = tmp_path / "c.jsonl"
+    result = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
+    assert result.final_round and len(fake_world["final"]) == 3  # one round per bucket
+    assert sorted(contenders) in [names for _, names in fake_world["final"]]
+    winner = result.winners[slot]
+    assert winner["spec"] == underdog["spec"] != first.winners[slot]["spec"]
+    assert winner["ms"] == 0.5 and winner["first_ms"] == 1.0
+    assert winner["tflops"] == pytest.approx(winner["first_tflops"] * 2)
+    again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
+    assert len(fake_world["final"]) == 3 and again.winners == result.winners  # from the cache
+
+
+def test_final_round_0_lets_the_first_pass_decide(fake_world, tmp_path):
+    profile = find_profile("h200-sm80")
+    result = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(128,), causal=(False,), final_round=0),
+                           str(tmp_path / "c.jsonl"))
+    assert not result.final_round and fake_world["final"] == [] and result.winners
+    assert all("first_ms" not in r for r in result.records)
 
 
 def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_path):
@@ -309,3 +357,20 @@ def test_tune_rejects_a_tile_shape_that_cannot_run_before_building(monkeypatch, 
     result = CliRunner().invoke(cli_mod.cli, ["tune", "--profile", "h200", "--hdims", "64,128", "--tiles", "192x128"])
     assert isinstance(result.exception, Reached) and result.exception.args[0] == ((192, 128),)
     assert "not tried at hdim 128" in result.output and "hdim 64" not in result.output.split("not tried at")[1]
+
+
+@pytest.mark.gpu
+def test_side_by_side_times_every_candidate_on_the_gpu():
+    """The final round's timer on real kernels: two candidates of the active profile's family,
+    one shape, interleaved rounds; a median per candidate, each a plausible GPU time."""
+    from flashtune import ops
+    from flashtune.spec import KernelSpec
+
+    profile = ops.active_profile()
+    start = profile.tile_for(128, False, 1024, 1024)
+    tiles = candidates(profile.family, 128, profile.arch, starting=(start,), limit=2,
+                       nvcc_flags=profile.nvcc_flags)
+    specs = [KernelSpec(profile.family, profile.arch.name, "bfloat16", 128, t, False, nvcc_flags=profile.nvcc_flags)
+             for t in tiles]
+    ms = tune.time_side_by_side(specs, 1024, repeats=6)
+    assert sorted(ms) == sorted(s.name for s in specs) and all(0.01 < m < 100 for m in ms.values()), ms
