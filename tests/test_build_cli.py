@@ -71,6 +71,8 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
     ("exp-sm90-persistent", "-DFLASHTUNE_SM90_TMA_STORE=0", True),
     ("exp-sm90-narrow-stores", "-DFLASHTUNE_SM90_WIDE_STORES=0", False),  # 128x176 stores O directly
+    ("exp-sm90-tree-max", "-DFLASHTUNE_SM90_TREE_MAX=1", True),
+    ("exp-sm90-poly-exp2-2", "-DFLASHTUNE_SM90_POLY_EXP2=2", False),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -83,6 +85,32 @@ def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(exper
     spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=causal)[0]
     result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
     assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
+
+
+def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
+    """-DFLASHTUNE_SM90_POLY_EXP2=2: the softmax's MUFU.EX2 count drops by 2/8 of a block's
+    scores in each of its two copies (the first block's and the loop's); the rescale's 2 per
+    copy stay on MUFU."""
+    from flashtune.build import build_spec
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import sm90_tile
+    from flashtune.toolchain import detect_toolchain
+    from flashtune.verify import parse_sass, run_cuobjdump
+
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    counts = {}
+    for flags in ((), ("-DFLASHTUNE_SM90_POLY_EXP2=2",)):
+        spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
+        result = build_spec(spec)
+        assert result.spill_stores == 0
+        sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
+        assert parse_sass(sass, spec.name)["found"]
+        counts[flags] = sass.count("MUFU.EX2 ")
+    scores = 128 // 2  # per thread per block: a 64 x 128 S per warpgroup
+    assert counts[()] == 2 * scores + 4
+    assert counts[("-DFLASHTUNE_SM90_POLY_EXP2=2",)] == 2 * (scores - scores * 2 // 8) + 4
 
 
 def test_h200_profile_kernels_build_within_the_tuners_spill_limit():

@@ -62,6 +62,14 @@ for step in "$@"; do case $step in
             done ;;
   memcheck|racecheck|synccheck)  # one tool alone (the kernels built by an earlier step)
             run $step 200 compute-sanitizer --tool $step --error-exitcode 9 python3 tools/sanitize_case.py "$P" ;;
+  softmax) E=tools/experiments  # next: the block maximum as a tree, and some exps off the MUFU unit (written, compile-checked)
+        run softmax-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-poly-exp2-2.yaml --jobs 16 >/dev/null \
+          && python3 tools/kernel_ladder.py $E/exp-sm90-poly-exp2-2.yaml"
+        run softmax-ab 420 bash tools/experiment.sh $E/exp-sm90-poly-exp2-2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
+          profiles/h200.yaml $E/exp-sm90-tree-max.yaml $E/exp-sm90-poly-exp2-1.yaml $E/exp-sm90-poly-exp2-2.yaml ;;
+  retune) run retune 330 python3 -m flashtune tune --profile h200 --tiles 128x80,128x96,128x128,128x160,128x176,192x128 \
+            --jobs 16 --time-budget 240 --max-spill-bytes 140 --final-round 3 --name h200 --out "$OUT/h200-tuned.yaml"
+          cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # next: the tuner's final round decides the close calls
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;

@@ -228,9 +228,19 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
+      if constexpr (T::kTreeMax) {  // 4 independent chains, then 2 steps to join them
+        float chain[4] = {m, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < T::kSRegs; ++i)
-        if (((i >> 1) & 1) == r) m = fmaxf(m, acc_s[i]);
+        for (int i = 0; i < T::kSRegs; ++i) {
+          const int c = (i & 1) + 2 * ((i >> 3) & 1);
+          if (((i >> 1) & 1) == r) chain[c] = fmaxf(chain[c], acc_s[i]);
+        }
+        m = fmaxf(fmaxf(chain[0], chain[1]), fmaxf(chain[2], chain[3]));
+      } else {
+#pragma unroll
+        for (int i = 0; i < T::kSRegs; ++i)
+          if (((i >> 1) & 1) == r) m = fmaxf(m, acc_s[i]);
+      }
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
@@ -240,7 +250,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 #pragma unroll
       for (int i = 0; i < T::kSRegs; ++i)
         if (((i >> 1) & 1) == r) {
-          acc_s[i] = fast_exp2(fmaf(acc_s[i], scale_log2, -m_scaled));
+          const float x = fmaf(acc_s[i], scale_log2, -m_scaled);
+          acc_s[i] = i % 8 < T::kPolyExp2Of8 ? poly_exp2(x) : fast_exp2(x);
           sum += acc_s[i];
         }
       row_sum[r] = row_sum[r] * alpha[r] + sum;

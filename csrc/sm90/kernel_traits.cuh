@@ -47,6 +47,19 @@
 #define FLASHTUNE_SM90_WIDE_STORES 1
 #endif
 
+// TREE_MAX (experiment, 0 by default): each row's maximum over a block as 4 independent chains
+// of fmaxf, combined at the end, instead of one chain through all its scores (a 32-64 deep
+// dependency that every exp of the block waits for). Exact either way: max has no rounding.
+#ifndef FLASHTUNE_SM90_TREE_MAX
+#define FLASHTUNE_SM90_TREE_MAX 0
+#endif
+
+// POLY_EXP2 (experiment, 0 by default): k of every 8 scores take 2^x from poly_exp2 (FMA and
+// integer pipes) instead of the MUFU unit, which at head dim 64 is as busy as the tensor cores.
+#ifndef FLASHTUNE_SM90_POLY_EXP2
+#define FLASHTUNE_SM90_POLY_EXP2 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -98,6 +111,8 @@ struct Traits {
   static constexpr bool kTmaStore = FLASHTUNE_SM90_TMA_STORE != 0 && kMainBytes + kOBytes <= kSmemLimit;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
   static constexpr bool kWideStores = FLASHTUNE_SM90_WIDE_STORES != 0;
+  static constexpr bool kTreeMax = FLASHTUNE_SM90_TREE_MAX != 0;
+  static constexpr int kPolyExp2Of8 = FLASHTUNE_SM90_POLY_EXP2;  // scores i with i % 8 < this: poly_exp2
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
@@ -113,6 +128,7 @@ struct Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(FLASHTUNE_SM90_Q_BUFFERS == 1 || FLASHTUNE_SM90_Q_BUFFERS == 2, "1 or 2 Q buffers");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
+  static_assert(kPolyExp2Of8 >= 0 && kPolyExp2Of8 <= 8, "POLY_EXP2: 0 to 8 of every 8 scores");
   static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
