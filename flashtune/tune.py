@@ -332,7 +332,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     #    the clocks drift by a few percent over that: two tunes of one day disagreed by 5% on a
     #    bucket. A bucket's fastest few and its starting tile are timed again side by side, on
     #    the same inputs, and that decides (cached like the rest, so a rerun writes the same).
-    if opts.final_round > 1 and not result.aborted and not result.stopped_by_budget:
+    if opts.final_round > 0 and not result.aborted and not result.stopped_by_budget:
         _final_round(result, opts, {s.name: s for s in specs}, cache, hashes, event)
         result.final_round = True
     return result

@@ -374,3 +374,16 @@ def test_side_by_side_times_every_candidate_on_the_gpu():
              for t in tiles]
     ms = tune.time_side_by_side(specs, 1024, repeats=6)
     assert sorted(ms) == sorted(s.name for s in specs) and all(0.01 < m < 100 for m in ms.values()), ms
+
+
+def test_final_round_1_is_a_duel_of_the_first_pass_winner_and_the_starting_tile(fake_world, tmp_path):
+    profile = find_profile("h200-sm80")
+    result = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(256,), causal=(False,), final_round=1),
+                           str(tmp_path / "c.jsonl"))
+    duels = {seqlen: names for seqlen, names in fake_world["final"]}
+    assert duels  # the fake's larger tiles beat h200-sm80's starting 64x64 at hdim 256
+    for seqlen in BUCKET_SEQLENS:
+        start = result.starting[(256, False, seqlen)]["spec"]
+        best = max((r for r in result.records if r.get("status") == "ok" and r["seqlen"] == seqlen),
+                   key=lambda r: r.get("first_tflops", r["tflops"]))["spec"]
+        assert duels.get(seqlen) == (sorted({best, start}) if best != start else None)
