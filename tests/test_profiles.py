@@ -366,3 +366,12 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
         load_profile(write(tmp_path, data, "h200-3wg.yaml"))
     data["nvcc_flags"] = ["-DFLASHTUNE_SM90_OVERLAP=0"]
     assert load_profile(write(tmp_path, data, "h200-3wg-no-overlap.yaml")).tile_for(128, False, 1, 1).block_m == 192
+
+
+@pytest.mark.parametrize("experiment", ["exp-sm90-qbuf2", "exp-sm90-tree-max", "exp-sm90-poly-exp2-1",
+                                        "exp-sm90-poly-exp2-2"])
+def test_experiments_measured_against_h200_carry_its_tiles(experiment):
+    """These experiments are A/B'd against profile h200 (tools/visit.sh): a copy of its tile
+    table that drifted after a re-tune would compare different tiles, not the flag."""
+    path = Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"
+    assert load_profile(path).configs == find_profile("h200").configs

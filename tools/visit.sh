@@ -39,7 +39,8 @@ for step in "$@"; do case $step in
   tune-short) run tune-short 330 python3 -m flashtune tune --profile h200 --tiles 128x80,128x96,128x128,128x160,128x176,192x128 \
                 --jobs 16 --time-budget 240 --max-spill-bytes 140 --name h200 --out "$OUT/h200-tuned.yaml"
               cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # for a later visit.sh run: PROFILE=/tmp/h200-tuned.yaml
-              # smaller tiles for the short buckets; hdim 64 192x128 (the starting tile) spills 60/72 bytes
+              # smaller tiles for the short buckets; hdim 64 192x128 (the starting tile) spills 60/72 bytes;
+              # next: rerun it, now that the tuner's final round (default --final-round 3) decides close calls
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
@@ -67,9 +68,6 @@ for step in "$@"; do case $step in
           && python3 tools/kernel_ladder.py $E/exp-sm90-poly-exp2-2.yaml"
         run softmax-ab 420 bash tools/experiment.sh $E/exp-sm90-poly-exp2-2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-tree-max.yaml $E/exp-sm90-poly-exp2-1.yaml $E/exp-sm90-poly-exp2-2.yaml ;;
-  retune) run retune 330 python3 -m flashtune tune --profile h200 --tiles 128x80,128x96,128x128,128x160,128x176,192x128 \
-            --jobs 16 --time-budget 240 --max-spill-bytes 140 --final-round 3 --name h200 --out "$OUT/h200-tuned.yaml"
-          cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # next: the tuner's final round decides the close calls
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;
