@@ -73,6 +73,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-narrow-stores", "-DFLASHTUNE_SM90_WIDE_STORES=0", False),  # 128x176 stores O directly
     ("exp-sm90-tree-max", "-DFLASHTUNE_SM90_TREE_MAX=1", True),
     ("exp-sm90-poly-exp2-2", "-DFLASHTUNE_SM90_POLY_EXP2=2", False),
+    ("exp-sm90-eager-rescale", "-DFLASHTUNE_SM90_LAZY_RESCALE=0", True),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -87,10 +88,9 @@ def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(exper
     assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
 
 
-def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
-    """-DFLASHTUNE_SM90_POLY_EXP2=2: the softmax's MUFU.EX2 count drops by 2/8 of a block's
-    scores in each of its two copies (the first block's and the loop's); the rescale's 2 per
-    copy stay on MUFU."""
+def _sm90_causal_128x128_sass(flags: tuple[str, ...]) -> str:
+    """The SASS of the bf16 hdim 128 causal 128x128 sm90 kernel built with these nvcc flags
+    (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
     from flashtune.spec import KernelSpec
     from flashtune.tiles import sm90_tile
@@ -100,17 +100,30 @@ def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
-    counts = {}
-    for flags in ((), ("-DFLASHTUNE_SM90_POLY_EXP2=2",)):
-        spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
-        result = build_spec(spec)
-        assert result.spill_stores == 0
-        sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
-        assert parse_sass(sass, spec.name)["found"]
-        counts[flags] = sass.count("MUFU.EX2 ")
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
+    result = build_spec(spec)
+    assert result.spill_stores == 0
+    sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
+    assert parse_sass(sass, spec.name)["found"]
+    return sass
+
+
+def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
+    """-DFLASHTUNE_SM90_POLY_EXP2=2: the softmax's MUFU.EX2 count drops by 2/8 of a block's
+    scores in each of its two copies (the first block's and the loop's); the rescale's 2 per
+    copy stay on MUFU."""
     scores = 128 // 2  # per thread per block: a 64 x 128 S per warpgroup
-    assert counts[()] == 2 * scores + 4
-    assert counts[("-DFLASHTUNE_SM90_POLY_EXP2=2",)] == 2 * (scores - scores * 2 // 8) + 4
+    assert _sm90_causal_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
+    poly = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_POLY_EXP2=2",))
+    assert poly.count("MUFU.EX2 ") == 2 * (scores - scores * 2 // 8) + 4
+
+
+def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():
+    """The default (LAZY_RESCALE=1): each softmax copy (the first block's and the loop's) ends
+    in one warp vote on whether any row moved its maximum, and O's D/2 rescale multiplies sit
+    behind a branch on it; with the flag at 0 there is no vote and every block rescales."""
+    assert _sm90_causal_128x128_sass(()).count("VOTE.ANY ") == 2
+    assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
 
 
 def test_h200_profile_kernels_build_within_the_tuners_spill_limit():

@@ -369,7 +369,8 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
 
 
 @pytest.mark.parametrize("experiment", ["exp-sm90-qbuf2", "exp-sm90-tree-max", "exp-sm90-poly-exp2-1",
-                                        "exp-sm90-poly-exp2-2"])
+                                        "exp-sm90-poly-exp2-2", "exp-sm90-lazy-rescale",
+                                        "exp-sm90-eager-rescale"])
 def test_experiments_measured_against_h200_carry_its_tiles(experiment):
     """These experiments are A/B'd against profile h200 (tools/visit.sh): a copy of its tile
     table that drifted after a re-tune would compare different tiles, not the flag."""

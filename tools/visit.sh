@@ -35,12 +35,17 @@ for step in "$@"; do case $step in
   model) run model 240 python3 -m flashtune bench --profile h200 --model llama3-8b-like --layers 4 --batch 3 \
            --prefill 1024,4096,16384 --decode-steps 128 --backends flashtune,sdpa-flash,sdpa-cudnn,sdpa-math \
            --json "$OUT/model_bench.json" --plot "$OUT/model_bench.png" ;;
+  ncu) run ncu 200 ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy \
+         --section SpeedOfLight python3 tools/ncu_cells.py "$P" 64:1:512 64:0:512 256:1:512 128:1:1024 128:0:16384 ;;
+  ncu-deep) run ncu-deep 150 ncu --clock-control none --profile-from-start off --section WarpStateStats \
+         --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+         python3 tools/ncu_cells.py "$P" 64:1:512 256:1:512 ;;  # stall reasons, pipes, L2: ours against cuDNN
   tune) run tune 300 bash tools/tune_check.sh h200 "--max-candidates 6 --time-budget 70 --jobs 16" "--backends flashtune" ;;
   tune-short) run tune-short 330 python3 -m flashtune tune --profile h200 --tiles 128x80,128x96,128x128,128x160,128x176,192x128 \
                 --jobs 16 --time-budget 240 --max-spill-bytes 140 --name h200 --out "$OUT/h200-tuned.yaml"
               cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # for a later visit.sh run: PROFILE=/tmp/h200-tuned.yaml
               # smaller tiles for the short buckets; hdim 64 192x128 (the starting tile) spills 60/72 bytes;
-              # next: rerun it, now that the tuner's final round (default --final-round 3) decides close calls
+              # the tuner's final round (default --final-round 3) decides close calls
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
@@ -63,11 +68,15 @@ for step in "$@"; do case $step in
             done ;;
   memcheck|racecheck|synccheck)  # one tool alone (the kernels built by an earlier step)
             run $step 200 compute-sanitizer --tool $step --error-exitcode 9 python3 tools/sanitize_case.py "$P" ;;
-  softmax) E=tools/experiments  # next: the block maximum as a tree, and some exps off the MUFU unit (written, compile-checked)
+  softmax) E=tools/experiments  # the block maximum as a tree, and some exps off the MUFU unit (measured: no gain, a loss)
         run softmax-ladder 150 bash -c "python3 -m flashtune build --profile $E/exp-sm90-poly-exp2-2.yaml --jobs 16 >/dev/null \
           && python3 tools/kernel_ladder.py $E/exp-sm90-poly-exp2-2.yaml"
         run softmax-ab 420 bash tools/experiment.sh $E/exp-sm90-poly-exp2-2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-tree-max.yaml $E/exp-sm90-poly-exp2-1.yaml $E/exp-sm90-poly-exp2-2.yaml ;;
+  rescale) E=tools/experiments  # the default (lazy rescaling) against eager rescaling on the same tiles; measured
+        # first as h200 (then eager) against exp-sm90-lazy-rescale.yaml: benchmarks/h200/2026-12-02_lazy-rescale_ab*
+        run rescale-ab 330 bash tools/experiment.sh $E/exp-sm90-eager-rescale.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
+          profiles/h200.yaml $E/exp-sm90-eager-rescale.yaml ;;
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;

@@ -3,7 +3,8 @@
 // (setmaxnreg.inc), S = Q K^T and O += P V by wgmma, online softmax on the accumulators.
 // The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
-// and a persistent grid loops each CTA over tiles; where an O tile fits, the TMA stores O.
+// a persistent grid loops each CTA over tiles, O is rescaled only when a row's maximum grew by
+// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O.
 #pragma once
 #include <math.h>
 
@@ -207,8 +208,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // Masks (the tail block and, for causal, blocks that cross the diagonal), then the online
   // softmax on the accumulators: P in place of S, new row maxima and sums, and alpha, the
   // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
-  // one quad.
-  auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) {
+  // one quad. Returns whether O needs the rescale (the same for the whole warp); with lazy
+  // rescaling, false while every row of the warp keeps its maximum (alpha = 1).
+  auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
     const bool tail = (j + 1) * BN > seqlen_k;
     const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_row0 + causal_shift;
     if (tail || diagonal) {
@@ -225,6 +227,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       for (int i = 0; i < T::kSRegs; ++i)
         if (8 * (i >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
     }
+    bool moved = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
@@ -243,8 +246,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       }
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      // Lazy: keep the old maximum unless this one is more than 2^kRescaleLog2 above it (from
+      // -inf it always moves; -inf to -inf gives NaN, which keeps it). The quad agrees.
+      if (T::kLazyRescale && !((m - row_max[r]) * scale_log2 > T::kRescaleLog2)) m = row_max[r];
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
-      alpha[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+      alpha[r] = T::kLazyRescale && m == row_max[r] ? 1.f : fast_exp2(row_max[r] * scale_log2 - m_scaled);
+      moved |= m != row_max[r];
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
@@ -256,6 +263,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         }
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
+    return !T::kLazyRescale || __any_sync(0xffffffff, moved);
   };
   // P as register A fragments (k slice s = accumulators 8s..8s+7), all packed before the next
   // wgmma fence so ptxas need not serialise the wgmmas (C7519).
@@ -328,8 +336,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_wait<0>();
         fence_operands(acc_s);
         mbarrier_arrive(&empty_k[stage]);  // this thread is done with K_j
-        softmax(acc_s, j, alpha);
-        rescale_o(alpha);
+        if (softmax(acc_s, j, alpha)) rescale_o(alpha);
         pack_p(acc_s, frag_p);
         mbarrier_wait(&full_v[stage], phase);
         fence_operands(acc_o);
@@ -345,6 +352,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       mbarrier_arrive(&q_empty[q_buf]);
     } else {
       float acc_s[T::kSRegs], alpha[2];
+      bool rescale;  // softmax's answer: whether O needs alpha before the next P V
       uint32_t frag_p[BN / 16][4];
       // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
       // together, and the softmax of S_j runs while the second one still does. Groups complete
@@ -361,7 +369,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       wgmma_wait<0>();
       fence_operands(acc_s);
       mbarrier_arrive(&empty_k[first]);
-      softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+      rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
       pack_p(acc_s, frag_p);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
@@ -373,7 +381,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_fence();
         my_turn();
         issue_qk(acc_s, k_tile(stage));
-        rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
+        if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
         fence_operands(acc_o);
         wgmma_fence();  // O's registers changed since the last fence
         issue_pv(frag_p, v_tile(prev));
@@ -381,7 +389,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_wait<1>();
         fence_operands(acc_s);
         mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
-        softmax(acc_s, j, alpha);
+        rescale = softmax(acc_s, j, alpha);
         wgmma_wait<0>();
         fence_operands(acc_o);
         fence_operands(frag_p);
@@ -391,7 +399,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
       const int last = (kv_iter + n_blocks - 1) % T::kStages;
       mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
-      rescale_o(alpha);
+      if (rescale) rescale_o(alpha);
       fence_operands(acc_o);
       fence_operands(frag_p);
       wgmma_fence();

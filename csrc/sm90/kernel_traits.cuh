@@ -60,6 +60,14 @@
 #define FLASHTUNE_SM90_POLY_EXP2 0
 #endif
 
+// LAZY_RESCALE: a row keeps its running maximum until a block's maximum exceeds it by more
+// than 2^8 (FlashAttention-4's conditional rescaling): P then stays <= 256, O and the row sum
+// share the stale maximum (the result is the same), and a warp whose rows all kept theirs skips
+// O's rescale (D/2 multiplies per thread on the path to each P V). +3% at hdim 256 on the H200.
+#ifndef FLASHTUNE_SM90_LAZY_RESCALE
+#define FLASHTUNE_SM90_LAZY_RESCALE 1
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -113,6 +121,8 @@ struct Traits {
   static constexpr bool kWideStores = FLASHTUNE_SM90_WIDE_STORES != 0;
   static constexpr bool kTreeMax = FLASHTUNE_SM90_TREE_MAX != 0;
   static constexpr int kPolyExp2Of8 = FLASHTUNE_SM90_POLY_EXP2;  // scores i with i % 8 < this: poly_exp2
+  static constexpr bool kLazyRescale = FLASHTUNE_SM90_LAZY_RESCALE != 0;
+  static constexpr float kRescaleLog2 = 8.f;  // lazy: rescale once the maximum grew by more than 2^8
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
