@@ -27,8 +27,8 @@ HOW_TO_WRITE = ("copy a shipped profile (`flashtune profiles show NAME` prints i
 
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
-             "nvcc_flags": list, "configs": list, "provenance": dict}
-_REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims", "configs")
+             "nvcc_flags": list, "configs": list, "configs_from": str, "provenance": dict}
+_REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
                 "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages")}
@@ -189,7 +189,7 @@ class _Validator:
         nvcc_flags = self.str_list(data.get("nvcc_flags", []), "nvcc_flags", "a list of strings")
         # `configs` serve the 16-bit kernels (and the FP8 twins unless fp8.configs exist), so
         # they are checked against the 16-bit resource model; fp8.configs against the FP8 one.
-        configs = self.configs(data["configs"], family, arch, head_dims, False, nvcc_flags)
+        configs = self.configs(self.tile_table(data, family), family, arch, head_dims, False, nvcc_flags)
         fp8_configs = ()
         if fp8 is not None and "configs" in data["fp8"]:
             fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, nvcc_flags,
@@ -199,6 +199,31 @@ class _Validator:
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
                        nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
                        provenance=data.get("provenance"))
+
+    def tile_table(self, data: dict, family: str) -> list:
+        """The raw `configs` list: this file's, or, with `configs_from: NAME`, the shipped
+        profile NAME's (an experiment that changes only nvcc_flags then A/Bs the same tiles
+        after every re-tune). Checked afterwards against this profile's family, arch and flags."""
+        allowed = "a tile table (configs), or configs_from: the name of a shipped profile"
+        if "configs" not in data and "configs_from" not in data:
+            raise self.fail("configs", "missing required key", allowed)
+        if "configs" in data and "configs_from" in data:
+            raise self.fail("configs", "give configs or configs_from, not both", allowed)
+        if "configs" in data:
+            return data["configs"]
+        name = data["configs_from"]
+        shipped = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
+        base_path = profiles_dir() / f"{name}.yaml"
+        if name not in shipped:  # read as plain YAML, not loaded: no chain of configs_from to follow
+            raise self.fail("configs_from", f"no shipped profile {name!r}", ", ".join(shipped))
+        base = yaml.safe_load(base_path.read_text())
+        if not isinstance(base, dict) or not isinstance(base.get("configs"), list):
+            raise self.fail("configs_from", f"{base_path} has no configs list of its own",
+                            "a shipped profile with a configs list")
+        if base.get("family") != family:
+            raise self.fail("configs_from", f"{name} is a {base.get('family')} profile, this one {family}",
+                            f"a shipped {family} profile")
+        return base["configs"]
 
     def head_dims(self, value: list) -> tuple[int, ...]:
         allowed = ", ".join(map(str, HEAD_DIMS))

@@ -371,8 +371,37 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
 @pytest.mark.parametrize("experiment", ["exp-sm90-qbuf2", "exp-sm90-tree-max", "exp-sm90-poly-exp2-1",
                                         "exp-sm90-poly-exp2-2", "exp-sm90-lazy-rescale",
                                         "exp-sm90-eager-rescale"])
-def test_experiments_measured_against_h200_carry_its_tiles(experiment):
-    """These experiments are A/B'd against profile h200 (tools/visit.sh): a copy of its tile
-    table that drifted after a re-tune would compare different tiles, not the flag."""
+def test_experiments_measured_against_h200_take_its_tiles(experiment):
+    """These experiments are A/B'd against profile h200 (tools/visit.sh) with `configs_from:
+    h200`: after a re-tune they still compare the flag alone, on h200's tiles."""
     path = Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"
+    assert yaml.safe_load(path.read_text())["configs_from"] == "h200"
     assert load_profile(path).configs == find_profile("h200").configs
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"configs_from": "h200"}, r"configs: give configs or configs_from, not both"),
+    ({"configs": None, "configs_from": "h2000"}, r"configs_from: no shipped profile 'h2000'; allowed: .*h200"),
+    ({"configs": None, "configs_from": "rtx4090"}, r"configs_from: rtx4090 is a sm80 profile, this one sm90"),
+    ({"configs": None}, r"configs: missing required key; allowed: a tile table \(configs\), or configs_from"),
+])
+def test_configs_from_needs_one_shipped_profile_of_the_same_family(tmp_path, change, problem):
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    for key, value in change.items():
+        if value is None:
+            del data[key]
+        else:
+            data[key] = value
+    with pytest.raises(ProfileError, match=problem):
+        load_profile(write(tmp_path, data, "exp.yaml"))
+
+
+def test_configs_from_validates_the_tiles_against_this_profile(tmp_path):
+    """A tile table taken over is checked as this profile's own would be, not trusted: here
+    h200's hdim 256 rows serve a head dim this profile does not build."""
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    del data["configs"]
+    data["configs_from"] = "h200"
+    data["head_dims"] = [64, 128]
+    with pytest.raises(ProfileError, match=r"configs\[\d+\]\.hdim"):
+        load_profile(write(tmp_path, data, "exp.yaml"))
