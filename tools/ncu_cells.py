@@ -12,12 +12,12 @@ import torch
 
 from flashtune import ops
 from flashtune.backends import BACKENDS, Case
-from flashtune.bench import Shape, make_inputs
+from flashtune.bench import fa_grid, make_inputs
 
 ops.use_profile(sys.argv[1])
 for cell in sys.argv[2:]:
     hdim, causal, seqlen = (int(x) for x in cell.split(":"))
-    shape = Shape("bfloat16", hdim, bool(causal), seqlen, seqlen, 16384 // seqlen, 2048 // hdim, 2048 // hdim)
+    (shape,) = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[bool(causal)])  # the bench's batch and heads
     q, k, v = make_inputs(shape, seed=0)
     case = Case(q, k, v, bool(causal), hdim ** -0.5)
     for name in ("flashtune", "sdpa-cudnn"):
