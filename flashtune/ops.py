@@ -49,13 +49,15 @@ _state = _State(per_device={})
 _state_lock = threading.Lock()
 
 
-def use_profile(name_or_path: str | os.PathLike | None) -> Profile | None:
-    """Choose the profile every later call uses (None: back to auto-matching the GPU).
+def use_profile(name_or_path: str | os.PathLike | Profile | None) -> Profile | None:
+    """Choose the profile every later call uses (None: back to auto-matching the GPU); a name, a
+    YAML path, or a Profile already loaded (e.g. with extra nvcc_flags, as tools/tile_trace.py).
 
     The environment variable FLASHTUNE_PROFILE does the same without code changes.
     """
     with _state_lock:
-        _state.explicit = find_profile(name_or_path) if name_or_path is not None else None
+        _state.explicit = (name_or_path if isinstance(name_or_path, Profile) or name_or_path is None
+                           else find_profile(name_or_path))
         _state.per_device.clear()
         _spec_cache.clear()
         return _state.explicit
@@ -258,11 +260,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                    causal: bool, q_descale: torch.Tensor | None = None,
-                   k_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log).
-    FP8 (e4m3) q and k come with their (batch, heads_kv) float32 descale factors."""
+                   k_descale: torch.Tensor | None = None, with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log),
+    or an empty tensor in its place without with_lse (the kernel then writes none: up to 5% of a short
+    sequence's time on the H200). FP8 (e4m3) q and k come with their (batch, heads_kv) float32
+    descale factors."""
     if q.numel() == 0:
-        return _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
+        return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
     profile = active_profile(q.device)
     spec = select_spec(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, fp8=q.dtype == _FP8)
     if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
@@ -271,16 +275,17 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 _fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
                       "TMA loads cannot read; call .contiguous()")
     return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    q_descale, k_descale)
+                    q_descale, k_descale, with_lse)
 
 
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-             softmax_scale: float, q_descale=None, k_descale=None) -> tuple[torch.Tensor, torch.Tensor]:
+             softmax_scale: float, q_descale=None, k_descale=None,
+             with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on validated inputs (the tuner times candidates through this)."""
-    out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
+    out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
     kernel = load_kernel(spec)
     load_binding()
-    torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse if with_lse else None, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale)
     return out, lse
 
@@ -290,9 +295,12 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 poison_outputs = False
 
 
-def _empty_outputs(q: torch.Tensor, dtype: torch.dtype, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _empty_outputs(q: torch.Tensor, dtype: torch.dtype, varlen: bool,
+                   with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(q.shape, dtype=dtype, device=q.device)
-    if varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
+    if not with_lse:  # a custom op returns tensors: an empty one stands for "not computed"
+        lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    elif varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
         lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     else:
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
@@ -309,8 +317,8 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 
 @attention_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
-      k_descale=None):
-    return _empty_outputs(q, v.dtype, cu_seqlens_q is not None)
+      k_descale=None, with_lse=True):
+    return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
 
 
 def _forward(q, *args):
@@ -342,7 +350,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     _check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
     _check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale)
     q, k, q_descale, k_descale = _fp8_operands(q, k, q_descale, k_descale, qk_fp8)
-    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale)
+    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
+                        return_lse or return_attn_probs)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
@@ -428,7 +437,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     _check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                             bool(causal))
+                        bool(causal), None, None, return_lse or return_attn_probs)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 

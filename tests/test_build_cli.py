@@ -74,6 +74,8 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-tree-max", "-DFLASHTUNE_SM90_TREE_MAX=1", True),
     ("exp-sm90-poly-exp2-2", "-DFLASHTUNE_SM90_POLY_EXP2=2", False),
     ("exp-sm90-eager-rescale", "-DFLASHTUNE_SM90_LAZY_RESCALE=0", True),
+    ("exp-sm90-wide8", "-DFLASHTUNE_SM90_WIDE_STORES=1", False),
+    ("exp-sm90-trace", "-DFLASHTUNE_SM90_TRACE=1", True),  # tools/tile_trace.py's kernels
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -86,6 +88,30 @@ def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(exper
     spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=causal)[0]
     result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
     assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
+
+
+def test_only_the_trace_build_exports_the_tile_timeline():
+    """tools/tile_trace.py finds flashtune_trace_clear/_copy in a kernel library built with
+    -DFLASHTUNE_SM90_TRACE=1 (exp-sm90-trace.yaml); a default build has neither, and no trace."""
+    import shutil
+    import subprocess
+
+    from flashtune.build import build_spec
+    from flashtune.profiles import find_profile
+    from flashtune.spec import specs_for_profile
+
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not installed")
+
+    def exported(profile_path: str) -> set[str]:
+        spec = specs_for_profile(find_profile(profile_path), dtypes=["bfloat16"], hdims=[128], causal=True)[0]
+        out = subprocess.run(["nm", "-D", "--defined-only", build_spec(spec).library], capture_output=True,
+                             text=True, check=True).stdout
+        return {line.split()[-1] for line in out.splitlines() if line.split()}
+
+    trace = exported(str(Path(__file__).parents[1] / "tools" / "experiments" / "exp-sm90-trace.yaml"))
+    assert {"flashtune_trace_clear", "flashtune_trace_copy"} <= trace
+    assert not {"flashtune_trace_clear", "flashtune_trace_copy"} & exported("h200")
 
 
 def _sm90_causal_128x128_sass(flags: tuple[str, ...]) -> str:
@@ -124,6 +150,16 @@ def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():
     behind a branch on it; with the flag at 0 there is no vote and every block rescales."""
     assert _sm90_causal_128x128_sass(()).count("VOTE.ANY ") == 2
     assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
+
+
+def test_o_leaves_by_stmatrix_and_16_byte_stores():
+    """The epilogue's defaults: O into shared memory for the TMA store by stmatrix (four 8x8
+    matrices, D/16 per thread), and where O is stored directly (varlen calls of the same kernel)
+    16 bytes per store; the flags bring back 32-bit shared stores and 8-byte global ones."""
+    sass = _sm90_causal_128x128_sass(())
+    assert sass.count("STSM.16.M88.4 ") == 128 // 16 and "STG.E.128 " in sass
+    assert "STSM" not in _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_STMATRIX=0",))
+    assert "STG.E.128 " not in _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_WIDE_STORES=1",))
 
 
 def test_h200_profile_kernels_build_within_the_tuners_spill_limit():

@@ -126,6 +126,24 @@ def test_varlen_mixed_lengths(causal, hdim):
     torch.testing.assert_close(lse[~no_key], ref_lse[~no_key], atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("hdim", [64, 256])  # O through the TMA store, and stored directly (sm90)
+def test_without_lse_the_output_is_the_same(causal, hdim):
+    """A call that asks for no LSE launches with none (the kernels skip its stores): the same O,
+    bit for bit, and right against the reference; varlen too."""
+    from flashtune import flash_attn_func, flash_attn_varlen_func
+
+    q, k, v = (_rand(3, 1000, 4, hdim, dtype=torch.bfloat16) for _ in range(3))
+    with_lse, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    plain = flash_attn_func(q, k, v, causal=causal)
+    assert torch.equal(plain, with_lse)
+    _check(plain, lse, q, k, v, causal)
+    cu = torch.tensor([0, 1000, 2000, 3000], dtype=torch.int32, device="cuda")
+    packed = [x.reshape(3000, 4, hdim) for x in (q, k, v)]
+    varlen = flash_attn_varlen_func(*packed, cu, cu, 1000, 1000, causal=causal)
+    assert torch.equal(varlen, plain.reshape(3000, 4, hdim))
+
+
 def test_torch_compile_traces_without_graph_breaks():
     from torch._dynamo.testing import EagerAndRecordGraphs
 

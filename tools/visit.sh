@@ -80,6 +80,18 @@ for step in "$@"; do case $step in
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;
+  trace) E=tools/experiments C="64:1:512 256:1:512 128:0:512"  # each tile's steps timed in the kernel (csrc/sm90/trace.cuh)
+        run trace 150 python3 tools/tile_trace.py $C
+        run trace-lse 60 python3 tools/tile_trace.py --lse $C
+        run trace-skip-o 90 python3 tools/tile_trace.py --profile $E/exp-sm90-trace-skip-o.yaml $C ;;  # a bound: no O written
+  wide) E=tools/experiments  # direct O stores of 16 bytes (the default) against 8 (exp-sm90-wide8.yaml, the old default);
+        # measured first as h200 (then 8-byte) against exp-sm90-wide16.yaml: benchmarks/h200/2026-12-02_wide16_ab*
+        run trace-wide8 90 python3 tools/tile_trace.py --flag=-DFLASHTUNE_SM90_WIDE_STORES=1 256:1:512 128:0:512 256:0:512
+        run wide-ab 330 bash tools/experiment.sh $E/exp-sm90-wide8.yaml \
+          "--dtype bfloat16 --backends flashtune,sdpa-cudnn --hdims 128,256" profiles/h200.yaml $E/exp-sm90-wide8.yaml ;;
+  stmatrix) C="64:1:512 64:0:512 128:1:1024"  # O into shared memory by stmatrix (the default) or 32-bit stores
+        run trace-stmatrix 80 python3 tools/tile_trace.py $C
+        run trace-sts 80 python3 tools/tile_trace.py --flag=-DFLASHTUNE_SM90_STMATRIX=0 $C ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack this run's files into one (an

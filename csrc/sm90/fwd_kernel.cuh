@@ -12,6 +12,7 @@
 #include "common/params.h"
 #include "sm90/kernel_traits.cuh"
 #include "sm90/ptx_sm90.cuh"
+#include "sm90/trace.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace flashtune {
@@ -65,8 +66,11 @@ __device__ __forceinline__ int num_tiles(const FwdParams& p) {
 }
 
 // A CTA loops over tiles (persistent when the launcher's grid is smaller than the tile count;
-// one tile per CTA otherwise). The producer picks each tile and publishes its index in shared memory
-// with the Q load; the consumers read it once Q has landed, and -1 tells them to stop.
+// one tile per CTA otherwise). The producer picks each tile and publishes it (the whole Tile)
+// in shared memory with the Q load; the consumers read it once Q has landed, and n_blocks = -1
+// tells them to stop. The consumers never compute tile_at: its integer divisions wait behind
+// the other warpgroup's exps on the MUFU unit (0.15 us of each of a tile's two lookups at hdim
+// 64 on the H200, tools/tile_trace.py).
 template <class T>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps) {
   using Elem = typename T::Elem;
@@ -79,13 +83,17 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   unsigned char* sK = sQ + T::kQBuffers * T::kQBytes;  // kStages tiles
   unsigned char* sV = sK + T::kStages * T::kKBytes;   // kStages tiles
   unsigned char* sO = sV + T::kStages * T::kVBytes;   // the TMA-store epilogue's O tile, if any
-  // bar_q: Q (and the tile index) landed; q_empty: the consumers are done with Q. K and V have
+  // bar_q: Q (and the tile) landed; q_empty: the consumers are done with Q. K and V have
   // rings of their own: K_j is free once S_j is done, V_j only after P_j V_j, which the overlap
   // issues an iteration later; one shared slot would hold K back and leave no prefetch.
   // With 2 Q buffers (an experiment) the next tile's Q loads while this tile still uses its own.
   __shared__ __align__(8) uint64_t bar_q[T::kQBuffers], q_empty[T::kQBuffers];
   __shared__ __align__(8) uint64_t full_k[T::kStages], empty_k[T::kStages], full_v[T::kStages], empty_v[T::kStages];
-  __shared__ int tile_index[T::kQBuffers];
+  // Tile q_iter is published in slot q_iter % kTileSlots: the producer writes it once the Q buffer
+  // is free, which is after every consumer has finished the epilogue of the tile kQBuffers + 1
+  // before it (the last one that used the slot): one slot more than Q buffers.
+  constexpr int kTileSlots = T::kQBuffers + 1;
+  __shared__ Tile tile_info[kTileSlots];
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
     Tile tile;
     if (!tile_at<T>(p, blockIdx.x, tile)) return;
@@ -115,6 +123,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     // its Q, so the next tile's first K/V blocks follow into the slots this tile frees.
     setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
+      FT_TRACE_CLOCK(0);
       const int tiles = num_tiles<T>(p);
       // From the counter when the launcher gave one (causal and varlen tiles differ in cost: the
       // next free CTA takes the next tile), else by a fixed stride.
@@ -128,41 +137,46 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         const int buf = q_iter % T::kQBuffers;  // Q buffer, used for the (q_iter / kQBuffers)-th time
         if constexpr (T::kPersistent) {
           while (t < tiles && !tile_at<T>(p, t, tile)) t = next_tile(t);  // varlen: no rows there
-          // free once the consumers released its last use (and with it its tile_index slot)
+          // free once the consumers released its last use (and with it this tile's slot)
           const int use = q_iter / T::kQBuffers;
           if (use > 0) mbarrier_wait(&q_empty[buf], (use - 1) & 1);
           if (t >= tiles) {
-            tile_index[buf] = -1;
+            tile_info[q_iter % kTileSlots].n_blocks = -1;
             mbarrier_arrive(&bar_q[buf]);  // no bytes: the consumers stop
             break;
           }
-          tile_index[buf] = t;
+          FT_TRACE_VALUE(q_iter, kTraceTileIndex, t);
         } else {
           tile_at<T>(p, t, tile);  // valid: checked on entry
         }
+        tile_info[q_iter % kTileSlots] = tile;
         mbarrier_arrive_expect_tx(&bar_q[buf], T::kQBytes);
         for (int c = 0; c < T::kQKPanels; ++c)
           tma_load_4d(sQ + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &bar_q[buf], T::kQKBoxCols * c,
                       tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
-        for (int j = 0; j < tile.n_blocks; ++j, ++kv_iter) {
+        FT_TRACE(q_iter, kTraceQIssued);
+        const Tile& cur = tile_info[q_iter % kTileSlots];  // read back: the producer has 40 registers or fewer
+        for (int j = 0; j < cur.n_blocks; ++j, ++kv_iter) {
           const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
-          const int row = tile.k_row0 + j * BN;
+          const int row = cur.k_row0 + j * BN;
           unsigned char* k_tile = sK + stage * T::kKBytes;
           unsigned char* v_tile = sV + stage * T::kVBytes;
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_k[stage], free_phase);
           mbarrier_arrive_expect_tx(&full_k[stage], T::kKBytes);
           for (int c = 0; c < T::kQKPanels; ++c)
             tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full_k[stage], T::kQKBoxCols * c, row,
-                        tile.kv_head, tile.tma_batch);
+                        cur.kv_head, cur.tma_batch);
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_v[stage], free_phase);
           mbarrier_arrive_expect_tx(&full_v[stage], T::kVBytes);
           for (int c = 0; c < T::kVPanels; ++c)
-            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full_v[stage], 64 * c, row, tile.kv_head,
-                        tile.tma_batch);
+            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full_v[stage], 64 * c, row, cur.kv_head,
+                        cur.tma_batch);
         }
+        FT_TRACE(q_iter, kTraceKvIssued);
         if constexpr (!T::kPersistent) break;
         t = next_tile(t);
       }
+      FT_TRACE_CLOCK(2);
     }
     return;
   }
@@ -295,16 +309,19 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
 
   int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
   for (int q_iter = 0;; ++q_iter) {
+    auto mark = [&](int step) {  // tools/tile_trace.py's timeline; empty unless FLASHTUNE_SM90_TRACE
+      if (tid == 0) FT_TRACE(q_iter, kTraceConsumer0 + kTraceConsumerSteps * cw + step);
+    };
     const int q_buf = q_iter % T::kQBuffers;
     mbarrier_wait(&bar_q[q_buf], (q_iter / T::kQBuffers) & 1);
-    const int index = T::kPersistent ? tile_index[q_buf] : int(blockIdx.x);
-    if (index < 0) break;
+    mark(kTraceQLanded);
+    // The producer's Tile, valid through this tile's epilogue (read where needed: registers are
+    // what a consumer has least of).
+    const int n_blocks = tile_info[q_iter % kTileSlots].n_blocks;
+    if (n_blocks < 0) break;
     q_base = smem_u32(sQ + q_buf * T::kQBytes) + cw * 64 * T::kQKRowBytes;
-    int n_blocks;
     {
-      Tile tile;
-      tile_at<T>(p, index, tile);
-      n_blocks = tile.n_blocks;
+      const Tile& tile = tile_info[q_iter % kTileSlots];
       m_row0 = tile.m_block * BM;
       seqlen_k = tile.seqlen_k;
       causal_shift = tile.seqlen_k - tile.seqlen_q;
@@ -361,13 +378,16 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
       const int first = kv_iter % T::kStages;
       mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
+      mark(kTraceK0Landed);
       fence_operands(acc_s);
       wgmma_fence();
       my_turn();
       issue_qk(acc_s, k_tile(first));
       end_turn();
+      mark(kTraceTurn);
       wgmma_wait<0>();
       fence_operands(acc_s);
+      mark(kTraceS0Done);
       mbarrier_arrive(&empty_k[first]);
       rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
       pack_p(acc_s, frag_p);
@@ -406,32 +426,37 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       issue_pv(frag_p, v_tile(last));
       wgmma_wait<0>();
       fence_operands(acc_o);
+      mark(kTraceLastPvDone);
       mbarrier_arrive(&empty_v[last]);
     }
 
     kv_iter += n_blocks;
 
     // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.
-    Tile tile;
-    tile_at<T>(p, index, tile);
+    const Tile& tile = tile_info[q_iter % kTileSlots];
     const bool varlen = p.cu_seqlens_q != nullptr;
     Elem* out = static_cast<Elem*>(p.o) +
                 (varlen ? int64_t(tile.q_row0) * p.o_row_stride : int64_t(tile.batch) * p.o_batch_stride) +
                 int64_t(tile.head) * p.o_head_stride;
     const int64_t lse_off = varlen ? tile.q_row0 : int64_t(tile.batch) * p.lse_batch_stride;
-    const bool tma_store = T::kTmaStore && !varlen;
+    const bool tma_store = T::kTmaStore && !varlen && !kTraceSkipO;
     if (tma_store) {  // this warpgroup's last store must have read sO before it is written again
       if (tid == 0) bulk_wait_group_read0();
       named_barrier_sync(4 + cw, 128);
     }
+    mark(kTraceEpilogueReady);
+    float inv_of[2];  // per row, for the stmatrix stores after the loop
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
-      const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0, LSE = -inf
+      // A row that saw no key: O = 0, LSE = -inf. l >= 1 otherwise (its maximum's own term), so
+      // the approximate reciprocal is within 2 ulp and has no slow path to branch around.
+      const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
+      inv_of[r] = inv;
       const int row = m_row0 + row_in_tile + 8 * r;
-      if (tma_store) {  // into sO's 128B-swizzled panels: 16-byte chunk c ^ (row % 8) of each 128-byte row
+      if (tma_store && !T::kStmatrix) {  // into sO's 128B-swizzled panels: 16-byte chunk c ^ (row % 8) of each 128-byte row
         const uint32_t row_base = smem_u32(sO) + (row_in_tile + 8 * r) * 128;
 #pragma unroll
         for (int c = 0; c < D / 8; ++c)
@@ -439,7 +464,30 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
                         pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv));
       }
       Elem* out_row = out + int64_t(row) * p.o_row_stride;
-      if (!tma_store && T::kWideStores) {
+      if (!tma_store && T::kStoreBytes == 16 && !kTraceSkipO) {
+        // Chunks 4k..4k+3 (8 columns each, a quad holds each as one 32-bit pair per thread): a 4 x 4
+        // transpose within the quad in two shuffle rounds, after which thread t holds chunk 4k+t
+        // whole and stores it as 16 bytes: a warp's store covers 8 rows x 64 contiguous bytes.
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) {
+          uint32_t x[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            x[i] = pack2<Elem>(acc_o[4 * (4 * k + i) + 2 * r] * inv, acc_o[4 * (4 * k + i) + 2 * r + 1] * inv);
+          const bool hi = t & 2, odd = t & 1;
+          // Round 1 (lanes t, t^2 swap halves): lanes 0-1 hold chunks 0-1 of both, lanes 2-3 chunks 2-3.
+          uint32_t r0 = __shfl_xor_sync(0xffffffff, hi ? x[0] : x[2], 2);
+          uint32_t r1 = __shfl_xor_sync(0xffffffff, hi ? x[1] : x[3], 2);
+          if (hi) x[0] = r0, x[1] = r1; else x[2] = r0, x[3] = r1;
+          // Round 2 (lanes t, t^1): each keeps its own chunk; x[j] is then lane j's pair of it.
+          r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
+          r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
+          if (odd) x[0] = r0, x[2] = r1; else x[1] = r0, x[3] = r1;
+          if (row < tile.seqlen_q)
+            *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+        }
+      }
+      if (!tma_store && T::kStoreBytes == 8 && !kTraceSkipO) {
         // Chunks c, c+1 (8 columns each): the even thread of a pair takes the odd one's columns
         // of chunk c, the odd thread the even one's of chunk c+1; each stores 4 columns. Every
         // lane shuffles (a quad shares its row, the warp does not), so the row check follows.
@@ -455,7 +503,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         }
       }
       if (row >= tile.seqlen_q) continue;
-      if (!tma_store && !T::kWideStores) {
+      if (!tma_store && T::kStoreBytes == 4 && !kTraceSkipO) {
 #pragma unroll
         for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
           *reinterpret_cast<uint32_t*>(out_row + 8 * c + 2 * t) =
@@ -465,6 +513,21 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] =
             l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
     }
+    if (tma_store && T::kStmatrix) {
+      // Chunks c and c+1 of both rows as four 8x8 matrices per stmatrix (matrix m: row +8 (m & 1),
+      // chunk c + (m >> 1)); lane l addresses row l % 8 of matrix l / 8, in the same swizzle.
+      const int m = lane / 8, rows_of_m = row_in_tile - g + lane % 8 + 8 * (m & 1);
+#pragma unroll
+      for (int c = 0; c < D / 8; c += 2) {
+        const int chunk = c + (m >> 1);
+        stmatrix_x4(smem_u32(sO) + (chunk / 8) * T::kPanelBytesO + rows_of_m * 128 + (((chunk % 8) ^ (lane % 8)) * 16),
+                    pack2<Elem>(acc_o[4 * c] * inv_of[0], acc_o[4 * c + 1] * inv_of[0]),
+                    pack2<Elem>(acc_o[4 * c + 2] * inv_of[1], acc_o[4 * c + 3] * inv_of[1]),
+                    pack2<Elem>(acc_o[4 * c + 4] * inv_of[0], acc_o[4 * c + 5] * inv_of[0]),
+                    pack2<Elem>(acc_o[4 * c + 6] * inv_of[1], acc_o[4 * c + 7] * inv_of[1]));
+      }
+    }
+    mark(kTraceOWritten);
     if (tma_store) {  // every thread's O is in sO: one thread stores the warpgroup's 64 rows
       fence_proxy_async_smem();
       named_barrier_sync(4 + cw, 128);
@@ -476,6 +539,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         bulk_commit_group();
       }
     }
+    mark(kTraceStored);
     if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
   if (T::kPingpong && cw == 0) my_turn();  // the last hand-over (or the opening one, if no tile had a block)

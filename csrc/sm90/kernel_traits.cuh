@@ -40,11 +40,21 @@
 #define FLASHTUNE_SM90_TMA_STORE 1
 #endif
 
-// WIDE_STORES: where O is stored directly (no room for an O tile, or varlen), each pair of
-// threads in a quad swaps halves so every thread stores 8 contiguous bytes: a warp's store
-// then fills 32-byte sectors, with half as many store instructions.
+// STMATRIX: the TMA-store epilogue writes O into shared memory with stmatrix (four 8x8 matrices,
+// 512 bytes a warp, per instruction) instead of 32-bit stores (128 bytes): a quarter of the
+// instructions, in the epilogue that tools/tile_trace.py timed at 0.5 us of a 3-7 us tile
+// (0.53 -> 0.45 us at hdim 64 causal 512 on the H200).
+#ifndef FLASHTUNE_SM90_STMATRIX
+#define FLASHTUNE_SM90_STMATRIX 1
+#endif
+
+// WIDE_STORES: where O is stored directly (no room for an O tile, or varlen), the bytes each
+// thread stores at once. 1: each pair of threads in a quad swaps halves, so every thread stores
+// 8 contiguous bytes (a warp's store fills 32-byte sectors, with half the store instructions of
+// 0, 4 bytes). 2 (the default): a 4 x 4 transpose within each quad, 16 bytes (a quarter of
+// 0's stores); tools/tile_trace.py on the H200: hdim 256's O stores 2.6 -> 1.9 us a 512-token tile.
 #ifndef FLASHTUNE_SM90_WIDE_STORES
-#define FLASHTUNE_SM90_WIDE_STORES 1
+#define FLASHTUNE_SM90_WIDE_STORES 2
 #endif
 
 // TREE_MAX (experiment, 0 by default): each row's maximum over a block as 4 independent chains
@@ -118,7 +128,8 @@ struct Traits {
   static constexpr int kMainBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
   static constexpr bool kTmaStore = FLASHTUNE_SM90_TMA_STORE != 0 && kMainBytes + kOBytes <= kSmemLimit;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
-  static constexpr bool kWideStores = FLASHTUNE_SM90_WIDE_STORES != 0;
+  static constexpr int kStoreBytes = 4 << FLASHTUNE_SM90_WIDE_STORES;  // direct O stores: 4, 8 or 16 bytes
+  static constexpr bool kStmatrix = FLASHTUNE_SM90_STMATRIX != 0;
   static constexpr bool kTreeMax = FLASHTUNE_SM90_TREE_MAX != 0;
   static constexpr int kPolyExp2Of8 = FLASHTUNE_SM90_POLY_EXP2;  // scores i with i % 8 < this: poly_exp2
   static constexpr bool kLazyRescale = FLASHTUNE_SM90_LAZY_RESCALE != 0;
@@ -137,6 +148,7 @@ struct Traits {
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(FLASHTUNE_SM90_Q_BUFFERS == 1 || FLASHTUNE_SM90_Q_BUFFERS == 2, "1 or 2 Q buffers");
+  static_assert(FLASHTUNE_SM90_WIDE_STORES >= 0 && FLASHTUNE_SM90_WIDE_STORES <= 2, "WIDE_STORES: 0, 1 or 2");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
   static_assert(kPolyExp2Of8 >= 0 && kPolyExp2Of8 <= 8, "POLY_EXP2: 0 to 8 of every 8 scores");
   static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit");

@@ -142,6 +142,15 @@ __device__ __forceinline__ void bulk_wait_group_read0() {
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Four 8x8 16-bit matrices from mma accumulator fragments (register i: matrix i's row lane / 4,
+// columns 2 (lane % 4), +1) to shared memory; lane l gives the address of row l % 8 of matrix
+// l / 8 (16 contiguous bytes): a warp stores 512 bytes in one instruction.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
 }
