@@ -50,19 +50,13 @@ def n_blocks(t: int, seqlen: int, block_m: int, block_n: int, causal: bool) -> i
 def record(spec, q, k, v, lse: bool) -> tuple[list[int], list[int]]:
     """One steady call of the traced kernel `spec`: its steps [cta][tile][step] and per CTA
     (globaltimer, clock64) at its start and end, flattened; -1 where nothing was stamped."""
-    kernel = ops.load_kernel(spec)
-    ops.load_binding()
-    lib = ctypes.CDLL(build_spec(spec).library)  # the library ops loaded: the same handle
+    def run():
+        ops.run_spec(spec, q, k, v, None, None, q.shape[1], k.shape[1], q.shape[-1] ** -0.5, with_lse=lse)
+
+    run()  # builds or loads it; then its library is open here and ctypes hands out the same handle
+    lib = ctypes.CDLL(build_spec(spec).library)
     if not hasattr(lib, "flashtune_trace_copy"):
         sys.exit(f"{spec.name} has no trace: build it with -DFLASHTUNE_SM90_TRACE=1 (profile {DEFAULT_PROFILE})")
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    out = torch.empty_like(q)
-    lse_out = torch.empty((q.shape[0], q.shape[2], seqlen_q), dtype=torch.float32, device=q.device) if lse else None
-
-    def run():
-        torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse_out, None, None, seqlen_q, seqlen_k,
-                                  q.shape[-1] ** -0.5, None, None)
-
     for _ in range(3):  # warm: the timeline of a steady call, not the first one
         run()
     torch.cuda.synchronize()
