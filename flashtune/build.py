@@ -35,8 +35,10 @@ from flashtune.tiles import shared_memory_bytes
 from flashtune.toolchain import Toolchain, check_build_toolchain
 
 BINDING_NAME = "flashtune_C"
-# ptxas warnings meaning wgmma was serialised (C7515, C7511, C7519) or setmaxnreg ignored (C7508).
-SERIALISING_WARNINGS = re.compile(r"\bC75(?:15|11|19|08)\b")
+# ptxas messages meaning wgmma was serialised (C7511, C7515, C7518, C7519, or any other code with
+# that text; C7518 comes as "info", not "warning"), a wait injected before a read of a wgmma's
+# registers (C7517, also "info") or setmaxnreg ignored (C7508).
+SERIALISING_WARNINGS = re.compile(r"\bC75(?:08|11|15|17|18|19)\b|wgmma\.mma_async instructions are serialized")
 MANIFEST = "manifest.json"
 
 

@@ -74,7 +74,8 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
                         nvcc_flags: Sequence[str] = ()) -> int:
     """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90, plus the
     TMA-store epilogue's O tile where it fits (kernel_traits.cuh: on unless the flags say
-    -DFLASHTUNE_SM90_TMA_STORE=0).
+    -DFLASHTUNE_SM90_TMA_STORE=0), and a second Q tile where one is asked for and fits beside
+    the rest (sm90_second_q_buffer).
 
     With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit.
     """
@@ -89,6 +90,8 @@ def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = Fal
         o_bytes = v_elem * cfg.block_m * hdim
         if sm90_step_on("TMA_STORE", nvcc_flags) and total + o_bytes <= SM90_SMEM_LIMIT:
             total += o_bytes
+        if sm90_second_q_buffer(hdim, nvcc_flags) and total + q_bytes <= SM90_SMEM_LIMIT:
+            total += q_bytes
     else:  # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
         total = max(total, v_elem * cfg.block_m * hdim)
     return total
@@ -113,6 +116,27 @@ def sm90_step_on(step: str, nvcc_flags: Sequence[str] = ()) -> bool:
     """Whether an sm90 schedule step that kernel_traits.cuh turns on by default (OVERLAP,
     TMA_STORE, ...) stays on with these flags: a profile turns it off with -DFLASHTUNE_SM90_<step>=0."""
     return f"-DFLASHTUNE_SM90_{step}=0" not in nvcc_flags
+
+
+def sm90_flag_value(step: str, default: int, nvcc_flags: Sequence[str] = ()) -> int:
+    """The value a profile's flags give -DFLASHTUNE_SM90_<step> (the last one wins, as with
+    nvcc), or kernel_traits.cuh's default."""
+    value = default
+    for flag in nvcc_flags:
+        if flag.startswith(f"-DFLASHTUNE_SM90_{step}="):
+            value = int(flag.split("=", 1)[1])
+    return value
+
+
+def sm90_second_q_buffer(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
+    """Whether an sm90 kernel asks for a second Q tile (kernel_traits.cuh's kQBuffers, before
+    the fit): the persistent grid with -DFLASHTUNE_SM90_Q_BUFFERS=2, or with the deferred
+    epilogue (on by default at hdim 64, =2 at every head dim), which needs the next Q early."""
+    if not sm90_step_on("PERSISTENT", nvcc_flags):
+        return False
+    defer = sm90_flag_value("DEFER_EPILOGUE", 1, nvcc_flags)
+    deferred = sm90_overlap(nvcc_flags) and (defer == 2 or (defer == 1 and hdim == 64))
+    return sm90_flag_value("Q_BUFFERS", 1, nvcc_flags) == 2 or deferred
 
 
 def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:

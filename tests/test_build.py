@@ -140,3 +140,21 @@ def test_sass_of_a_built_kernel_has_the_family_instructions_and_no_local_memory(
     wrong = KernelSpec("sm80", "sm_80", "bfloat16", 64, TileConfig(128, 64, 4, 2), False)
     row = sass_row(wrong, result.library, result.spills, cuobjdump)  # not in this library
     assert row["ok"] is False and "kernel not in the library" in row["detail"]
+
+
+@pytest.mark.parametrize("line, serialising", [
+    # what ptxas 13.0 printed for a deferred epilogue that left a wgmma in flight across a loop
+    ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+     "program dependence on compiler-inserted WG.DP in divergent path in the function 'k'", True),
+    ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+     "non wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+     "stage in the function 'k'", True),
+    ("ptxas info    : (C7517) warpgroup.wait is injected in around line 738 by compiler to allow use of "
+     "registers defined by GMMA in function 'k'", True),
+    ("ptxas warning : (C7508) ...", True),  # setmaxnreg ignored: by its code
+    ("ptxas info    : Used 168 registers, used 1 barriers, 0 bytes smem", False),
+])
+def test_serialising_ptxas_messages_fail_an_sm90_build(line, serialising):
+    """ptxas reports serialised wgmma (and waits it injected) as "info", not warnings, under codes
+    that vary with the cause: the build refuses every one, the text as well as the codes."""
+    assert bool(build.SERIALISING_WARNINGS.search(line)) is serialising

@@ -69,6 +69,8 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-pingpong", "-DFLASHTUNE_SM90_PERSISTENT=0", False),
     ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1", False),
     ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
+    ("exp-sm90-defer", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=2", True),  # and so for the deferred epilogue
+    ("exp-sm90-no-defer", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=0", True),
     ("exp-sm90-persistent", "-DFLASHTUNE_SM90_TMA_STORE=0", True),
     ("exp-sm90-narrow-stores", "-DFLASHTUNE_SM90_WIDE_STORES=0", False),  # 128x176 stores O directly
     ("exp-sm90-tree-max", "-DFLASHTUNE_SM90_TREE_MAX=1", True),
@@ -86,7 +88,7 @@ def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(exper
 
     profile = find_profile(str(Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"))
     spec = specs_for_profile(profile, dtypes=["bfloat16"], hdims=[128], causal=causal)[0]
-    result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
+    result = build_spec(spec)  # raises on ptxas messages that wgmma was serialised (build.SERIALISING_WARNINGS)
     assert result.spill_stores == 0 and flag in spec.nvcc_flags_all()
 
 
@@ -217,13 +219,28 @@ def test_sm90_kernel_compiles_with_hopper_sass():
     from flashtune.verify import sass_row
 
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 176, 2), False)
-    result = build_spec(spec)  # raises on ptxas C7515/C7511/C7519/C7508
+    result = build_spec(spec)  # raises on ptxas messages that wgmma was serialised (build.SERIALISING_WARNINGS)
     assert result.spill_stores == 0 and result.registers
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     row = sass_row(spec, result.library, result.spills, cuobjdump)
     assert row["ok"] is True and "HGMMA" in row["detail"] and "UTMALDG" in row["detail"], row
+
+
+def test_sm90_hdim64_kernel_defers_its_epilogue_without_spills_or_serialised_wgmma():
+    """The default hdim 64 kernels defer each tile's epilogue under the next tile's S_0 (O then lives
+    across the tile loop beside S, with a second Q tile): the 3-consumer tile, 160 registers a
+    thread, still builds clean, and its reported shared memory counts the second Q."""
+    from flashtune.build import build_spec
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import sm90_tile, shared_memory_bytes
+
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 64, sm90_tile(192, 128, 2), False)
+    result = build_spec(spec)  # raises on ptxas messages that wgmma was serialised (C7514/C7517/C7518 included)
+    assert result.spill_stores == 0
+    one_q = shared_memory_bytes("sm90", 64, spec.tile, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0",))
+    assert result.smem_bytes == one_q + 192 * 64 * 2
 
 
 def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):

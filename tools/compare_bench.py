@@ -37,4 +37,10 @@ for key in sorted(table):
         f"{table[key].get(c) or 0:14.0f}" for c in cols))
 for (label, ref), cells in ratios.items():
     worst = min(cells, key=cells.get)
-    print(f"{label}: geomean vs {ref} {geomean(cells.values()):.3f}, worst {cells[worst]:.3f} at {worst}")
+    # issue 9's terms: the geomean, the short (< 2k) and long halves, and the cells below 0.95x
+    short = [x for k, x in cells.items() if k[2] < 2048]
+    long = [x for k, x in cells.items() if k[2] >= 2048]
+    low = sorted(k for k, x in cells.items() if x < 0.95)
+    print(f"{label}: geomean vs {ref} {geomean(cells.values()):.3f}, worst {cells[worst]:.3f} at {worst}; "
+          f"below 2k {geomean(short) if short else float('nan'):.3f}, 2k+ {geomean(long) if long else float('nan'):.3f}, "
+          f"{len(low)} of {len(cells)} cells below 0.95 {low}")

@@ -80,6 +80,10 @@ for step in "$@"; do case $step in
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;
+  defer) E=tools/experiments  # the deferred epilogue: off, at hdim 64 (the default), at every head dim with room;
+        # measured first as benchmarks/h200/2026-12-03_defer_ab*, 2026-12-03_defer128_ab*
+        run defer-ab 420 bash tools/experiment.sh $E/exp-sm90-defer.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn \
+          --hdims 64,128 --seqlens 512,1024,2048" $E/exp-sm90-no-defer.yaml profiles/h200.yaml $E/exp-sm90-defer.yaml ;;
   trace) E=tools/experiments C="64:1:512 256:1:512 128:0:512"  # each tile's steps timed in the kernel (csrc/sm90/trace.cuh)
         run trace 150 python3 tools/tile_trace.py $C
         run trace-lse 60 python3 tools/tile_trace.py --lse $C

@@ -4,7 +4,8 @@
 // The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
 // a persistent grid loops each CTA over tiles, O is rescaled only when a row's maximum grew by
-// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O.
+// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O; at hdim 64 a tile's
+// epilogue runs under the next tile's S_0 (deferred, with a second Q buffer).
 #pragma once
 #include <math.h>
 
@@ -91,7 +92,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   __shared__ __align__(8) uint64_t full_k[T::kStages], empty_k[T::kStages], full_v[T::kStages], empty_v[T::kStages];
   // Tile q_iter is published in slot q_iter % kTileSlots: the producer writes it once the Q buffer
   // is free, which is after every consumer has finished the epilogue of the tile kQBuffers + 1
-  // before it (the last one that used the slot): one slot more than Q buffers.
+  // before it (the last one that used the slot): one slot more than Q buffers. A deferred
+  // epilogue runs in the next tile before that tile releases its Q, so the count holds.
   constexpr int kTileSlots = T::kQBuffers + 1;
   __shared__ Tile tile_info[kTileSlots];
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
@@ -307,133 +309,16 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   };
   if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
 
-  int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
-  for (int q_iter = 0;; ++q_iter) {
-    auto mark = [&](int step) {  // tools/tile_trace.py's timeline; empty unless FLASHTUNE_SM90_TRACE
-      if (tid == 0) FT_TRACE(q_iter, kTraceConsumer0 + kTraceConsumerSteps * cw + step);
-    };
-    const int q_buf = q_iter % T::kQBuffers;
-    mbarrier_wait(&bar_q[q_buf], (q_iter / T::kQBuffers) & 1);
-    mark(kTraceQLanded);
-    // The producer's Tile, valid through this tile's epilogue (read where needed: registers are
-    // what a consumer has least of).
-    const int n_blocks = tile_info[q_iter % kTileSlots].n_blocks;
-    if (n_blocks < 0) break;
-    q_base = smem_u32(sQ + q_buf * T::kQBytes) + cw * 64 * T::kQKRowBytes;
-    {
-      const Tile& tile = tile_info[q_iter % kTileSlots];
-      m_row0 = tile.m_block * BM;
-      seqlen_k = tile.seqlen_k;
-      causal_shift = tile.seqlen_k - tile.seqlen_q;
-      scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
-      if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
-        const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;
-        const float descale = p.q_descale[at] * p.k_descale[at];
-        scale_log2 *= descale;
-        scale *= descale;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
+  // tools/tile_trace.py's timeline (empty unless FLASHTUNE_SM90_TRACE): step `step` of tile `it`.
+  auto mark = [&](int it, int step) {
+    if (tid == 0) FT_TRACE(it, kTraceConsumer0 + kTraceConsumerSteps * cw + step);
+  };
 
-    if constexpr (!T::kOverlap) {
-      // One block at a time: S_j, softmax, P_j V_j, each waited for.
-      for (int j = 0; j < n_blocks; ++j) {
-        const int stage = (kv_iter + j) % T::kStages;
-        const int phase = ((kv_iter + j) / T::kStages) & 1;
-        mbarrier_wait(&full_k[stage], phase);
-        const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
-        float acc_s[T::kSRegs], alpha[2];
-        uint32_t frag_p[BN / 16][4];
-        fence_operands(acc_s);
-        wgmma_fence();
-        issue_qk(acc_s, k_base);
-        wgmma_wait<0>();
-        fence_operands(acc_s);
-        mbarrier_arrive(&empty_k[stage]);  // this thread is done with K_j
-        if (softmax(acc_s, j, alpha)) rescale_o(alpha);
-        pack_p(acc_s, frag_p);
-        mbarrier_wait(&full_v[stage], phase);
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        wgmma_fence();
-        issue_pv(frag_p, v_base);
-        wgmma_wait<0>();
-        fence_operands(acc_o);
-        mbarrier_arrive(&empty_v[stage]);  // and with V_j
-      }
-      mbarrier_arrive(&q_empty[q_buf]);
-    } else if (n_blocks == 0) {
-      mbarrier_arrive(&q_empty[q_buf]);
-    } else {
-      float acc_s[T::kSRegs], alpha[2];
-      bool rescale;  // softmax's answer: whether O needs alpha before the next P V
-      uint32_t frag_p[BN / 16][4];
-      // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
-      // together, and the softmax of S_j runs while the second one still does. Groups complete
-      // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
-      // until wait_group<0>, when P_j is packed over them. O is rescaled by the softmax's alpha
-      // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
-      const int first = kv_iter % T::kStages;
-      mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
-      mark(kTraceK0Landed);
-      fence_operands(acc_s);
-      wgmma_fence();
-      my_turn();
-      issue_qk(acc_s, k_tile(first));
-      end_turn();
-      mark(kTraceTurn);
-      wgmma_wait<0>();
-      fence_operands(acc_s);
-      mark(kTraceS0Done);
-      mbarrier_arrive(&empty_k[first]);
-      rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
-      pack_p(acc_s, frag_p);
-      for (int j = 1; j < n_blocks; ++j) {
-        const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
-        mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
-        mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
-        fence_operands(acc_s);
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        wgmma_fence();
-        my_turn();
-        issue_qk(acc_s, k_tile(stage));
-        if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
-        fence_operands(acc_o);
-        wgmma_fence();  // O's registers changed since the last fence
-        issue_pv(frag_p, v_tile(prev));
-        end_turn();
-        wgmma_wait<1>();
-        fence_operands(acc_s);
-        mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
-        rescale = softmax(acc_s, j, alpha);
-        wgmma_wait<0>();
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        mbarrier_arrive(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
-        pack_p(acc_s, frag_p);
-      }
-      mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
-      const int last = (kv_iter + n_blocks - 1) % T::kStages;
-      mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
-      if (rescale) rescale_o(alpha);
-      fence_operands(acc_o);
-      fence_operands(frag_p);
-      wgmma_fence();
-      issue_pv(frag_p, v_tile(last));
-      wgmma_wait<0>();
-      fence_operands(acc_o);
-      mark(kTraceLastPvDone);
-      mbarrier_arrive(&empty_v[last]);
-    }
-
-    kv_iter += n_blocks;
-
-    // ---- Epilogue: normalise, write O (rows past seqlen_q are not written) and the LSE.
-    const Tile& tile = tile_info[q_iter % kTileSlots];
+  // ---- Epilogue of tile q_done: normalise O by the row sums, write it (rows past seqlen_q are
+  // not) and, if asked, the LSE (row maxima mx, softmax scale lse_scale).
+  auto epilogue = [&](int q_done, const float (&sum)[2], const float (&mx)[2], float lse_scale) {
+    const Tile& tile = tile_info[q_done % kTileSlots];
+    const int m0 = tile.m_block * BM;
     const bool varlen = p.cu_seqlens_q != nullptr;
     Elem* out = static_cast<Elem*>(p.o) +
                 (varlen ? int64_t(tile.q_row0) * p.o_row_stride : int64_t(tile.batch) * p.o_batch_stride) +
@@ -444,18 +329,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       if (tid == 0) bulk_wait_group_read0();
       named_barrier_sync(4 + cw, 128);
     }
-    mark(kTraceEpilogueReady);
+    mark(q_done, kTraceEpilogueReady);
     float inv_of[2];  // per row, for the stmatrix stores after the loop
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = row_sum[r];
+      float l = sum[r];
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
       // A row that saw no key: O = 0, LSE = -inf. l >= 1 otherwise (its maximum's own term), so
       // the approximate reciprocal is within 2 ulp and has no slow path to branch around.
       const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
       inv_of[r] = inv;
-      const int row = m_row0 + row_in_tile + 8 * r;
+      const int row = m0 + row_in_tile + 8 * r;
       if (tma_store && !T::kStmatrix) {  // into sO's 128B-swizzled panels: 16-byte chunk c ^ (row % 8) of each 128-byte row
         const uint32_t row_base = smem_u32(sO) + (row_in_tile + 8 * r) * 128;
 #pragma unroll
@@ -511,7 +396,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       }
       if (p.lse != nullptr && t == 0)
         p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] =
-            l > 0.f ? row_max[r] * scale + logf(l) : -INFINITY;
+            l > 0.f ? mx[r] * lse_scale + logf(l) : -INFINITY;
     }
     if (tma_store && T::kStmatrix) {
       // Chunks c and c+1 of both rows as four 8x8 matrices per stmatrix (matrix m: row +8 (m & 1),
@@ -527,21 +412,177 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
                     pack2<Elem>(acc_o[4 * c + 6] * inv_of[1], acc_o[4 * c + 7] * inv_of[1]));
       }
     }
-    mark(kTraceOWritten);
+    mark(q_done, kTraceOWritten);
     if (tma_store) {  // every thread's O is in sO: one thread stores the warpgroup's 64 rows
       fence_proxy_async_smem();
       named_barrier_sync(4 + cw, 128);
       if (tid == 0) {
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
-          tma_store_4d(&maps.o, sO + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m_row0 + cw * 64, tile.head,
+          tma_store_4d(&maps.o, sO + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m0 + cw * 64, tile.head,
                        tile.batch);
         bulk_commit_group();
       }
     }
-    mark(kTraceStored);
+    mark(q_done, kTraceStored);
+  };
+
+  float acc_s[T::kSRegs], alpha[2];
+  uint32_t frag_p[BN / 16][4];
+  bool rescale = false;  // softmax's answer: whether O needs alpha before the next P V
+  int kv_iter = 0;  // K/V blocks consumed since the CTA started: the ring's position
+  // DEFER_EPILOGUE: a tile's epilogue runs in the next tile, once that tile's S_0 is issued (or
+  // after the loop). What it needs meanwhile: O (complete: a wgmma still in flight across the
+  // loop's back edge makes ptxas serialise every wgmma, C7514/C7518), the row sums and maxima,
+  // and the softmax scale (FP8 descales are per tile).
+  int pending = -1;  // the tile whose epilogue waits, or -1
+  float pending_sum[2], pending_max[2], pending_scale = 0.f;
+  auto flush_pending = [&] {
+    if (pending >= 0) epilogue(pending, pending_sum, pending_max, pending_scale);
+    pending = -1;
+  };
+  auto start_tile_state = [&] {
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  };
+
+  for (int q_iter = 0;; ++q_iter) {
+    const int q_buf = q_iter % T::kQBuffers;
+    mbarrier_wait(&bar_q[q_buf], (q_iter / T::kQBuffers) & 1);
+    mark(q_iter, kTraceQLanded);
+    // The producer's Tile, valid through this tile's epilogue (read where needed: registers are
+    // what a consumer has least of).
+    const int n_blocks = tile_info[q_iter % kTileSlots].n_blocks;
+    if (n_blocks < 0) break;
+    q_base = smem_u32(sQ + q_buf * T::kQBytes) + cw * 64 * T::kQKRowBytes;
+    {
+      const Tile& tile = tile_info[q_iter % kTileSlots];
+      m_row0 = tile.m_block * BM;
+      seqlen_k = tile.seqlen_k;
+      causal_shift = tile.seqlen_k - tile.seqlen_q;
+      scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
+      if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
+        const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;
+        const float descale = p.q_descale[at] * p.k_descale[at];
+        scale_log2 *= descale;
+        scale *= descale;
+      }
+    }
+    if (T::kDeferEpilogue && n_blocks == 0) flush_pending();
+    if (!T::kDeferEpilogue || n_blocks == 0) start_tile_state();  // deferred: once the last tile's O is out
+
+    if constexpr (!T::kOverlap) {
+      // One block at a time: S_j, softmax, P_j V_j, each waited for.
+      for (int j = 0; j < n_blocks; ++j) {
+        const int stage = (kv_iter + j) % T::kStages;
+        const int phase = ((kv_iter + j) / T::kStages) & 1;
+        mbarrier_wait(&full_k[stage], phase);
+        const uint32_t k_base = k_tile(stage), v_base = v_tile(stage);
+        fence_operands(acc_s);
+        wgmma_fence();
+        issue_qk(acc_s, k_base);
+        wgmma_wait<0>();
+        fence_operands(acc_s);
+        mbarrier_arrive(&empty_k[stage]);  // this thread is done with K_j
+        if (softmax(acc_s, j, alpha)) rescale_o(alpha);
+        pack_p(acc_s, frag_p);
+        mbarrier_wait(&full_v[stage], phase);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        issue_pv(frag_p, v_base);
+        wgmma_wait<0>();
+        fence_operands(acc_o);
+        mbarrier_arrive(&empty_v[stage]);  // and with V_j
+      }
+      mbarrier_arrive(&q_empty[q_buf]);
+    } else if (n_blocks == 0) {
+      mbarrier_arrive(&q_empty[q_buf]);
+    } else {
+      // FA3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_(j-1) V_(j-1) are in flight
+      // together, and the softmax of S_j runs while the second one still does. Groups complete
+      // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
+      // until wait_group<0>, when P_j is packed over them. O is rescaled by the softmax's alpha
+      // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
+      const int first = kv_iter % T::kStages;
+      mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
+      mark(q_iter, kTraceK0Landed);
+      fence_operands(acc_s);
+      wgmma_fence();
+      my_turn();
+      issue_qk(acc_s, k_tile(first));
+      end_turn();
+      mark(q_iter, kTraceTurn);
+      if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
+        flush_pending();
+        start_tile_state();
+      }
+      wgmma_wait<0>();
+      fence_operands(acc_s);
+      mark(q_iter, kTraceS0Done);
+      mbarrier_arrive(&empty_k[first]);
+      rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+      pack_p(acc_s, frag_p);
+      for (int j = 1; j < n_blocks; ++j) {
+        const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
+        mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
+        mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
+        fence_operands(acc_s);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        my_turn();
+        issue_qk(acc_s, k_tile(stage));
+        if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
+        fence_operands(acc_o);
+        wgmma_fence();  // O's registers changed since the last fence
+        issue_pv(frag_p, v_tile(prev));
+        end_turn();
+        wgmma_wait<1>();
+        fence_operands(acc_s);
+        mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
+        rescale = softmax(acc_s, j, alpha);
+        wgmma_wait<0>();
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        mbarrier_arrive(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
+        pack_p(acc_s, frag_p);
+      }
+      mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
+      const int last = (kv_iter + n_blocks - 1) % T::kStages;
+      mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
+      if (rescale) rescale_o(alpha);
+      fence_operands(acc_o);
+      fence_operands(frag_p);
+      wgmma_fence();
+      issue_pv(frag_p, v_tile(last));
+      wgmma_wait<0>();
+      fence_operands(acc_o);
+      mark(q_iter, kTraceLastPvDone);
+      mbarrier_arrive(&empty_v[last]);
+      if constexpr (T::kDeferEpilogue) {
+        // O is complete: a copy that ptxas sees (fence_operands emits nothing), so that reading
+        // it under the next tile's S_0 is not a read of a wgmma's registers (C7517 would wait).
+#pragma unroll
+        for (int i = 0; i < T::kORegs; ++i) {
+          float copy;
+          asm volatile("mov.b32 %0, %1;" : "=f"(copy) : "f"(acc_o[i]));
+          acc_o[i] = copy;
+        }
+        pending = q_iter;  // written out under the next tile's S_0
+        pending_sum[0] = row_sum[0], pending_sum[1] = row_sum[1];
+        pending_max[0] = row_max[0], pending_max[1] = row_max[1];
+        pending_scale = scale;
+      }
+    }
+
+    kv_iter += n_blocks;
+    if (pending != q_iter) epilogue(q_iter, row_sum, row_max, scale);
     if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
+  if constexpr (T::kDeferEpilogue) flush_pending();
   if (T::kPingpong && cw == 0) my_turn();  // the last hand-over (or the opening one, if no tile had a block)
   if (T::kTmaStore && tid == 0) bulk_wait_group_read0();  // sO stays valid until the TMA has read it
 }

@@ -25,11 +25,22 @@
 #define FLASHTUNE_SM90_PERSISTENT 1
 #endif
 
-// Q_BUFFERS (experiment, 1 by default): 2 lets the persistent grid load the next tile's Q (and
-// then its first K/V blocks) while this tile still runs; tiles without room for a second Q
-// tile keep one.
+// Q_BUFFERS (experiment, 1 by default, except where DEFER_EPILOGUE brings a second): 2 lets the
+// persistent grid load the next tile's Q (and then its first K/V blocks) while this tile still
+// runs; tiles without room for a second Q tile keep one.
 #ifndef FLASHTUNE_SM90_Q_BUFFERS
 #define FLASHTUNE_SM90_Q_BUFFERS 1
+#endif
+
+// DEFER_EPILOGUE: a tile's epilogue (O's normalisation and stores) runs in the next tile, once
+// that tile's S_0 is issued, so the stores overlap a GEMM instead of leaving the tensor cores
+// idle (0.9 us of every 3-7 us tile at hdim 64 causal 512, tools/tile_trace.py). It needs the
+// next tile's Q in early, so it brings a second Q buffer (where one fits beside the rings and
+// the O tile). 1 (the default): at hdim 64, where the H200 measured +3-7% below 2k; 2: at every
+// head dim (hdim 128 causal 128x128 measured -1 to -5%: its S_0 hides less of a longer
+// epilogue); 0: off.
+#ifndef FLASHTUNE_SM90_DEFER_EPILOGUE
+#define FLASHTUNE_SM90_DEFER_EPILOGUE 1
 #endif
 
 // TMA_STORE: the epilogue stages O in shared memory and one thread per warpgroup stores it
@@ -120,13 +131,22 @@ struct Traits {
   static constexpr int kPanelBytesQ = kBlockM * kQKRowBytes;
   static constexpr int kPanelBytesK = kBlockN * kQKRowBytes;
   static constexpr int kPanelBytesV = kBlockN * 128;
-  static constexpr int kQBuffers =  // a second Q tile only for a CTA that loops, and where it fits
-      kPersistent && FLASHTUNE_SM90_Q_BUFFERS == 2 && 2 * kQBytes + kStages * (kKBytes + kVBytes) + 1024 <= kSmemLimit
-          ? 2 : 1;
   static constexpr int kOBytes = kBlockM * kHeadDim * 2;  // O staged as 64-column panels of [rows][128 B]
   static constexpr int kPanelBytesO = kBlockM * 128;
-  static constexpr int kMainBytes = kQBuffers * kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
-  static constexpr bool kTmaStore = FLASHTUNE_SM90_TMA_STORE != 0 && kMainBytes + kOBytes <= kSmemLimit;
+  // A second Q tile only for a CTA that loops, and where it fits without pushing out the O tile
+  // of the TMA store (one Q buffer and the rings leave room for it or they do not).
+  static constexpr int kRingBytes = kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
+  static constexpr bool kOTileFits = FLASHTUNE_SM90_TMA_STORE != 0 && kQBytes + kRingBytes + kOBytes <= kSmemLimit;
+  static constexpr bool kDeferWanted =
+      kOverlap && kPersistent &&
+      (FLASHTUNE_SM90_DEFER_EPILOGUE == 2 || (FLASHTUNE_SM90_DEFER_EPILOGUE == 1 && kHeadDim_ == 64));
+  static constexpr int kQBuffers =
+      kPersistent && (FLASHTUNE_SM90_Q_BUFFERS == 2 || kDeferWanted) &&
+              2 * kQBytes + kRingBytes + (kOTileFits ? kOBytes : 0) <= kSmemLimit
+          ? 2 : 1;
+  static constexpr int kMainBytes = kQBuffers * kQBytes + kRingBytes;
+  static constexpr bool kTmaStore = kOTileFits;
+  static constexpr bool kDeferEpilogue = kDeferWanted && kQBuffers == 2;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
   static constexpr int kStoreBytes = 4 << FLASHTUNE_SM90_WIDE_STORES;  // direct O stores: 4, 8 or 16 bytes
   static constexpr bool kStmatrix = FLASHTUNE_SM90_STMATRIX != 0;
@@ -148,6 +168,7 @@ struct Traits {
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(FLASHTUNE_SM90_Q_BUFFERS == 1 || FLASHTUNE_SM90_Q_BUFFERS == 2, "1 or 2 Q buffers");
+  static_assert(FLASHTUNE_SM90_DEFER_EPILOGUE >= 0 && FLASHTUNE_SM90_DEFER_EPILOGUE <= 2, "DEFER_EPILOGUE: 0, 1 or 2");
   static_assert(FLASHTUNE_SM90_WIDE_STORES >= 0 && FLASHTUNE_SM90_WIDE_STORES <= 2, "WIDE_STORES: 0, 1 or 2");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
   static_assert(kPolyExp2Of8 >= 0 && kPolyExp2Of8 <= 8, "POLY_EXP2: 0 to 8 of every 8 scores");
