@@ -100,7 +100,7 @@ namespace {{
 using Cfg = flashtune::sm90::Traits<{elem}, {self.hdim}, {t.block_m}, {t.block_n}, {t.stages}, {causal}>;
 }}
 
-extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
 {self.name}(const __grid_constant__ flashtune::FwdParams params,
 {" " * len(self.name)} const __grid_constant__ flashtune::sm90::TmaMaps maps) {{
   flashtune::sm90::fwd_body<Cfg>(params, maps);

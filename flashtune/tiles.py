@@ -225,8 +225,9 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
 
 # Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
-# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. With the
-# softmax/GEMM overlap (on by default; a profile's -DFLASHTUNE_SM90_OVERLAP=0 turns it off) a
+# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1 (216 with the
+# CTAS_PER_SM=2 experiment, two CTAs an SM). With the softmax/GEMM overlap (on by default; a
+# profile's -DFLASHTUNE_SM90_OVERLAP=0 turns it off) a
 # thread holds S (block_n/2 fp32), O (hdim/2) and the previous block's P (block_n/4 packed
 # pairs) at once, plus about 32 for addresses and softmax state. Measured on 2026-12-02 (H200
 # tiles, ptxas): 128x176 at hdim 128 (228 needed) and 128x80 at hdim 256 (220) build without

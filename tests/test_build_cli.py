@@ -243,6 +243,20 @@ def test_sm90_hdim64_kernel_defers_its_epilogue_without_spills_or_serialised_wgm
     assert result.smem_bytes == one_q + 192 * 64 * 2
 
 
+def test_sm90_two_ctas_an_sm_halve_the_registers_a_64_row_tile_launches_with():
+    """-DFLASHTUNE_SM90_CTAS_PER_SM=2 (tools/experiments/exp-sm90-two-ctas.yaml): a 64-row tile's
+    kernel is bounded to two CTAs an SM, so ptxas gives it at most 65536 / 2 / 256 = 128 registers a
+    thread at launch (setmaxnreg then moves them to the consumer), and it still builds clean."""
+    from flashtune.build import build_spec
+    from flashtune.spec import KernelSpec
+    from flashtune.tiles import sm90_tile
+
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 64, sm90_tile(64, 128, 2), True,
+                      nvcc_flags=("-DFLASHTUNE_SM90_CTAS_PER_SM=2",))
+    result = build_spec(spec)  # raises on serialised wgmma or an ignored setmaxnreg (C7508)
+    assert result.spill_stores == 0 and result.registers <= 128, result
+
+
 def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):
     from flashtune.toolchain import Toolchain
 

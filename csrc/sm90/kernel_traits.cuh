@@ -43,6 +43,15 @@
 #define FLASHTUNE_SM90_DEFER_EPILOGUE 1
 #endif
 
+// CTAS_PER_SM (experiment, 1 by default): 2 puts two CTAs of a 64-row tile (one consumer
+// warpgroup each, no pingpong) on every SM where their shared memory fits: two independent tiles
+// whose softmax, epilogue and tile start each run under the other's GEMMs, instead of two
+// warpgroups that start, wait and store in step on one tile. The registers per CTA halve: the
+// producer keeps 40, the consumer gets 216. Tiles of 128 or 192 rows keep one CTA.
+#ifndef FLASHTUNE_SM90_CTAS_PER_SM
+#define FLASHTUNE_SM90_CTAS_PER_SM 1
+#endif
+
 // TMA_STORE: the epilogue stages O in shared memory and one thread per warpgroup stores it
 // with the TMA, where an O tile fits beside Q and the rings (hdim 64 192x128, hdim 128 causal
 // 128x128, FP8 twins; not hdim 128 128x176 or hdim 256 128x80). Varlen calls keep direct
@@ -148,6 +157,9 @@ struct Traits {
   static constexpr bool kTmaStore = kOTileFits;
   static constexpr bool kDeferEpilogue = kDeferWanted && kQBuffers == 2;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
+  static constexpr int kSmemPerSm = 228 * 1024, kReservedSmemPerCta = 1024;  // sm_90
+  static constexpr int kCtasPerSm =
+      FLASHTUNE_SM90_CTAS_PER_SM == 2 && kConsumers == 1 && 2 * (kSmemBytes + kReservedSmemPerCta) <= kSmemPerSm ? 2 : 1;
   static constexpr int kStoreBytes = 4 << FLASHTUNE_SM90_WIDE_STORES;  // direct O stores: 4, 8 or 16 bytes
   static constexpr bool kStmatrix = FLASHTUNE_SM90_STMATRIX != 0;
   static constexpr bool kTreeMax = FLASHTUNE_SM90_TREE_MAX != 0;
@@ -158,8 +170,8 @@ struct Traits {
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
   // persistent grid on or off (the A/B's control was measured with this split).
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 ? 40 : 56);
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 || kCtasPerSm == 2 ? 40 : 56);
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : (kCtasPerSm == 2 ? 216 : 240));
 
   static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
   static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");
@@ -174,9 +186,12 @@ struct Traits {
   static_assert(kPolyExp2Of8 >= 0 && kPolyExp2Of8 <= 8, "POLY_EXP2: 0 to 8 of every 8 scores");
   static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
-  // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,
+  // (65536 / CTAs per SM / threads, rounded down to 8). Asking for more makes setmaxnreg.inc
+  // wait forever.
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <=
+                    ((65536 / kCtasPerSm / kThreads) & ~7) * kThreads,
                 "register split over the CTA's pool");
+  static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
 };
 
 }  // namespace sm90

@@ -38,15 +38,16 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if (attr != cudaSuccess) return int(attr);
   const int64_t tiles = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads_q * p.batch;
   if (tiles == 0) return int(cudaSuccess);
-  // Persistent: one CTA per SM (the register pool, 65536 / threads, holds one), looping over the
-  // tiles; otherwise one CTA per tile, which the kernel treats as a loop of one.
+  // Persistent: one CTA per SM (the register pool, 65536 / threads, holds one; two with
+  // CTAS_PER_SM), looping over the tiles; otherwise one CTA per tile, a loop of one.
   int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
   if constexpr (T::kPersistent) {
     int device = 0, sms = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return int(err);
-    ctas = int(tiles < sms ? tiles : sms);
+    const int64_t slots = int64_t(sms) * T::kCtasPerSm;
+    ctas = int(tiles < slots ? tiles : slots);
   }
   // The kernel's next tile index (t + ctas, or ctas + the counter) must not wrap around.
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);

@@ -95,7 +95,7 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, 1)).
+// ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, CTAs per SM)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
