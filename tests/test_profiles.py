@@ -370,13 +370,24 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
 
 @pytest.mark.parametrize("experiment", ["exp-sm90-qbuf2", "exp-sm90-tree-max", "exp-sm90-poly-exp2-1",
                                         "exp-sm90-poly-exp2-2", "exp-sm90-lazy-rescale",
-                                        "exp-sm90-eager-rescale"])
+                                        "exp-sm90-eager-rescale", "exp-sm90-defer", "exp-sm90-no-defer"])
 def test_experiments_measured_against_h200_take_its_tiles(experiment):
     """These experiments are A/B'd against profile h200 (tools/visit.sh) with `configs_from:
     h200`: after a re-tune they still compare the flag alone, on h200's tiles."""
     path = Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"
     assert yaml.safe_load(path.read_text())["configs_from"] == "h200"
     assert load_profile(path).configs == find_profile("h200").configs
+
+
+def test_two_ctas_experiment_changes_only_hdim_64_below_2k():
+    """exp-sm90-two-ctas.yaml: 64x128 tiles (two CTAs an SM) for hdim 64 below 2k, h200's elsewhere,
+    so its A/B against h200 compares just those buckets."""
+    path = Path(__file__).parents[1] / "tools" / "experiments" / "exp-sm90-two-ctas.yaml"
+    two, h200 = load_profile(path), find_profile("h200")
+    assert "-DFLASHTUNE_SM90_CTAS_PER_SM=2" in two.nvcc_flags
+    changed = [(a, b) for a, b in zip(two.configs, h200.configs) if a != b]
+    assert len(two.configs) == len(h200.configs) and len(changed) == 2
+    assert all(a.hdim == 64 and (a.seqlen_min, a.seqlen_max) == (0, 2048) and a.tile.block_m == 64 for a, _ in changed)
 
 
 @pytest.mark.parametrize("change, problem", [
