@@ -131,10 +131,10 @@ def sm90_flag_value(step: str, default: int, nvcc_flags: Sequence[str] = ()) -> 
 def sm90_second_q_buffer(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
     """Whether an sm90 kernel asks for a second Q tile (kernel_traits.cuh's kQBuffers, before
     the fit): the persistent grid with -DFLASHTUNE_SM90_Q_BUFFERS=2, or with the deferred
-    epilogue (on by default at hdim 64, =2 at every head dim), which needs the next Q early."""
+    epilogue (by default at every head dim, =1 at hdim 64 only), which needs the next Q early."""
     if not sm90_step_on("PERSISTENT", nvcc_flags):
         return False
-    defer = sm90_flag_value("DEFER_EPILOGUE", 1, nvcc_flags)
+    defer = sm90_flag_value("DEFER_EPILOGUE", 2, nvcc_flags)
     deferred = sm90_overlap(nvcc_flags) and (defer == 2 or (defer == 1 and hdim == 64))
     return sm90_flag_value("Q_BUFFERS", 1, nvcc_flags) == 2 or deferred
 

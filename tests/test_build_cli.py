@@ -69,7 +69,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-pingpong", "-DFLASHTUNE_SM90_PERSISTENT=0", False),
     ("exp-sm90-persistent-only", "-DFLASHTUNE_SM90_PERSISTENT=1", False),
     ("exp-sm90-qbuf2", "-DFLASHTUNE_SM90_Q_BUFFERS=2", True),  # causal 128x128 has room for 2 Q tiles
-    ("exp-sm90-defer", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=2", True),  # and so for the deferred epilogue
+    ("exp-sm90-defer-hdim64", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=1", True),  # hdim 128 undeferred, one Q tile
     ("exp-sm90-no-defer", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=0", True),
     ("exp-sm90-persistent", "-DFLASHTUNE_SM90_TMA_STORE=0", True),
     ("exp-sm90-narrow-stores", "-DFLASHTUNE_SM90_WIDE_STORES=0", False),  # 128x176 stores O directly

@@ -112,23 +112,25 @@ def test_sm90_register_budget_keeps_far_over_budget_tiles_out():
 
 
 def test_sm90_second_q_buffer_where_asked_for_and_it_fits_beside_the_o_tile():
-    """kernel_traits.cuh: a second Q tile comes with the deferred epilogue (by default at hdim 64)
-    or -DFLASHTUNE_SM90_Q_BUFFERS=2, on the persistent grid only, and only where it fits beside the
-    rings and the TMA-store O tile."""
+    """kernel_traits.cuh: a second Q tile comes with the deferred epilogue (by default at every head
+    dim, =1 at hdim 64 only) or -DFLASHTUNE_SM90_Q_BUFFERS=2, on the persistent grid only, and only
+    where it fits beside the rings and the TMA-store O tile."""
     q64 = 192 * 64 * 2
     hdim64 = sm90_tile(192, 128, 2)
     off = ("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0",)
     one_q = shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=off)
     assert one_q == q64 + 2 * 2 * 128 * 64 * 2 + 1024 + q64  # Q, rings, slack, O tile
-    assert shared_memory_bytes("sm90", 64, hdim64) == one_q + q64  # deferred by default at hdim 64
+    assert shared_memory_bytes("sm90", 64, hdim64) == one_q + q64  # deferred by default
+    assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=1",)) == one_q + q64
     assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_OVERLAP=0",)) == one_q
     assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_PERSISTENT=0",)) == one_q
     assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=off + ("-DFLASHTUNE_SM90_Q_BUFFERS=2",)) == one_q + q64
 
     both = sm90_tile(128, 128, 2)  # hdim 128: 32 KB Q, 128 KB of rings, 32 KB O: room for 32 KB more Q
-    assert shared_memory_bytes("sm90", 128, both) == 32768 + 4 * 32768 + 1024 + 32768  # not deferred at 128
-    for flag in ("-DFLASHTUNE_SM90_Q_BUFFERS=2", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=2"):
-        assert shared_memory_bytes("sm90", 128, both, nvcc_flags=(flag,)) == 2 * 32768 + 4 * 32768 + 1024 + 32768
+    two_q = 2 * 32768 + 4 * 32768 + 1024 + 32768
+    assert shared_memory_bytes("sm90", 128, both) == two_q  # deferred by default
+    assert shared_memory_bytes("sm90", 128, both, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=1",)) == two_q - 32768
+    assert shared_memory_bytes("sm90", 128, both, nvcc_flags=off + ("-DFLASHTUNE_SM90_Q_BUFFERS=2",)) == two_q
     neither = sm90_tile(128, 176, 2)  # 209 KB with one Q: room for neither an O tile nor a second Q
-    assert (shared_memory_bytes("sm90", 128, neither, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=2",))
+    assert (shared_memory_bytes("sm90", 128, neither, nvcc_flags=off)
             == shared_memory_bytes("sm90", 128, neither) == 32768 + 2 * 2 * 176 * 128 * 2 + 1024)  # Q, 2 stages of K and V, slack

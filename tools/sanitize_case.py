@@ -26,11 +26,12 @@ for hdim in (64, 128, 256):
 cu = torch.tensor([0, 3, 3, 70], dtype=torch.int32, device="cuda")
 q = torch.randn(70, 4, 64, device="cuda", dtype=torch.float16)
 flashtune.flash_attn_varlen_func(q, q[:, :2], q[:, 2:], cu, cu, 67, 67, causal=True)
-torch.cuda.synchronize()
-print("sanitize_case: done")
 # Causal with more queries than keys (bottom-right): most tiles see no key (n_blocks 0, O = 0), in
-# the loop among tiles that do, the path where hdim 64 first writes out a deferred epilogue.
+# the loop among tiles that do, the path where a deferred epilogue (hdim 64, hdim 128 128x128) is
+# first written out.
 for hdim in (64, 128, 256):
     q = torch.randn(2, 1000, 40, hdim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 300, 8, hdim, device="cuda", dtype=torch.bfloat16)
     flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=True, return_lse=True)
+torch.cuda.synchronize()
+print("sanitize_case: done")

@@ -14,7 +14,7 @@ Columns, per consumer warpgroup and tile, from the end of its previous tile's ep
     look   the tile looked up again (TMA store: and sO free)
     O+LSE  O into sO or to global memory, and the LSE
     tma    the TMA store issued
-Where the epilogue is deferred (hdim 64 by default: DEFER_EPILOGUE in kernel_traits.cuh), tile
+Where the epilogue is deferred (hdim 64 and 128x128 tiles: DEFER_EPILOGUE in kernel_traits.cuh), tile
 n's epilogue runs in tile n+1 after S_0's issue: its 'look' then spans tile n+1's Q, K_0 and turn,
 'S0' includes it, and 'wait Q' goes negative ('tile' still spans one epilogue to the next).
 The kernel gets no LSE tensor, as flash_attn_func and the bench call it, unless --lse.

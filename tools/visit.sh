@@ -80,11 +80,12 @@ for step in "$@"; do case $step in
   qbuf) E=tools/experiments  # the second Q buffer, against the default schedule on the same tiles
         run qbuf-ab 300 bash tools/experiment.sh $E/exp-sm90-qbuf2.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn" \
           profiles/h200.yaml $E/exp-sm90-qbuf2.yaml ;;
-  defer) E=tools/experiments  # the deferred epilogue: off, at hdim 64 (the default), at every head dim with room;
+  defer) E=tools/experiments  # the deferred epilogue: off, at hdim 64 only, at every head dim with room (the default);
         # measured first as benchmarks/h200/2026-12-03_defer_ab*, 2026-12-03_defer128_ab*
-        run defer-ab 420 bash tools/experiment.sh $E/exp-sm90-defer.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn \
-          --hdims 64,128 --seqlens 512,1024,2048" $E/exp-sm90-no-defer.yaml profiles/h200.yaml $E/exp-sm90-defer.yaml ;;
-  two-ctas) E=tools/experiments  # two CTAs an SM of 64x128 tiles for hdim 64 below 2k, against h200 (compile-checked only)
+        run defer-ab 420 bash tools/experiment.sh none "--dtype bfloat16 --backends flashtune,sdpa-cudnn \
+          --hdims 64,128 --seqlens 512,1024,2048" $E/exp-sm90-no-defer.yaml $E/exp-sm90-defer-hdim64.yaml profiles/h200.yaml ;;
+  two-ctas) E=tools/experiments  # two CTAs an SM of 64x128 tiles for hdim 64 below 2k, against h200 (measured a loss:
+        # benchmarks/h200/2026-12-03_two-ctas_ab*)
         run two-ctas-ab 420 bash tools/experiment.sh $E/exp-sm90-two-ctas.yaml "--dtype bfloat16 --backends flashtune,sdpa-cudnn \
           --hdims 64 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-two-ctas.yaml ;;
   trace) E=tools/experiments C="64:1:512 256:1:512 128:0:512"  # each tile's steps timed in the kernel (csrc/sm90/trace.cuh)

@@ -4,8 +4,8 @@
 // The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
 // a persistent grid loops each CTA over tiles, O is rescaled only when a row's maximum grew by
-// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O; at hdim 64 a tile's
-// epilogue runs under the next tile's S_0 (deferred, with a second Q buffer).
+// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O; where a second Q tile
+// fits too, a tile's epilogue runs under the next tile's S_0 (deferred).
 #pragma once
 #include <math.h>
 

@@ -36,18 +36,19 @@
 // that tile's S_0 is issued, so the stores overlap a GEMM instead of leaving the tensor cores
 // idle (0.9 us of every 3-7 us tile at hdim 64 causal 512, tools/tile_trace.py). It needs the
 // next tile's Q in early, so it brings a second Q buffer (where one fits beside the rings and
-// the O tile). 1 (the default): at hdim 64, where the H200 measured +3-7% below 2k; 2: at every
-// head dim (hdim 128 causal 128x128 measured -1 to -5%: its S_0 hides less of a longer
-// epilogue); 0: off.
+// the O tile). 2 (the default): at every head dim with room (hdim 64, hdim 128 128x128; the H200
+// measured +3-7% at hdim 64 below 2k, +3-6% at hdim 128 non-causal below 2k, causal neutral);
+// 1: at hdim 64 only (the default until 2026-12-03); 0: off.
 #ifndef FLASHTUNE_SM90_DEFER_EPILOGUE
-#define FLASHTUNE_SM90_DEFER_EPILOGUE 1
+#define FLASHTUNE_SM90_DEFER_EPILOGUE 2
 #endif
 
 // CTAS_PER_SM (experiment, 1 by default): 2 puts two CTAs of a 64-row tile (one consumer
 // warpgroup each, no pingpong) on every SM where their shared memory fits: two independent tiles
 // whose softmax, epilogue and tile start each run under the other's GEMMs, instead of two
 // warpgroups that start, wait and store in step on one tile. The registers per CTA halve: the
-// producer keeps 40, the consumer gets 216. Tiles of 128 or 192 rows keep one CTA.
+// producer keeps 40, the consumer gets 216. Tiles of 128 or 192 rows keep one CTA. Measured on
+// the H200 at hdim 64 below 2k: -1 to -7% against the default (docs/kernel-notes.md).
 #ifndef FLASHTUNE_SM90_CTAS_PER_SM
 #define FLASHTUNE_SM90_CTAS_PER_SM 1
 #endif
