@@ -5,10 +5,13 @@ config that passes here is one the kernels are written to accept.
 """
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
+from flashtune.paths import csrc_dir
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -113,15 +116,24 @@ def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: b
 
 
 def sm90_step_on(step: str, nvcc_flags: Sequence[str] = ()) -> bool:
-    """Whether an sm90 schedule step that kernel_traits.cuh turns on by default (OVERLAP,
-    TMA_STORE, ...) stays on with these flags: a profile turns it off with -DFLASHTUNE_SM90_<step>=0."""
-    return f"-DFLASHTUNE_SM90_{step}=0" not in nvcc_flags
+    """Whether an sm90 schedule step (OVERLAP, TMA_STORE, ...) is on with these flags:
+    kernel_traits.cuh's default unless a profile sets -DFLASHTUNE_SM90_<step>=0 or =1."""
+    return sm90_flag_value(step, nvcc_flags) != 0
 
 
-def sm90_flag_value(step: str, default: int, nvcc_flags: Sequence[str] = ()) -> int:
+@functools.lru_cache(maxsize=None)
+def sm90_flag_defaults() -> dict[str, int]:
+    """kernel_traits.cuh's defaults for its -DFLASHTUNE_SM90_<step> flags (`#ifndef` / `#define`
+    pairs), read from the header itself so the resource model cannot drift from the kernel."""
+    text = (csrc_dir() / "sm90" / "kernel_traits.cuh").read_text()
+    pairs = re.finditer(r"#ifndef FLASHTUNE_SM90_(\w+)\s+#define FLASHTUNE_SM90_\1 (\d+)", text)
+    return {m[1]: int(m[2]) for m in pairs}
+
+
+def sm90_flag_value(step: str, nvcc_flags: Sequence[str] = ()) -> int:
     """The value a profile's flags give -DFLASHTUNE_SM90_<step> (the last one wins, as with
     nvcc), or kernel_traits.cuh's default."""
-    value = default
+    value = sm90_flag_defaults()[step]
     for flag in nvcc_flags:
         if flag.startswith(f"-DFLASHTUNE_SM90_{step}="):
             value = int(flag.split("=", 1)[1])
@@ -134,9 +146,9 @@ def sm90_second_q_buffer(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
     epilogue (by default at every head dim, =1 at hdim 64 only), which needs the next Q early."""
     if not sm90_step_on("PERSISTENT", nvcc_flags):
         return False
-    defer = sm90_flag_value("DEFER_EPILOGUE", 2, nvcc_flags)
+    defer = sm90_flag_value("DEFER_EPILOGUE", nvcc_flags)
     deferred = sm90_overlap(nvcc_flags) and (defer == 2 or (defer == 1 and hdim == 64))
-    return sm90_flag_value("Q_BUFFERS", 1, nvcc_flags) == 2 or deferred
+    return sm90_flag_value("Q_BUFFERS", nvcc_flags) == 2 or deferred
 
 
 def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:

@@ -1,8 +1,8 @@
 import pytest
 
 from flashtune.arch import get_arch
-from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_tile, threads_per_cta,
-                             tile_problems)
+from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_flag_defaults, sm90_flag_value,
+                             sm90_step_on, sm90_tile, threads_per_cta, tile_problems)
 
 SM89, SM80, SM90A = get_arch("sm_89"), get_arch("sm_80"), get_arch("sm_90a")
 
@@ -134,3 +134,14 @@ def test_sm90_second_q_buffer_where_asked_for_and_it_fits_beside_the_o_tile():
     neither = sm90_tile(128, 176, 2)  # 209 KB with one Q: room for neither an O tile nor a second Q
     assert (shared_memory_bytes("sm90", 128, neither, nvcc_flags=off)
             == shared_memory_bytes("sm90", 128, neither) == 32768 + 2 * 2 * 176 * 128 * 2 + 1024)  # Q, 2 stages of K and V, slack
+
+
+def test_sm90_flag_defaults_come_from_kernel_traits():
+    """The resource model reads kernel_traits.cuh's flag defaults from the header (one source):
+    every step it asks about is there, and a profile's flag overrides it (the last one wins)."""
+    defaults = sm90_flag_defaults()
+    assert {"OVERLAP", "PERSISTENT", "TMA_STORE", "Q_BUFFERS", "DEFER_EPILOGUE"} <= defaults.keys()
+    assert sm90_flag_value("DEFER_EPILOGUE") == defaults["DEFER_EPILOGUE"]
+    flags = ("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=1")
+    assert sm90_flag_value("DEFER_EPILOGUE", flags) == 1
+    assert not sm90_step_on("OVERLAP", ("-DFLASHTUNE_SM90_OVERLAP=0",)) and sm90_step_on("OVERLAP")

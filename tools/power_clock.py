@@ -29,8 +29,9 @@ def sample_while(run, seconds: float) -> tuple[list[tuple[float, float, float]],
     for _ in range(20):  # let the clock settle on this kernel first
         run()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "100"],
+        stdout=subprocess.PIPE, text=True)
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(10):
@@ -92,7 +93,8 @@ def main() -> int:
     print("dense bf16 peak: 4096 FLOP per SM per clock (sm_90)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), rows=rows),
+                      f, indent=1)
     return 0
 
 
