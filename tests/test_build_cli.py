@@ -78,6 +78,9 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-eager-rescale", "-DFLASHTUNE_SM90_LAZY_RESCALE=0", True),
     ("exp-sm90-wide8", "-DFLASHTUNE_SM90_WIDE_STORES=1", False),
     ("exp-sm90-trace", "-DFLASHTUNE_SM90_TRACE=1", True),  # tools/tile_trace.py's kernels
+    ("exp-sm90-split-s", "-DFLASHTUNE_SM90_SPLIT_S=1", False),
+    ("exp-sm90-q-in-regs", "-DFLASHTUNE_SM90_Q_IN_REGS=1", True),
+    ("exp-sm90-skip-masked", "-DFLASHTUNE_SM90_SKIP_MASKED=1", True),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -152,6 +155,41 @@ def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():
     behind a branch on it; with the flag at 0 there is no vote and every block rescales."""
     assert _sm90_causal_128x128_sass(()).count("VOTE.ANY ") == 2
     assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
+
+
+def test_split_s_issues_each_block_as_two_halves_waited_for_in_turn():
+    """-DFLASHTUNE_SM90_SPLIT_S=1: S = Q K^T of a 128-key block is two groups of m64n64 wgmmas (8
+    k-steps each at hdim 128), and the loop waits for them one at a time (wait_group 2, then 1,
+    then 0 for P V); the default issues m64n128 and waits with at most one group outstanding."""
+    default = _sm90_causal_128x128_sass(())
+    assert "HGMMA.64x64x16" not in default and "DEPBAR.LE gsb0, 0x2" not in default
+    split = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_SPLIT_S=1",))
+    assert split.count("HGMMA.64x64x16") % (2 * 8) == 0 and split.count("HGMMA.64x64x16") >= 2 * 2 * 8
+    assert "HGMMA.64x128x16.F32.BF16 R" in split  # P V keeps N = head dim
+    assert "DEPBAR.LE gsb0, 0x2" in split
+
+
+def test_q_in_regs_loads_q_by_ldmatrix_and_s_takes_it_from_registers():
+    """-DFLASHTUNE_SM90_Q_IN_REGS=1: Q's fragments come from D/16 ldmatrix.x4 per tile, and every
+    S wgmma (two copies, the first block's and the loop's, of D/16 k steps) takes A from registers
+    with K-major B; by default S reads Q from shared memory (both operands descriptors)."""
+    import re
+
+    rs_s = re.compile(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\](?!\.tnspB)")
+    default = _sm90_causal_128x128_sass(())
+    assert "LDSM" not in default and not rs_s.search(default)
+    q_regs = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_Q_IN_REGS=1",))
+    assert q_regs.count("LDSM.16.M88.4 ") == 128 // 16
+    assert len(rs_s.findall(q_regs)) == 2 * 128 // 16
+
+
+def test_skip_masked_adds_a_masked_copy_of_the_exps():
+    """-DFLASHTUNE_SM90_SKIP_MASKED=1: each softmax copy (the first block's and the loop's) gets a
+    second copy of its exps for masked blocks, where each 8-key group sits behind a branch; the
+    default has one copy (scores per thread per block = 128 / 2 at 128x128)."""
+    scores = 128 // 2
+    assert _sm90_causal_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
+    assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_SKIP_MASKED=1",)).count("MUFU.EX2 ") == 4 * scores + 4
 
 
 def test_o_leaves_by_stmatrix_and_16_byte_stores():

@@ -11,6 +11,7 @@
 
 #include "common/convert.cuh"
 #include "common/params.h"
+#include "common/ptx_sm80.cuh"  // ldmatrix (Q_IN_REGS)
 #include "sm90/kernel_traits.cuh"
 #include "sm90/ptx_sm90.cuh"
 #include "sm90/trace.cuh"
@@ -198,21 +199,55 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   float scale_log2 = 0.f, scale = 0.f;
   float acc_o[T::kORegs];
   float row_max[2], row_sum[2];
+  uint32_t frag_q[T::kQInRegs ? T::kKSteps : 1][4];  // Q_IN_REGS: the tile's Q, this warpgroup's rows
 
   // S_j = Q K_j^T: k steps of 32 bytes along the head dim (k16 of 16-bit, k32 of FP8), inside
   // a panel's swizzled rows, then on to the next panel. Issued, not waited for.
   auto k_tile = [&](int stage) { return smem_u32(sK + stage * T::kKBytes); };
   auto v_tile = [&](int stage) { return smem_u32(sV + stage * T::kVBytes); };
-  auto issue_qk = [&](float (&acc_s)[T::kSRegs], uint32_t k_base) {
+  // Keys [key0, key0 + N) of the block into acc (N / 2 accumulators a thread), not committed.
+  auto issue_qk_keys = [&](auto n_keys, float* acc, uint32_t k_base, int key0) {
+    constexpr int N = decltype(n_keys)::value;
+    float(&acc_n)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
       constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
       const uint32_t offset_q = (kk / kStepsPerPanel) * T::kPanelBytesQ + 32 * (kk % kStepsPerPanel);
-      const uint32_t offset_k = (kk / kStepsPerPanel) * T::kPanelBytesK + 32 * (kk % kStepsPerPanel);
-      Wgmma<typename T::QKElem, BN>::ss(acc_s, kmajor_desc<T::kQKRowBytes>(q_base + offset_q),
-                                        kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
+      const uint32_t offset_k =
+          (kk / kStepsPerPanel) * T::kPanelBytesK + key0 * T::kQKRowBytes + 32 * (kk % kStepsPerPanel);
+      if constexpr (T::kQInRegs)
+        Wgmma<Elem, N>::rs_kmajor(acc_n, frag_q[kk], kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
+      else
+        Wgmma<typename T::QKElem, N>::ss(acc_n, kmajor_desc<T::kQKRowBytes>(q_base + offset_q),
+                                         kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
+    }
+  };
+  // Q_IN_REGS: this warpgroup's 64 rows of Q as wgmma A fragments, one ldmatrix of four 8x8
+  // matrices per k step of 16 columns (matrix m: rows +8 (m & 1), columns +8 (m >> 1); lane l
+  // addresses row l % 8 of matrix l / 8), from the TMA's 128B-swizzled panels (16-byte chunk c of
+  // a row r at c ^ (r % 8)).
+  auto load_q_frags = [&](int q_buf) {
+    const int m = lane / 8, row = cw * 64 + 16 * warp + 8 * (m & 1) + lane % 8;
+    const uint32_t row_base = smem_u32(sQ + q_buf * T::kQBytes) + row * 128;
+#pragma unroll
+    for (int kk = 0; kk < T::kKSteps; ++kk) {
+      const int chunk = 2 * (kk % 4) + (m >> 1);
+      ldmatrix_x4(frag_q[kk], row_base + (kk / 4) * T::kPanelBytesQ + ((chunk ^ (row % 8)) * 16));
+    }
+  };
+  auto issue_qk = [&](float (&acc_s)[T::kSRegs], uint32_t k_base) {
+    if constexpr (T::kSplitS) {  // two groups: wait_group can release the first half alone
+      issue_qk_keys(std::integral_constant<int, BN / 2>{}, acc_s, k_base, 0);
+      wgmma_commit();
+      issue_qk_keys(std::integral_constant<int, BN / 2>{}, acc_s + T::kSRegs / 2, k_base, BN / 2);
+    } else {
+      issue_qk_keys(std::integral_constant<int, BN>{}, acc_s, k_base, 0);
     }
     wgmma_commit();
+  };
+  // The accumulators of half h of S (SPLIT_S), for fencing it alone while the other is in flight.
+  auto s_half = [&](float (&acc_s)[T::kSRegs], int h) -> float(&)[T::kSRegs / 2] {
+    return *reinterpret_cast<float(*)[T::kSRegs / 2]>(acc_s + h * (T::kSRegs / 2));
   };
   // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
   auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], uint32_t v_base) {
@@ -226,22 +261,28 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
   // one quad. Returns whether O needs the rescale (the same for the whole warp); with lazy
   // rescaling, false while every row of the warp keeps its maximum (alpha = 1).
-  auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
-    const bool tail = (j + 1) * BN > seqlen_k;
-    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_row0 + causal_shift;
+  // Accumulators [i0, i1) (multiples of 4: columns 2 i0 .. 2 i1 of the block; constants once
+  // inlined) are one online-softmax step: the whole block, or one half of it with SPLIT_S.
+  auto softmax_step = [&](float (&acc_s)[T::kSRegs], int j, int i0, int i1, float (&alpha)[2]) -> bool {
+    const int key0 = j * BN + 2 * i0, keys = 2 * (i1 - i0);
+    const bool tail = key0 + keys > seqlen_k;
+    const bool diagonal = T::kCausal && key0 + keys - 1 > m_row0 + causal_shift;
+    int live = keys;  // columns from key0 on that some row of this warp sees (the same for the warp)
     if (tail || diagonal) {
       // Per row, how many of the columns from this thread's first one on are visible (keys
       // below seqlen_k and, causal, at most row + shift); accumulator i sits at the constant
-      // offset 8 (i / 4) + i % 2 from it: one compare and one select per element.
+      // offset 8 ((i - i0) / 4) + i % 2 from it: one compare and one select per element.
       int visible[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = m_row0 + row_in_tile + 8 * r;
-        visible[r] = (T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k) - (j * BN + 2 * t);
+        visible[r] = (T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k) - (key0 + 2 * t);
       }
 #pragma unroll
-      for (int i = 0; i < T::kSRegs; ++i)
-        if (8 * (i >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
+      for (int i = i0; i < i1; ++i)
+        if (8 * ((i - i0) >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
+      const int warp_last_row = m_row0 + row_in_tile - g + 15;  // its keys bound every row's of the warp
+      live = (T::kCausal ? min(seqlen_k, warp_last_row + causal_shift + 1) : seqlen_k) - key0;
     }
     bool moved = false;
 #pragma unroll
@@ -250,14 +291,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       if constexpr (T::kTreeMax) {  // 4 independent chains, then 2 steps to join them
         float chain[4] = {m, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-        for (int i = 0; i < T::kSRegs; ++i) {
+        for (int i = i0; i < i1; ++i) {
           const int c = (i & 1) + 2 * ((i >> 3) & 1);
           if (((i >> 1) & 1) == r) chain[c] = fmaxf(chain[c], acc_s[i]);
         }
         m = fmaxf(fmaxf(chain[0], chain[1]), fmaxf(chain[2], chain[3]));
       } else {
 #pragma unroll
-        for (int i = 0; i < T::kSRegs; ++i)
+        for (int i = i0; i < i1; ++i)
           if (((i >> 1) & 1) == r) m = fmaxf(m, acc_s[i]);
       }
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
@@ -270,16 +311,44 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       moved |= m != row_max[r];
       row_max[r] = m;
       float sum = 0.f;
+      // SKIP_MASKED (masked blocks only, a second copy of the loop): an 8-key group that no row
+      // of the warp sees is P = 0 without its exps, behind a branch the whole warp takes alike.
+      auto exp_scores = [&](auto skip_masked) {
 #pragma unroll
-      for (int i = 0; i < T::kSRegs; ++i)
-        if (((i >> 1) & 1) == r) {
-          const float x = fmaf(acc_s[i], scale_log2, -m_scaled);
-          acc_s[i] = i % 8 < T::kPolyExp2Of8 ? poly_exp2(x) : fast_exp2(x);
-          sum += acc_s[i];
-        }
+        for (int i = i0; i < i1; ++i)
+          if (((i >> 1) & 1) == r) {
+            if (decltype(skip_masked)::value && 8 * ((i - i0) >> 2) >= live) {
+              acc_s[i] = 0.f;
+              continue;
+            }
+            const float x = fmaf(acc_s[i], scale_log2, -m_scaled);
+            acc_s[i] = i % 8 < T::kPolyExp2Of8 ? poly_exp2(x) : fast_exp2(x);
+            sum += acc_s[i];
+          }
+      };
+      if (T::kSkipMasked && (tail || diagonal))
+        exp_scores(std::true_type{});
+      else
+        exp_scores(std::false_type{});
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
     return !T::kLazyRescale || __any_sync(0xffffffff, moved);
+  };
+  auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
+    return softmax_step(acc_s, j, 0, T::kSRegs, alpha);
+  };
+  // SPLIT_S: the second half's step, after the first half's (which set alpha). If it moved a
+  // row's maximum, the first half's P (exps against the old maximum) takes its alpha too, and O
+  // the product of both.
+  auto softmax_second_half = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
+    float alpha_hi[2];
+    const bool moved = softmax_step(acc_s, j, T::kSRegs / 2, T::kSRegs, alpha_hi);
+    if (moved) {
+#pragma unroll
+      for (int i = 0; i < T::kSRegs / 2; ++i) acc_s[i] *= alpha_hi[(i >> 1) & 1];
+      alpha[0] *= alpha_hi[0], alpha[1] *= alpha_hi[1];
+    }
+    return moved;
   };
   // P as register A fragments (k slice s = accumulators 8s..8s+7), all packed before the next
   // wgmma fence so ptxas need not serialise the wgmmas (C7519).
@@ -470,6 +539,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         scale *= descale;
       }
     }
+    if constexpr (T::kQInRegs) {
+      load_q_frags(q_buf);
+      fence_operands(frag_q);
+    }
     if (T::kDeferEpilogue && n_blocks == 0) flush_pending();
     if (!T::kDeferEpilogue || n_blocks == 0) start_tile_state();  // deferred: once the last tile's O is out
 
@@ -519,11 +592,22 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         flush_pending();
         start_tile_state();
       }
-      wgmma_wait<0>();
-      fence_operands(acc_s);
-      mark(q_iter, kTraceS0Done);
-      mbarrier_arrive(&empty_k[first]);
-      rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+      if constexpr (T::kSplitS) {  // the first half's softmax while the second half runs
+        wgmma_wait<1>();
+        fence_operands(s_half(acc_s, 0));
+        rescale = softmax_step(acc_s, 0, 0, T::kSRegs / 2, alpha);
+        wgmma_wait<0>();
+        fence_operands(s_half(acc_s, 1));
+        mark(q_iter, kTraceS0Done);
+        mbarrier_arrive(&empty_k[first]);
+        rescale |= softmax_second_half(acc_s, 0, alpha);
+      } else {
+        wgmma_wait<0>();
+        fence_operands(acc_s);
+        mark(q_iter, kTraceS0Done);
+        mbarrier_arrive(&empty_k[first]);
+        rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+      }
       pack_p(acc_s, frag_p);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
@@ -540,10 +624,20 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_fence();  // O's registers changed since the last fence
         issue_pv(frag_p, v_tile(prev));
         end_turn();
-        wgmma_wait<1>();
-        fence_operands(acc_s);
-        mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
-        rescale = softmax(acc_s, j, alpha);
+        if constexpr (T::kSplitS) {  // groups: S_j's halves, then P V; each half's softmax once it is in
+          wgmma_wait<2>();
+          fence_operands(s_half(acc_s, 0));
+          rescale = softmax_step(acc_s, j, 0, T::kSRegs / 2, alpha);
+          wgmma_wait<1>();
+          fence_operands(s_half(acc_s, 1));
+          mbarrier_arrive(&empty_k[stage]);
+          rescale |= softmax_second_half(acc_s, j, alpha);
+        } else {
+          wgmma_wait<1>();
+          fence_operands(acc_s);
+          mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
+          rescale = softmax(acc_s, j, alpha);
+        }
         wgmma_wait<0>();
         fence_operands(acc_o);
         fence_operands(frag_p);

@@ -91,6 +91,35 @@
 #define FLASHTUNE_SM90_POLY_EXP2 0
 #endif
 
+// SPLIT_S (experiment, 0 by default): each block's S = Q K^T as two wgmma groups of BN/2 keys,
+// so the softmax of the first half runs while the second half is still on the tensor cores (a
+// block's softmax starts half an S earlier); the halves are two online-softmax steps, and when
+// the second moves a row's maximum the first half's P is rescaled before it is packed. Measured
+// on the H200: a loss at every tile but 128x160 (-4 to -10% with 64-key halves, -8 to -19% at
+// hdim 256's 40-key halves; 128x160 +0-5%, within the rounds' spread).
+#ifndef FLASHTUNE_SM90_SPLIT_S
+#define FLASHTUNE_SM90_SPLIT_S 0
+#endif
+
+// Q_IN_REGS (experiment, 0 by default): each consumer loads its 64 rows of Q into registers
+// (ldmatrix, once per tile) and S = Q K^T reads only K from shared memory (wgmma with A from
+// registers): a third less shared-memory traffic for S at hdim 64 128x128. Only where the
+// fragments (D/4 registers) fit beside S, P and O (the model below), and not for FP8 Q.
+// Measured on the H200: no change (hdim 64 causal 512 240 TFLOPS either way): shared memory
+// bandwidth is not what holds the short tiles back.
+#ifndef FLASHTUNE_SM90_Q_IN_REGS
+#define FLASHTUNE_SM90_Q_IN_REGS 0
+#endif
+
+// SKIP_MASKED (experiment, 0 by default): in a causal diagonal or tail block, the 8-key groups
+// that no row of a warp sees get P = 0 without their exps. At hdim 64 the MUFU unit is as busy
+// as the tensor cores, and in a 128x128 diagonal block the first warpgroup's warps see 1-4 of the
+// 8 16-key slices (hdim 64 causal 512: 4 of each tile's 10 blocks are diagonal). Measured on the
+// H200: a loss, hdim 64 causal 512-1k -10 to -11%, hdim 128 causal 512-1k -3 to -7%.
+#ifndef FLASHTUNE_SM90_SKIP_MASKED
+#define FLASHTUNE_SM90_SKIP_MASKED 0
+#endif
+
 // LAZY_RESCALE: a row keeps its running maximum until a block's maximum exceeds it by more
 // than 2^8 (FlashAttention-4's conditional rescaling): P then stays <= 256, O and the row sum
 // share the stale maximum (the result is the same), and a warp whose rows all kept theirs skips
@@ -166,6 +195,7 @@ struct Traits {
   static constexpr bool kTreeMax = FLASHTUNE_SM90_TREE_MAX != 0;
   static constexpr int kPolyExp2Of8 = FLASHTUNE_SM90_POLY_EXP2;  // scores i with i % 8 < this: poly_exp2
   static constexpr bool kLazyRescale = FLASHTUNE_SM90_LAZY_RESCALE != 0;
+  static constexpr bool kSplitS = FLASHTUNE_SM90_SPLIT_S != 0 && kOverlap;  // halves: multiples of 8 keys
   static constexpr float kRescaleLog2 = 8.f;  // lazy: rescale once the maximum grew by more than 2^8
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
@@ -174,6 +204,15 @@ struct Traits {
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 || kCtasPerSm == 2 ? 40 : 56);
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : (kCtasPerSm == 2 ? 216 : 240));
 
+  // S, P (half of S's count), O and Q's fragments, and about 40 for addresses and the softmax.
+  static constexpr bool kQInRegs = FLASHTUNE_SM90_Q_IN_REGS != 0 && !kFp8Qk &&
+                                   kSRegs + kSRegs / 2 + kORegs + kHeadDim / 4 + 40 <= kConsumerRegs;
+
+  // SKIP_MASKED: only where the loop's second copy fits (S, P and O plus 72): hdim 64 and hdim 128
+  // at 128x128; ptxas spilled 228-312 bytes at 192x128 (160 registers), 128x176 and 128x80.
+  static constexpr bool kSkipMasked =
+      FLASHTUNE_SM90_SKIP_MASKED != 0 && kSRegs + kSRegs / 2 + kORegs + 72 <= kConsumerRegs;
+  static_assert(!kQInRegs || kQKRowBytes == 128, "Q_IN_REGS reads Q's 128-byte swizzled rows");
   static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
   static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");
   static_assert(kKBytes % 1024 == 0 && kQBytes % 1024 == 0 && kVBytes % 1024 == 0, "tiles stay 1024-byte aligned");
