@@ -2,7 +2,7 @@
 
 Same shapes, same inputs, only the backend switched. Per row: median ms of CUDA-event
 timings, taken in rounds that interleave the backends, each after a timed warm-up (inputs
-rotated so no run reads another's data from L2), TFLOPS,
+rotated so no run reads another's data from L2), the host time of one call (left out of ms), TFLOPS,
 peak memory of the call, relative L2 error against an fp32 reference on a sample, and the
 kernel names the profiler saw. The grid and the FLOP count follow the FlashAttention
 papers (DESIGN.md, "Benchmark convention").
@@ -148,6 +148,25 @@ def _queued_calls(runners: list[Callable[[], object]], repeats: int, spin_cycles
     return [s.elapsed_time(e) for s, e in zip(starts, ends)], launch_ms < spin_start.elapsed_time(spin_end)
 
 
+HOST_CALLS = 20  # calls launched to time the host side of one
+
+
+def host_ms_per_call(runners: list[Callable[[], object]], calls: int = HOST_CALLS) -> float:
+    """Host time of one call in ms: Python checks, argument packing and the launches, which the
+    event times leave out. The calls are launched while a spin kernel holds the GPU, so none
+    waits for the GPU (a call that synchronised would show its GPU time here)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4 * QUEUE_AHEAD_CYCLES)
+    start = time.perf_counter()
+    for i in range(calls):
+        runners[i % len(runners)]()
+    host_ms = (time.perf_counter() - start) * 1e3 / calls
+    torch.cuda.synchronize()
+    return host_ms
+
+
 def time_interleaved(timed: dict[str, list[Callable[[], object]]], warmup: int, repeats: int,
                      timer: Callable[..., list[float]] = time_ms,
                      catch: tuple[type[BaseException], ...] = ()) -> tuple[dict[str, list[float]], dict]:
@@ -229,17 +248,19 @@ def measure_shape(shape: Shape, backends: list[str], repeats: int, warmup: int =
         elif row["backend"] in times:
             row["ms"] = statistics.median(times[row["backend"]])
             row["tflops"] = shape.flops / (row["ms"] * 1e-3) / 1e12
+            row["host_ms"] = host_ms_per_call(timed[row["backend"]])
     return rows
 
 
-# The row schema of DESIGN.md ("Benchmark convention"), plus `status` (ok / why unavailable).
+# The row schema of DESIGN.md ("Benchmark convention"), plus `status` (ok / why unavailable) and
+# `host_ms` (the host side of one call, which `ms` leaves out: host_ms_per_call).
 ROW_KEYS = ("backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads", "heads_kv",
-            "ms", "tflops", "peak_mem_mb", "rel_err", "kernel", "status")
+            "ms", "tflops", "peak_mem_mb", "rel_err", "kernel", "status", "host_ms")
 
 
 def empty_row(backend: str, shape: Shape) -> dict:
     row = {"backend": backend, **asdict(shape), "ms": None, "tflops": None, "peak_mem_mb": None,
-           "rel_err": None, "kernel": None, "status": "ok"}
+           "rel_err": None, "kernel": None, "status": "ok", "host_ms": None}
     assert tuple(row) == ROW_KEYS
     return row
 

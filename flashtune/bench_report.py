@@ -15,8 +15,8 @@ from flashtune.bench import ROW_KEYS, shape_key
 def shape_table(rows: list[dict], ours: str = "flashtune") -> Table:
     """One line per (shape, backend), with flashtune's speed-up over that backend."""
     table = Table(show_lines=False)
-    for col in ("hdim", "causal", "seqlen", "b x h", "backend", "ms", "TFLOPS", "peak MB", "rel err",
-                "flashtune x", "kernel / status"):
+    for col in ("hdim", "causal", "seqlen", "b x h", "backend", "ms", "host ms", "TFLOPS", "peak MB",
+                "rel err", "flashtune x", "kernel / status"):
         table.add_column(col, justify="left" if col in ("backend", "kernel / status") else "right",
                          overflow="fold")
     ours_ms = {shape_key(r): r["ms"] for r in rows if r["backend"] == ours and r["ms"]}
@@ -29,6 +29,7 @@ def shape_table(rows: list[dict], ours: str = "flashtune") -> Table:
             f"{r['batch']}x{r['heads']}" + (f"/{r['heads_kv']}" if r["heads_kv"] != r["heads"] else ""),
             r["backend"],
             f"{r['ms']:.3f}" if r["ms"] else "-",
+            f"{r['host_ms']:.3f}" if r["host_ms"] is not None else "-",
             f"{r['tflops']:.0f}" if r["tflops"] else "-",
             f"{r['peak_mem_mb']:.0f}" if r["peak_mem_mb"] is not None else "-",
             f"{r['rel_err']:.1e}" if r["rel_err"] is not None else "-",

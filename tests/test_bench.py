@@ -64,7 +64,8 @@ def test_rows_follow_the_design_schema_and_serialise():
 
 
 def test_table_shows_ratios_and_reasons():
-    rows = [_row("flashtune", 1.0, kernel="flashtune_fwd_x"), _row("sdpa-flash", 1.5, kernel="flash_fwd"),
+    rows = [_row("flashtune", 1.0, kernel="flashtune_fwd_x", host_ms=0.0123),
+            _row("sdpa-flash", 1.5, kernel="flash_fwd", host_ms=0.0456),
             _row("flash-attn3", None, status="unavailable: flash_attn_interface is not importable")]
     result = {"header": {"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t", "cuda": "c",
                          "cudnn": 1}, "rows": rows, "speedup_geomean": bench.speedups(rows)}
@@ -72,6 +73,7 @@ def test_table_shows_ratios_and_reasons():
     bench_report.render(result, console)
     text = console.export_text()
     assert "1.50" in text and "not importable" in text and "sdpa-flash: 1.50x" in text
+    assert "host ms" in text and "0.012" in text and "0.046" in text
 
 
 def _cpu_case(sq=8, sk=8, causal=False):
@@ -188,3 +190,19 @@ def test_event_times_leave_out_the_hosts_launch_overhead():
 
     times = bench.time_ms([slow_host_call], warmup=1, repeats=10, warmup_seconds=0.0)
     assert len(times) == 10 and max(times) < 0.5, times
+
+
+@pytest.mark.gpu
+def test_host_ms_is_the_host_side_of_one_call():
+    """The same call, 2 ms on the host and microseconds on the GPU: host_ms_per_call reads its
+    host time (the event times above leave it out), launched behind a spin so none waits."""
+    import time
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_call():
+        time.sleep(0.002)
+        x.add_(1)
+
+    assert 1.9 < bench.host_ms_per_call([slow_host_call], calls=10) < 10.0
+    assert bench.host_ms_per_call([lambda: x.add_(1)], calls=10) < 0.5
