@@ -7,27 +7,13 @@ set -uo pipefail
 BUDGET=$1; shift
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; END=$(( $(date +%s) + BUDGET )); P=${PROFILE:-h200}
+AB="--dtype bfloat16 --backends flashtune,sdpa-cudnn"  # tools/experiment.sh's bench arguments for an A/B
 run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit's end
   local name=$1 max=$2; shift 2
   local left=$(( END - $(date +%s) )); [ $left -lt $max ] && max=$left
   if [ $max -le 5 ]; then echo "== $name: skipped (out of time)"; return; fi
   local start=$(date +%s); timeout $max "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
   echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
-}
-build_and_test() {  # build_and_test PROFILE...: build h200 and each experiment, then the GPU tests on each experiment
-  local p
-  for p in profiles/h200.yaml "$@"; do run build-$(basename $p .yaml) 150 python3 -m flashtune build --profile $p --jobs 16; done
-  for p in "$@"; do FLASHTUNE_PROFILE=$p run gpu-$(basename $p .yaml) 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/ --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py; done
-}
-ab() {  # ab PREFIX ROUNDS "BENCH ARGS" PROFILE...: the profiles benched in turn (flashtune and cuDNN, bf16) for
-  # ROUNDS alternating rounds, then tools/compare_bench.py's table of all of them
-  local prefix=$1 rounds=$2 bench_args=$3 round p n; shift 3; local files=()
-  for round in $(seq "$rounds"); do for p in "$@"; do n=$(basename $p .yaml)
-    run $prefix-$n-$round 120 python3 -m flashtune bench --profile $p --backends flashtune,sdpa-cudnn $bench_args \
-      --json "$OUT/${prefix}_${n}_$round.json"
-    files+=("${n}_$round=$OUT/${prefix}_${n}_$round.json"); done; done
-  run $prefix-table 30 python3 tools/compare_bench.py "${files[@]}"
 }
 for step in "$@"; do case $step in
   build-h200) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16 ;;
@@ -117,22 +103,22 @@ for step in "$@"; do case $step in
         run trace-sts 80 python3 tools/tile_trace.py --flag=-DFLASHTUNE_SM90_STMATRIX=0 $C ;;
   split-tiles) E=tools/experiments  # SPLIT_S and the tiles with room for a deferred epilogue, each against h200 on
         # the cells they change (below 8k), two alternating rounds; measured: benchmarks/h200/2026-12-03_split-tiles_ab*
-        build_and_test $E/exp-sm90-split-s.yaml $E/exp-sm90-defer-tiles.yaml
-        ab ab 2 "--seqlens 512,1024,2048,4096" profiles/h200.yaml $E/exp-sm90-split-s.yaml $E/exp-sm90-defer-tiles.yaml ;;
+        ROUNDS=2 run split-tiles-ab 600 bash tools/experiment.sh $E/exp-sm90-split-s.yaml,$E/exp-sm90-defer-tiles.yaml \
+          "$AB --seqlens 512,1024,2048,4096" profiles/h200.yaml $E/exp-sm90-split-s.yaml $E/exp-sm90-defer-tiles.yaml ;;
   split-long) E=tools/experiments  # SPLIT_S with halves of any multiple of 8 (hdim 128 128x176, hdim 256 128x80)
         # at 2k-16k; measured: benchmarks/h200/2026-12-03_split-long_ab*
-        build_and_test $E/exp-sm90-split-s.yaml
-        ab ab 2 "--hdims 128,256 --seqlens 2048,4096,8192,16384" profiles/h200.yaml $E/exp-sm90-split-s.yaml ;;
+        ROUNDS=2 run split-long-ab 500 bash tools/experiment.sh $E/exp-sm90-split-s.yaml \
+          "$AB --hdims 128,256 --seqlens 2048,4096,8192,16384" profiles/h200.yaml $E/exp-sm90-split-s.yaml ;;
   q-in-regs) E=tools/experiments  # Q in registers (S reads only K from shared memory) on the cells whose tiles
         # take it (hdim 64 causal and hdim 128 128x128, below 4k); measured: benchmarks/h200/2026-12-03_q-in-regs_ab*
-        build_and_test $E/exp-sm90-q-in-regs.yaml
-        ab qr 3 "--hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-q-in-regs.yaml ;;
+        ROUNDS=3 run q-in-regs-ab 500 bash tools/experiment.sh $E/exp-sm90-q-in-regs.yaml \
+          "$AB --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-q-in-regs.yaml ;;
   skip-masked) E=tools/experiments  # no exps for the 8-key groups a warp does not see, in causal diagonal blocks
         # (hdim 64 and hdim 128 128x128: the causal cells below 2k / 4k); measured: benchmarks/h200/2026-12-03_skip-masked_ab*
-        build_and_test $E/exp-sm90-skip-masked.yaml
+        ROUNDS=3 run skip-masked-ab 500 bash tools/experiment.sh $E/exp-sm90-skip-masked.yaml \
+          "$AB --causal --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-skip-masked.yaml
         for tool in memcheck racecheck; do run $tool-skip-masked 100 compute-sanitizer --tool $tool --error-exitcode 9 \
-          python3 tools/sanitize_case.py $E/exp-sm90-skip-masked.yaml; done
-        ab sk 3 "--causal --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-skip-masked.yaml ;;
+          python3 tools/sanitize_case.py $E/exp-sm90-skip-masked.yaml; done ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack this run's files into one (an
