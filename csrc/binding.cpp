@@ -3,12 +3,16 @@
 // flashtune_C::fwd; flashtune/ops.py wraps it in the public custom op.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "common/params.h"
 
@@ -21,6 +25,26 @@ int64_t stride_of(const at::Tensor& t, int d) {
   int64_t dense = 1;
   for (int64_t i = d + 1; i < t.dim(); ++i) dense *= t.size(i);
   return dense;
+}
+
+// The tile counter of the kernels that hand out tiles from one (FwdParams::tile_counter): a
+// pair per (device, stream), zeroed once, which every such kernel leaves at 0 when it ends.
+// Kernels on one stream run one after another, so no two share a count, and a call needs no
+// memset (a kernel of its own, 1-2 us of a 130 us call). Under CUDA graph capture a replay may
+// run on another stream: then a fresh pair, zeroed on the stream as part of the graph.
+// Returns the tensor and whether it is already zero.
+std::pair<at::Tensor, bool> tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess, "flashtune: cudaStreamIsCapturing failed");
+  const auto options = like.options().dtype(at::kInt);
+  if (capture != cudaStreamCaptureStatusNone) return {at::empty({2}, options), false};
+  static std::mutex mutex;
+  // Never destroyed: freeing CUDA memory during static destruction can outlive the driver.
+  static auto* counters = new std::map<std::pair<int, uintptr_t>, at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& counter = (*counters)[{like.get_device(), reinterpret_cast<uintptr_t>(stream)}];
+  if (!counter.defined()) counter = at::zeros({2}, options);  // on the current stream: before any use
+  return {counter, true};
 }
 
 // Python validates every input with a clear message first; these checks only keep a bad
@@ -100,10 +124,10 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   if (p.batch == 0 || p.seqlen_q == 0) return;
 
   const c10::cuda::CUDAGuard guard(q.device());
-  // From the caching allocator, so stream-ordered reuse is safe; 4 bytes, no fill kernel here.
-  const at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-  p.tile_counter = tile_counter.data_ptr<int32_t>();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const auto [tile_counter, zeroed] = tile_counter_for(q, stream);
+  p.tile_counter = tile_counter.data_ptr<int32_t>();
+  p.tile_counter_zeroed = zeroed ? 1 : 0;
   auto fn = reinterpret_cast<flashtune::FwdLaunchFn>(launcher);
   const int err = fn(&p, stream);
   TORCH_CHECK(err == 0, "flashtune: kernel launch failed: ",

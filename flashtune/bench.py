@@ -132,20 +132,20 @@ def _queued_calls(runners: list[Callable[[], object]], repeats: int, spin_cycles
     host launched them all before the spin ended (else some waited for their launch)."""
     import torch
 
-    spin_start, spin_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    spin_end = torch.cuda.Event()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    spin_start.record()
     torch.cuda._sleep(spin_cycles)
     spin_end.record()
-    launched = time.perf_counter()
     for i in range(repeats):
         starts[i].record()
         runners[i % len(runners)]()
         ends[i].record()
-    launch_ms = (time.perf_counter() - launched) * 1e3
+    # Queued iff the spin still runs now that every call is launched: asked of the GPU, not
+    # inferred from host and event clocks (that inference once passed calls that had waited).
+    spin_was_running = not spin_end.query()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)], launch_ms < spin_start.elapsed_time(spin_end)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], spin_was_running
 
 
 HOST_CALLS = 20  # calls launched to time the host side of one

@@ -170,3 +170,64 @@ def test_results_fresh_per_call():
     a = flash_attn_func(q, k, v)
     b = flash_attn_func(-q, k, 2 * v)
     assert not torch.allclose(a, b)
+
+
+# The sm90 family's causal and varlen kernels hand out tiles from a counter: a pair per stream
+# that each kernel leaves at 0 when it ends (no memset per call). A count left over or shared
+# would skip tiles, whose rows then stay NaN-poisoned.
+COUNTED_SHAPES = [(2, 1000, 4, 128), (1, 300, 2, 128), (3, 2000, 8, 128), (1, 130, 1, 128)]
+
+
+def _counted_inputs():
+    return [tuple(_rand(*shape, dtype=torch.bfloat16) for _ in range(3)) for shape in COUNTED_SHAPES]
+
+
+def test_causal_calls_of_different_sizes_back_to_back():
+    from flashtune import flash_attn_func
+
+    inputs = _counted_inputs()
+    results = [flash_attn_func(q, k, v, causal=True, return_lse=True) for _ in range(2) for q, k, v in inputs]
+    for (out, lse), (q, k, v) in zip(results, inputs + inputs):
+        _check(out, lse, q, k, v, causal=True)
+
+
+def test_causal_calls_on_two_streams_at_once():
+    from flashtune import flash_attn_func
+
+    inputs = _counted_inputs()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    results = {0: [], 1: []}
+    for _ in range(3):
+        for s, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                results[s] += [flash_attn_func(q, k, v, causal=True, return_lse=True) for q, k, v in inputs]
+    torch.cuda.synchronize()
+    for s in results:
+        for (out, lse), (q, k, v) in zip(results[s], inputs * 3):
+            _check(out, lse, q, k, v, causal=True)
+
+
+def test_causal_call_replayed_from_a_cuda_graph():
+    """Captured calls zero a counter of their own in the graph; eager calls on the capture
+    stream between replays keep theirs."""
+    from flashtune import flash_attn_func
+
+    q, k, v = _counted_inputs()[2]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_attn_func(q, k, v, causal=True)  # warm-up outside the capture (module load)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        with torch.cuda.stream(stream):
+            eager, eager_lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+        torch.cuda.synchronize()
+        _check(out, lse, q, k, v, causal=True)
+        _check(eager, eager_lse, q, k, v, causal=True)

@@ -119,6 +119,30 @@ for step in "$@"; do case $step in
           "$AB --causal --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-skip-masked.yaml
         for tool in memcheck racecheck; do run $tool-skip-masked 100 compute-sanitizer --tool $tool --error-exitcode 9 \
           python3 tools/sanitize_case.py $E/exp-sm90-skip-masked.yaml; done ;;
+  counter) E=tools/experiments  # the per-stream tile counter (no memset per call, the default) against a memset
+        # before every causal launch (the old way), on the causal cells below 4k
+        ROUNDS=2 run counter-ab 420 bash tools/experiment.sh none "$AB --causal --seqlens 512,1024,2048" \
+          profiles/h200.yaml $E/exp-sm90-counter-memset.yaml ;;
+  flat-tiles) E=tools/experiments  # a tile's last P V under the next tile's first softmax, where the epilogue is
+        # deferred (hdim 64, hdim 128 128x128); GPU tests on it, then against h200 below 4k
+        ROUNDS=2 run flat-tiles-ab 500 bash tools/experiment.sh $E/exp-sm90-flat-tiles.yaml \
+          "$AB --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-flat-tiles.yaml ;;
+  mufu-turn) E=tools/experiments  # turns on the exps (and with them the flat tiles at hdim 64 causal) against h200;
+        # GPU tests on the combination
+        ROUNDS=2 run mufu-turn-ab 560 bash tools/experiment.sh $E/exp-sm90-mufu-flat.yaml \
+          "$AB --seqlens 512,2048" profiles/h200.yaml $E/exp-sm90-mufu-turn.yaml $E/exp-sm90-mufu-flat.yaml
+        grep -E "^(pytest|[a-z0-9_-]+: geomean vs sdpa-cudnn)" "$OUT/mufu-turn-ab.txt"
+        # the winner by more than 0.5% (else h200), for a release visit right after: PROFILE=$(cat /tmp/ab-winner)
+        python3 tools/ab_winner.py sdpa-cudnn 0.005 \
+          profiles/h200.yaml=$OUT/bench_h200_1.json,$OUT/bench_h200_2.json \
+          $E/exp-sm90-mufu-turn.yaml=$OUT/bench_exp-sm90-mufu-turn_1.json,$OUT/bench_exp-sm90-mufu-turn_2.json \
+          $E/exp-sm90-mufu-flat.yaml=$OUT/bench_exp-sm90-mufu-flat_1.json,$OUT/bench_exp-sm90-mufu-flat_2.json \
+          > /tmp/ab-winner; echo "winner: $(cat /tmp/ab-winner)" ;;
+  ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
+        run ncu-sass 200 ncu --clock-control none --profile-from-start off --section SourceCounters \
+          --section InstructionStats -f -o "$OUT/sass" python3 tools/ncu_cells.py "$P" $C
+        run ncu-sass-csv 120 ncu -i "$OUT/sass.ncu-rep" --page source --print-source sass --csv
+        run ncu-sass-details 60 ncu -i "$OUT/sass.ncu-rep" --page details ;;
   *) echo "unknown step $step" ;;
 esac; done
 # The device tool brings back only a few files per call: pack this run's files into one (an

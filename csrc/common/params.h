@@ -38,9 +38,13 @@ struct FwdParams {
   int64_t descale_batch_stride;
 
   // Scratch for kernels that hand out work tiles from a counter (the sm90 family's persistent
-  // grid, for causal and varlen calls): one int32 on the device, any value; the launcher zeroes
-  // it on the stream first. May be null: those kernels then take tiles by a fixed stride.
+  // grid, for causal and varlen calls): two int32 on the device, [0] the tiles handed out, [1]
+  // the CTAs done; the last CTA out sets both back to 0. tile_counter_zeroed = 1: they are 0
+  // already (a per-stream pair that every such kernel leaves at 0), so the launcher does not
+  // zero them first; 0: any value, zeroed on the stream first. May be null: those kernels then
+  // take tiles by a fixed stride.
   int32_t* tile_counter;
+  int32_t tile_counter_zeroed;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

@@ -5,7 +5,8 @@
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
 // a persistent grid loops each CTA over tiles, O is rescaled only when a row's maximum grew by
 // more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O; where a second Q tile
-// fits too, a tile's epilogue runs under the next tile's S_0 (deferred).
+// fits too, a tile's epilogue runs under the next tile's S_0 (deferred), and in the causal kernels
+// at hdim 64 its last P V goes with that S_0 (flat tiles).
 #pragma once
 #include <math.h>
 
@@ -97,6 +98,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // epilogue runs in the next tile before that tile releases its Q, so the count holds.
   constexpr int kTileSlots = T::kQBuffers + 1;
   __shared__ Tile tile_info[kTileSlots];
+  __shared__ float turn_zero, turn_sink[T::kThreads / 32];  // MUFU_TURN's fences (ptx_sm90.cuh)
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
     Tile tile;
     if (!tile_at<T>(p, blockIdx.x, tile)) return;
@@ -114,6 +116,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       mbarrier_init(&empty_v[s], 128 * T::kConsumers);
     }
     fence_barrier_init();
+    turn_zero = 0.f;
   }
   __syncthreads();
 
@@ -178,6 +181,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         FT_TRACE(q_iter, kTraceKvIssued);
         if constexpr (!T::kPersistent) break;
         t = next_tile(t);
+      }
+      if (T::kPersistent && p.tile_counter != nullptr) {
+        // Leave the counter at 0 for the next launch on the stream (the launcher then needs no
+        // memset): every CTA has taken its last tile once all have counted themselves done.
+        __threadfence();
+        if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(p.tile_counter, 0);
+          atomicExch(p.tile_counter + 1, 0);
+        }
       }
       FT_TRACE_CLOCK(2);
     }
@@ -256,6 +268,22 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
     wgmma_commit();
   };
+  // MUFU_TURN: consumer warpgroups take turns on the exps, as on the tensor cores (PINGPONG): the
+  // MUFU unit of an SM sub-partition serves the warps of every warpgroup, and at hdim 64 a block's
+  // exps take it as long as the block's GEMMs take the tensor cores. Named barrier 7 + cw: cw
+  // waits, cw-1 (cyclically) arrives; the order runs on across blocks and tiles like the GEMMs'.
+  // The exps' offsets come back through the barrier and the arrive follows a store of the row
+  // sums (ptxas would move the exps across plain barriers, ptx_sm90.cuh).
+  auto mufu_turn_wait = [&](float (&m_scaled)[2]) {
+    if constexpr (T::kMufuTurn) {
+      const float zero = named_barrier_sync_fenced(7 + cw, 256, smem_u32(&turn_zero));
+      m_scaled[0] += zero, m_scaled[1] += zero;
+    }
+  };
+  auto mufu_turn_pass = [&](float sums) {
+    if constexpr (T::kMufuTurn)
+      named_barrier_arrive_fenced(7 + (cw + 1) % T::kConsumers, 256, smem_u32(&turn_sink[threadIdx.x / 32]), sums, lane == 0);
+  };
   // Masks (the tail block and, for causal, blocks that cross the diagonal), then the online
   // softmax on the accumulators: P in place of S, new row maxima and sums, and alpha, the
   // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
@@ -285,6 +313,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       live = (T::kCausal ? min(seqlen_k, warp_last_row + causal_shift + 1) : seqlen_k) - key0;
     }
     bool moved = false;
+    float m_scaled[2];  // each row's maximum, scaled: the exps' offset
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float m = row_max[r];
@@ -306,10 +335,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // Lazy: keep the old maximum unless this one is more than 2^kRescaleLog2 above it (from
       // -inf it always moves; -inf to -inf gives NaN, which keeps it). The quad agrees.
       if (T::kLazyRescale && !((m - row_max[r]) * scale_log2 > T::kRescaleLog2)) m = row_max[r];
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
-      alpha[r] = T::kLazyRescale && m == row_max[r] ? 1.f : fast_exp2(row_max[r] * scale_log2 - m_scaled);
+      m_scaled[r] = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
+      alpha[r] = T::kLazyRescale && m == row_max[r] ? 1.f : fast_exp2(row_max[r] * scale_log2 - m_scaled[r]);
       moved |= m != row_max[r];
       row_max[r] = m;
+    }
+    // MUFU_TURN: the exps (the MUFU unit's share of the block) in this warpgroup's turn.
+    mufu_turn_wait(m_scaled);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
       float sum = 0.f;
       // SKIP_MASKED (masked blocks only, a second copy of the loop): an 8-key group that no row
       // of the warp sees is P = 0 without its exps, behind a branch the whole warp takes alike.
@@ -321,7 +355,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
               acc_s[i] = 0.f;
               continue;
             }
-            const float x = fmaf(acc_s[i], scale_log2, -m_scaled);
+            const float x = fmaf(acc_s[i], scale_log2, -m_scaled[r]);
             acc_s[i] = i % 8 < T::kPolyExp2Of8 ? poly_exp2(x) : fast_exp2(x);
             sum += acc_s[i];
           }
@@ -332,6 +366,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         exp_scores(std::false_type{});
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
+    mufu_turn_pass(row_sum[0] + row_sum[1]);
     return !T::kLazyRescale || __any_sync(0xffffffff, moved);
   };
   auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
@@ -377,6 +412,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if constexpr (T::kPingpong) turn_to((cw + 1) % T::kConsumers);
   };
   if (T::kPingpong && cw == T::kConsumers - 1) turn_to(0);  // the first warpgroup goes first
+  if (T::kMufuTurn && cw == T::kConsumers - 1) named_barrier_arrive(7, 256);  // and takes the first exps
 
   // tools/tile_trace.py's timeline (empty unless FLASHTUNE_SM90_TRACE): step `step` of tile `it`.
   auto mark = [&](int it, int step) {
@@ -506,15 +542,42 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // and the softmax scale (FP8 descales are per tile).
   int pending = -1;  // the tile whose epilogue waits, or -1
   float pending_sum[2], pending_max[2], pending_scale = 0.f;
+  // FLAT_TILES: the K/V block (ring position) of the pending tile's last P V while it is not yet
+  // issued (P in frag_p, its rescale in alpha / rescale), else -1.
+  int pending_pv = -1;
+  auto zero_o = [&] {
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
+  };
+  auto start_rows = [&] {
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  };
+  auto start_tile_state = [&] {
+    zero_o();
+    start_rows();
+  };
   auto flush_pending = [&] {
     if (pending >= 0) epilogue(pending, pending_sum, pending_max, pending_scale);
     pending = -1;
   };
-  auto start_tile_state = [&] {
-#pragma unroll
-    for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
+  // FLAT_TILES: the pending tile's last P V alone (no next S_0 to go with: the CTA's last tile, or
+  // a next one without blocks), then its epilogue.
+  auto finish_pending = [&] {
+    if (T::kFlatTiles && pending_pv >= 0) {
+      const int stage = pending_pv % T::kStages;
+      mbarrier_wait(&full_v[stage], (pending_pv / T::kStages) & 1);
+      if (rescale) rescale_o(alpha);
+      fence_operands(acc_o);
+      fence_operands(frag_p);
+      wgmma_fence();
+      issue_pv(frag_p, v_tile(stage));
+      wgmma_wait<0>();
+      fence_operands(acc_o);
+      mbarrier_arrive(&empty_v[stage]);
+      pending_pv = -1;
+    }
+    flush_pending();
   };
 
   for (int q_iter = 0;; ++q_iter) {
@@ -543,7 +606,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       load_q_frags(q_buf);
       fence_operands(frag_q);
     }
-    if (T::kDeferEpilogue && n_blocks == 0) flush_pending();
+    if (T::kDeferEpilogue && n_blocks == 0) finish_pending();
     if (!T::kDeferEpilogue || n_blocks == 0) start_tile_state();  // deferred: once the last tile's O is out
 
     if constexpr (!T::kOverlap) {
@@ -582,33 +645,69 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       const int first = kv_iter % T::kStages;
       mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
       mark(q_iter, kTraceK0Landed);
-      fence_operands(acc_s);
-      wgmma_fence();
-      my_turn();
-      issue_qk(acc_s, k_tile(first));
-      end_turn();
-      mark(q_iter, kTraceTurn);
-      if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
-        flush_pending();
-        start_tile_state();
-      }
-      if constexpr (T::kSplitS) {  // the first half's softmax while the second half runs
+      if (T::kFlatTiles && pending_pv >= 0) {
+        // FLAT_TILES: the last tile's last P V goes in this turn after S_0 and runs under S_0's
+        // softmax; then the last tile's O goes out. A path of its own from issue to wait_group<0>
+        // (ptxas would otherwise see O in flight where the other path writes it, and wait).
+        const int carry_stage = pending_pv % T::kStages;
+        mbarrier_wait(&full_v[carry_stage], (pending_pv / T::kStages) & 1);
+        fence_operands(acc_s);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        my_turn();
+        issue_qk(acc_s, k_tile(first));
+        if (rescale) rescale_o(alpha);  // the last tile's alpha
+        fence_operands(acc_o);
+        wgmma_fence();
+        issue_pv(frag_p, v_tile(carry_stage));
+        end_turn();
+        mark(q_iter, kTraceTurn);
+        start_rows();  // O stays the last tile's until its P V is done
         wgmma_wait<1>();
-        fence_operands(s_half(acc_s, 0));
-        rescale = softmax_step(acc_s, 0, 0, T::kSRegs / 2, alpha);
-        wgmma_wait<0>();
-        fence_operands(s_half(acc_s, 1));
-        mark(q_iter, kTraceS0Done);
-        mbarrier_arrive(&empty_k[first]);
-        rescale |= softmax_second_half(acc_s, 0, alpha);
-      } else {
-        wgmma_wait<0>();
         fence_operands(acc_s);
         mark(q_iter, kTraceS0Done);
         mbarrier_arrive(&empty_k[first]);
-        rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+        rescale = softmax(acc_s, 0, alpha);
+        wgmma_wait<0>();
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        mbarrier_arrive(&empty_v[carry_stage]);
+        pending_pv = -1;
+        pack_p(acc_s, frag_p);
+        flush_pending();  // the last tile's epilogue
+        zero_o();
+      } else {
+        fence_operands(acc_s);
+        wgmma_fence();
+        my_turn();
+        issue_qk(acc_s, k_tile(first));
+        end_turn();
+        mark(q_iter, kTraceTurn);
+        if constexpr (T::kFlatTiles) {  // nothing pending here (the CTA's first tile, or after one without blocks)
+          start_tile_state();
+        } else if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
+          flush_pending();
+          start_tile_state();
+        }
+        if constexpr (T::kSplitS) {  // the first half's softmax while the second half runs
+          wgmma_wait<1>();
+          fence_operands(s_half(acc_s, 0));
+          rescale = softmax_step(acc_s, 0, 0, T::kSRegs / 2, alpha);
+          wgmma_wait<0>();
+          fence_operands(s_half(acc_s, 1));
+          mark(q_iter, kTraceS0Done);
+          mbarrier_arrive(&empty_k[first]);
+          rescale |= softmax_second_half(acc_s, 0, alpha);
+        } else {
+          wgmma_wait<0>();
+          fence_operands(acc_s);
+          mark(q_iter, kTraceS0Done);
+          mbarrier_arrive(&empty_k[first]);
+          rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+        }
+        pack_p(acc_s, frag_p);
       }
-      pack_p(acc_s, frag_p);
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
         mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
@@ -645,6 +744,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
+      if constexpr (T::kFlatTiles) {  // the last P V goes with the next tile's S_0 (or flush_pending)
+        pending = q_iter, pending_pv = kv_iter + n_blocks - 1;
+        pending_sum[0] = row_sum[0], pending_sum[1] = row_sum[1];
+        pending_max[0] = row_max[0], pending_max[1] = row_max[1];
+        pending_scale = scale;
+        kv_iter += n_blocks;
+        continue;
+      }
       const int last = (kv_iter + n_blocks - 1) % T::kStages;
       mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
       if (rescale) rescale_o(alpha);
@@ -676,8 +783,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if (pending != q_iter) epilogue(q_iter, row_sum, row_max, scale);
     if constexpr (!T::kPersistent) break;  // a loop of one: nothing lives on to a next tile
   }
-  if constexpr (T::kDeferEpilogue) flush_pending();
+  if constexpr (T::kDeferEpilogue) finish_pending();
   if (T::kPingpong && cw == 0) my_turn();  // the last hand-over (or the opening one, if no tile had a block)
+  if (T::kMufuTurn && cw == 0) named_barrier_sync(7, 256);  // the same for the exps' turns
   if (T::kTmaStore && tid == 0) bulk_wait_group_read0();  // sO stays valid until the TMA has read it
 }
 

@@ -128,6 +128,34 @@
 #define FLASHTUNE_SM90_LAZY_RESCALE 1
 #endif
 
+// FLAT_TILES: a tile's last P V is issued with the next tile's S_0, in the same pingpong turn, and
+// runs under that S_0's softmax, instead of being issued alone and waited for at the tile's end;
+// the tile's epilogue follows once it is done (before the next tile's first P V). Only where the
+// epilogue is deferred (a second Q buffer: the next tile's Q is in by then). 1: every such kernel
+// (hdim 64, hdim 128 at 128x128); 2 (the default): the causal kernels at hdim 64, whose tiles are
+// one to a few blocks long. On the H200: +2-4% at hdim 64 causal 512-2k, a loss of 2-7% at hdim
+// 64 and 128 non-causal 512, even at hdim 128 causal (benchmarks/h200/2026-12-03_flat-tiles_ab*).
+#ifndef FLASHTUNE_SM90_FLAT_TILES
+#define FLASHTUNE_SM90_FLAT_TILES 2
+#endif
+
+// MUFU_TURN (experiment, 0 by default): the consumer warpgroups take turns on the exps of their
+// softmax (named barriers, like PINGPONG's turns on the wgmmas), so one warpgroup's exps run while
+// the other's GEMMs do and the MUFU unit is never split between two (cuDNN's hdim 64 kernel on the
+// H200 passes such a turn around its exps, Nsight Compute's source view; but it has no GEMM turns
+// and waits for each GEMM). Measured on the H200 on top of our schedule: a loss, 0.971x against
+// 1.001x cuDNN over 12 cells (hdim 64 non-causal 512 and causal 2k -10%).
+#ifndef FLASHTUNE_SM90_MUFU_TURN
+#define FLASHTUNE_SM90_MUFU_TURN 0
+#endif
+
+// COUNTER_MEMSET (the old behaviour, 0 by default): the launcher zeroes the tile counter of causal
+// and varlen calls with a memset on the stream before each launch, even where it is a per-stream
+// pair that the kernels leave at 0 (csrc/binding.cpp): the memset is a kernel of its own.
+#ifndef FLASHTUNE_SM90_COUNTER_MEMSET
+#define FLASHTUNE_SM90_COUNTER_MEMSET 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -186,6 +214,9 @@ struct Traits {
   static constexpr int kMainBytes = kQBuffers * kQBytes + kRingBytes;
   static constexpr bool kTmaStore = kOTileFits;
   static constexpr bool kDeferEpilogue = kDeferWanted && kQBuffers == 2;
+  static constexpr bool kMufuTurn = FLASHTUNE_SM90_MUFU_TURN != 0 && kOverlap && kConsumers > 1 && FLASHTUNE_SM90_SPLIT_S == 0;
+  static constexpr bool kFlatTiles = (FLASHTUNE_SM90_FLAT_TILES == 1 || (FLASHTUNE_SM90_FLAT_TILES == 2 && kCausal && kHeadDim == 64)) &&
+                                     kDeferEpilogue && FLASHTUNE_SM90_SPLIT_S == 0;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
   static constexpr int kSmemPerSm = 228 * 1024, kReservedSmemPerCta = 1024;  // sm_90
   static constexpr int kCtasPerSm =
@@ -223,6 +254,7 @@ struct Traits {
   static_assert(FLASHTUNE_SM90_DEFER_EPILOGUE >= 0 && FLASHTUNE_SM90_DEFER_EPILOGUE <= 2, "DEFER_EPILOGUE: 0, 1 or 2");
   static_assert(FLASHTUNE_SM90_WIDE_STORES >= 0 && FLASHTUNE_SM90_WIDE_STORES <= 2, "WIDE_STORES: 0, 1 or 2");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
+  static_assert(FLASHTUNE_SM90_FLAT_TILES >= 0 && FLASHTUNE_SM90_FLAT_TILES <= 2, "FLAT_TILES: 0, 1 or 2");
   static_assert(kPolyExp2Of8 >= 0 && kPolyExp2Of8 <= 8, "POLY_EXP2: 0 to 8 of every 8 scores");
   static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread

@@ -55,8 +55,9 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   FwdParams args = p;
   if (!counted) {
     args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
-  } else {
-    const cudaError_t err = cudaMemsetAsync(args.tile_counter, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream));
+  } else if (!p.tile_counter_zeroed || FLASHTUNE_SM90_COUNTER_MEMSET) {  // a memset is a kernel of its own in the call's GPU time
+    const cudaError_t err =
+        cudaMemsetAsync(args.tile_counter, 0, 2 * sizeof(int32_t), static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) return int(err);
   }
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);

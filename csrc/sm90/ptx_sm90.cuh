@@ -95,6 +95,23 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The same barriers as fences that ptxas cannot move arithmetic across (it moves register-only
+// instructions past bar.sync and bar.arrive freely): `x` comes back through a load from shared
+// memory ordered after the barrier (`zero_addr` holds 0.f: add it to what must wait), and the
+// arrive follows a store of `x` (lane 0 of each warp, to its own `sink_addr`), so whatever x
+// depends on is done before it.
+__device__ __forceinline__ float named_barrier_sync_fenced(int id, int threads, uint32_t zero_addr) {
+  float zero;
+  asm volatile("bar.sync %1, %2;\n\tld.shared.f32 %0, [%3];\n" : "=f"(zero) : "r"(id), "r"(threads), "r"(zero_addr) : "memory");
+  return zero;
+}
+__device__ __forceinline__ void named_barrier_arrive_fenced(int id, int threads, uint32_t sink_addr, float x, bool store) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p st.shared.f32 [%2], %3;\n\tbar.arrive %0, %1;\n\t}\n" ::"r"(id),
+      "r"(threads), "r"(sink_addr), "f"(x), "r"(uint32_t(store))
+      : "memory");
+}
+
 // ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, CTAs per SM)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
