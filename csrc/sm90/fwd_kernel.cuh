@@ -557,24 +557,35 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     zero_o();
     start_rows();
   };
+  // Tile q_done's epilogue waits (for the next tile's S_0): what it needs besides O.
+  auto defer_epilogue = [&](int q_done) {
+    pending = q_done;
+    pending_sum[0] = row_sum[0], pending_sum[1] = row_sum[1];
+    pending_max[0] = row_max[0], pending_max[1] = row_max[1];
+    pending_scale = scale;
+  };
   auto flush_pending = [&] {
     if (pending >= 0) epilogue(pending, pending_sum, pending_max, pending_scale);
     pending = -1;
+  };
+  // A tile's last P V (block kv of the ring) alone, by the last softmax's alpha, waited for.
+  auto last_pv_alone = [&](int kv) {
+    const int stage = kv % T::kStages;
+    mbarrier_wait(&full_v[stage], (kv / T::kStages) & 1);
+    if (rescale) rescale_o(alpha);
+    fence_operands(acc_o);
+    fence_operands(frag_p);
+    wgmma_fence();
+    issue_pv(frag_p, v_tile(stage));
+    wgmma_wait<0>();
+    fence_operands(acc_o);
+    mbarrier_arrive(&empty_v[stage]);
   };
   // FLAT_TILES: the pending tile's last P V alone (no next S_0 to go with: the CTA's last tile, or
   // a next one without blocks), then its epilogue.
   auto finish_pending = [&] {
     if (T::kFlatTiles && pending_pv >= 0) {
-      const int stage = pending_pv % T::kStages;
-      mbarrier_wait(&full_v[stage], (pending_pv / T::kStages) & 1);
-      if (rescale) rescale_o(alpha);
-      fence_operands(acc_o);
-      fence_operands(frag_p);
-      wgmma_fence();
-      issue_pv(frag_p, v_tile(stage));
-      wgmma_wait<0>();
-      fence_operands(acc_o);
-      mbarrier_arrive(&empty_v[stage]);
+      last_pv_alone(pending_pv);
       pending_pv = -1;
     }
     flush_pending();
@@ -744,25 +755,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
-      if constexpr (T::kFlatTiles) {  // the last P V goes with the next tile's S_0 (or flush_pending)
-        pending = q_iter, pending_pv = kv_iter + n_blocks - 1;
-        pending_sum[0] = row_sum[0], pending_sum[1] = row_sum[1];
-        pending_max[0] = row_max[0], pending_max[1] = row_max[1];
-        pending_scale = scale;
+      if constexpr (T::kFlatTiles) {  // the last P V goes with the next tile's S_0 (or finish_pending)
+        defer_epilogue(q_iter);
+        pending_pv = kv_iter + n_blocks - 1;
         kv_iter += n_blocks;
         continue;
       }
-      const int last = (kv_iter + n_blocks - 1) % T::kStages;
-      mbarrier_wait(&full_v[last], ((kv_iter + n_blocks - 1) / T::kStages) & 1);
-      if (rescale) rescale_o(alpha);
-      fence_operands(acc_o);
-      fence_operands(frag_p);
-      wgmma_fence();
-      issue_pv(frag_p, v_tile(last));
-      wgmma_wait<0>();
-      fence_operands(acc_o);
+      last_pv_alone(kv_iter + n_blocks - 1);
       mark(q_iter, kTraceLastPvDone);
-      mbarrier_arrive(&empty_v[last]);
       if constexpr (T::kDeferEpilogue) {
         // O is complete: a copy that ptxas sees (fence_operands emits nothing), so that reading
         // it under the next tile's S_0 is not a read of a wgmma's registers (C7517 would wait).
@@ -772,10 +772,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           asm volatile("mov.b32 %0, %1;" : "=f"(copy) : "f"(acc_o[i]));
           acc_o[i] = copy;
         }
-        pending = q_iter;  // written out under the next tile's S_0
-        pending_sum[0] = row_sum[0], pending_sum[1] = row_sum[1];
-        pending_max[0] = row_max[0], pending_max[1] = row_max[1];
-        pending_scale = scale;
+        defer_epilogue(q_iter);  // written out under the next tile's S_0
       }
     }
 
