@@ -122,9 +122,9 @@ def test_only_the_trace_build_exports_the_tile_timeline():
     assert not {"flashtune_trace_clear", "flashtune_trace_copy"} & exported("h200")
 
 
-def _sm90_causal_128x128_sass(flags: tuple[str, ...]) -> str:
-    """The SASS of the bf16 hdim 128 causal 128x128 sm90 kernel built with these nvcc flags
-    (skips the test without cuobjdump)."""
+def _sm90_causal_128x128_sass(flags: tuple[str, ...], hdim: int = 128) -> str:
+    """The SASS of the bf16 causal 128x128 sm90 kernel (hdim 128 unless told) built with these
+    nvcc flags (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
     from flashtune.spec import KernelSpec
     from flashtune.tiles import sm90_tile
@@ -134,7 +134,7 @@ def _sm90_causal_128x128_sass(flags: tuple[str, ...]) -> str:
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
-    spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
     result = build_spec(spec)
     assert result.spill_stores == 0
     sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
@@ -158,6 +158,21 @@ def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():
     behind a branch on it; with the flag at 0 there is no vote and every block rescales."""
     assert _sm90_causal_128x128_sass(()).count("VOTE.ANY ") == 2
     assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
+
+
+def test_flat_tiles_issue_a_tiles_last_pv_in_the_next_tiles_first_turn():
+    """FLAT_TILES (2 by default: hdim 64 causal only): besides the first block's turn (S) and the
+    loop's (S, P V), a turn that issues S_0 with the last tile's P V, and that P V alone for the
+    CTA's last tile: at least one more S (D/16 wgmmas) and one more P V (BN/16) than with the
+    flag at 0. The hdim 128 kernels keep the old schedule unless the flag is 1."""
+    def wgmmas(sass: str) -> int:
+        return sass.count("HGMMA.")
+
+    flat64, plain64 = (wgmmas(_sm90_causal_128x128_sass(f, hdim=64)) for f in ((), ("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
+    assert flat64 >= plain64 + 64 // 16 + 128 // 16
+    default128 = wgmmas(_sm90_causal_128x128_sass(()))
+    assert default128 == wgmmas(_sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
+    assert wgmmas(_sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=1",))) >= default128 + 2 * 128 // 16
 
 
 def test_split_s_issues_each_block_as_two_halves_waited_for_in_turn():

@@ -16,7 +16,9 @@ Columns, per consumer warpgroup and tile, from the end of its previous tile's ep
     tma    the TMA store issued
 Where the epilogue is deferred (hdim 64 and 128x128 tiles: DEFER_EPILOGUE in kernel_traits.cuh), tile
 n's epilogue runs in tile n+1 after S_0's issue: its 'look' then spans tile n+1's Q, K_0 and turn,
-'S0' includes it, and 'wait Q' goes negative ('tile' still spans one epilogue to the next).
+'S0' includes it, and 'wait Q' goes negative ('tile' still spans one epilogue to the next). With
+flat tiles (hdim 64 causal: FLAT_TILES) tile n's last P V also completes in tile n+1, under its S_0's
+softmax, so tile n's 'blocks' ends there.
 The kernel gets no LSE tensor, as flash_attn_func and the bench call it, unless --lse.
 """
 import argparse

@@ -586,6 +586,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   auto finish_pending = [&] {
     if (T::kFlatTiles && pending_pv >= 0) {
       last_pv_alone(pending_pv);
+      mark(pending, kTraceLastPvDone);
       pending_pv = -1;
     }
     flush_pending();
@@ -684,6 +685,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(acc_o);
         fence_operands(frag_p);
         mbarrier_arrive(&empty_v[carry_stage]);
+        mark(pending, kTraceLastPvDone);
         pending_pv = -1;
         pack_p(acc_s, frag_p);
         flush_pending();  // the last tile's epilogue
