@@ -84,6 +84,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-counter-memset", "-DFLASHTUNE_SM90_COUNTER_MEMSET=1", True),
     ("exp-sm90-flat-tiles", "-DFLASHTUNE_SM90_FLAT_TILES=1", True),  # hdim 128 causal below 4k: 128x128, deferred
     ("exp-sm90-mufu-turn", "-DFLASHTUNE_SM90_MUFU_TURN=1", False),
+    ("exp-sm90-cudnn-like", "-DFLASHTUNE_SM90_OVERLAP=0", True),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,

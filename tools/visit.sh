@@ -138,6 +138,11 @@ for step in "$@"; do case $step in
           $E/exp-sm90-mufu-turn.yaml=$OUT/bench_exp-sm90-mufu-turn_1.json,$OUT/bench_exp-sm90-mufu-turn_2.json \
           $E/exp-sm90-mufu-flat.yaml=$OUT/bench_exp-sm90-mufu-flat_1.json,$OUT/bench_exp-sm90-mufu-flat_2.json \
           > /tmp/ab-winner; echo "winner: $(cat /tmp/ab-winner)" ;;
+  cudnn-like) E=tools/experiments  # cuDNN's block structure (no overlap, no GEMM turns, turns on the exps)
+        # against h200; GPU tests on it first
+        ROUNDS=2 run cudnn-like-ab 500 bash tools/experiment.sh $E/exp-sm90-cudnn-like.yaml \
+          "$AB --seqlens 512,2048,8192" profiles/h200.yaml $E/exp-sm90-cudnn-like.yaml
+        grep -E "^(pytest|[a-z0-9_-]+: geomean vs sdpa-cudnn)" "$OUT/cudnn-like-ab.txt" ;;
   ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
         run ncu-sass 200 ncu --clock-control none --profile-from-start off --section SourceCounters \
           --section InstructionStats -f -o "$OUT/sass" python3 tools/ncu_cells.py "$P" $C

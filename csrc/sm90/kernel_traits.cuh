@@ -144,7 +144,8 @@
 // the other's GEMMs do and the MUFU unit is never split between two (cuDNN's hdim 64 kernel on the
 // H200 passes such a turn around its exps, Nsight Compute's source view; but it has no GEMM turns
 // and waits for each GEMM). Measured on the H200 on top of our schedule: a loss, 0.971x against
-// 1.001x cuDNN over 12 cells (hdim 64 non-causal 512 and causal 2k -10%).
+// 1.001x cuDNN over 12 cells (hdim 64 non-causal 512 and causal 2k -10%). With OVERLAP=0 (each
+// GEMM waited for, no GEMM turns) it makes cuDNN's block structure: exp-sm90-cudnn-like.yaml.
 #ifndef FLASHTUNE_SM90_MUFU_TURN
 #define FLASHTUNE_SM90_MUFU_TURN 0
 #endif
@@ -214,7 +215,7 @@ struct Traits {
   static constexpr int kMainBytes = kQBuffers * kQBytes + kRingBytes;
   static constexpr bool kTmaStore = kOTileFits;
   static constexpr bool kDeferEpilogue = kDeferWanted && kQBuffers == 2;
-  static constexpr bool kMufuTurn = FLASHTUNE_SM90_MUFU_TURN != 0 && kOverlap && kConsumers > 1 && FLASHTUNE_SM90_SPLIT_S == 0;
+  static constexpr bool kMufuTurn = FLASHTUNE_SM90_MUFU_TURN != 0 && kConsumers > 1 && FLASHTUNE_SM90_SPLIT_S == 0;
   static constexpr bool kFlatTiles = (FLASHTUNE_SM90_FLAT_TILES == 1 || (FLASHTUNE_SM90_FLAT_TILES == 2 && kCausal && kHeadDim == 64)) &&
                                      kDeferEpilogue && FLASHTUNE_SM90_SPLIT_S == 0;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
