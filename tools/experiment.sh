@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Device experiment: build several profiles, test some, bench all on the same grid; table last.
-# Usage: [ROUNDS=N] bash tools/experiment.sh TEST_PROFILES "BENCH ARGS" PROFILE...
+# Usage: [ROUNDS=N] [TAG=NAME] bash tools/experiment.sh TEST_PROFILES "BENCH ARGS" PROFILE...
 # TEST_PROFILES: comma-separated profiles whose GPU tests run first, or none. ROUNDS (default 1):
 # the profiles are benched in turn that many times (A B, A B, ...), so a drift of the GPU's clock
-# between runs falls on each alike; every run is a column of the table.
+# between runs falls on each alike; every run is a column of the table. Files go to $OUT/TAG/
+# (default: the profiles' names joined by +), so two experiments of one visit keep their own.
 set -uo pipefail
 TEST_PROFILES=$1; BENCH_ARGS=$2; shift 2; ROUNDS=${ROUNDS:-1}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+TAG=${TAG:-$(for p in "$@"; do basename "$p" .yaml; done | paste -sd+)}
+OUT=${OUT:-/tmp/out}/$TAG; mkdir -p "$OUT"
 for p in "$@"; do
   python3 -m flashtune build --profile "$p" --dtype bfloat16 --jobs 16 > "$OUT/build_$(basename $p .yaml).txt" 2>&1 || echo "build $p failed"
 done

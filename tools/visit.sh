@@ -129,14 +129,14 @@ for step in "$@"; do case $step in
           "$AB --hdims 64,128 --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-flat-tiles.yaml ;;
   mufu-turn) E=tools/experiments  # turns on the exps (and with them the flat tiles at hdim 64 causal) against h200;
         # GPU tests on the combination
-        ROUNDS=2 run mufu-turn-ab 560 bash tools/experiment.sh $E/exp-sm90-mufu-flat.yaml \
+        ROUNDS=2 TAG=mufu-turn run mufu-turn-ab 560 bash tools/experiment.sh $E/exp-sm90-mufu-flat.yaml \
           "$AB --seqlens 512,2048" profiles/h200.yaml $E/exp-sm90-mufu-turn.yaml $E/exp-sm90-mufu-flat.yaml
         grep -E "^(pytest|[a-z0-9_-]+: geomean vs sdpa-cudnn)" "$OUT/mufu-turn-ab.txt"
         # the winner by more than 0.5% (else h200), for a release visit right after: PROFILE=$(cat /tmp/ab-winner)
         python3 tools/ab_winner.py sdpa-cudnn 0.005 \
-          profiles/h200.yaml=$OUT/bench_h200_1.json,$OUT/bench_h200_2.json \
-          $E/exp-sm90-mufu-turn.yaml=$OUT/bench_exp-sm90-mufu-turn_1.json,$OUT/bench_exp-sm90-mufu-turn_2.json \
-          $E/exp-sm90-mufu-flat.yaml=$OUT/bench_exp-sm90-mufu-flat_1.json,$OUT/bench_exp-sm90-mufu-flat_2.json \
+          profiles/h200.yaml=$OUT/mufu-turn/bench_h200_1.json,$OUT/mufu-turn/bench_h200_2.json \
+          $E/exp-sm90-mufu-turn.yaml=$OUT/mufu-turn/bench_exp-sm90-mufu-turn_1.json,$OUT/mufu-turn/bench_exp-sm90-mufu-turn_2.json \
+          $E/exp-sm90-mufu-flat.yaml=$OUT/mufu-turn/bench_exp-sm90-mufu-flat_1.json,$OUT/mufu-turn/bench_exp-sm90-mufu-flat_2.json \
           > /tmp/ab-winner; echo "winner: $(cat /tmp/ab-winner)" ;;
   cudnn-like) E=tools/experiments  # cuDNN's block structure (no overlap, no GEMM turns, turns on the exps)
         # against h200; GPU tests on it first
