@@ -61,7 +61,7 @@ def test_family_and_fp8_on_wrong_arch():
 @pytest.mark.parametrize("cfg, key", [
     (sm90_tile(256, 128, 2), "block_m"),   # 4 consumer warpgroups
     (sm90_tile(128, 272, 2), "block_n"),   # over the wgmma N limit
-    (sm90_tile(128, 128, 1), "stages"),
+    (sm90_tile(128, 128, 5), "stages"),
     (TileConfig(128, 128, 12, 2, 3), "num_warpgroups"),
 ])
 def test_sm90_problems(cfg, key):

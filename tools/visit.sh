@@ -143,6 +143,20 @@ for step in "$@"; do case $step in
         ROUNDS=2 run cudnn-like-ab 500 bash tools/experiment.sh $E/exp-sm90-cudnn-like.yaml \
           "$AB --seqlens 512,2048,8192" profiles/h200.yaml $E/exp-sm90-cudnn-like.yaml
         grep -E "^(pytest|[a-z0-9_-]+: geomean vs sdpa-cudnn)" "$OUT/cudnn-like-ab.txt" ;;
+  stages1) E=tools/experiments  # hdim 256 with one K and one V slot: cuDNN's 128x128 without the overlap,
+        # 128x80 and 128x96 with the TMA-store epilogue; and cuDNN's block structure at hdim 64
+        for x in cudnn-like-256 h256-s1-80 h256-s1-96; do
+          run build-$x 60 python3 -m flashtune build --profile $E/exp-sm90-$x.yaml --hdim 256 --jobs 16
+        done
+        for x in cudnn-like-256 h256-s1-80; do  # the new paths' hdim 256 kernels, checked first
+          FLASHTUNE_PROFILE=$E/exp-sm90-$x.yaml run test-$x 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
+            tests/test_ops_gpu.py -x -k 256
+        done
+        ROUNDS=2 TAG=h256-s1 run h256-s1-ab 300 bash tools/experiment.sh none "$AB --hdims 256 --seqlens 512,1024,2048" \
+          profiles/h200.yaml $E/exp-sm90-cudnn-like-256.yaml $E/exp-sm90-h256-s1-80.yaml $E/exp-sm90-h256-s1-96.yaml
+        ROUNDS=2 TAG=cudnn-like run cudnn-like-ab 200 bash tools/experiment.sh none "$AB --hdims 64 --seqlens 512,1024,2048" \
+          profiles/h200.yaml $E/exp-sm90-cudnn-like.yaml
+        grep -h -E "^[a-z0-9_-]+: geomean vs sdpa-cudnn" "$OUT/h256-s1-ab.txt" "$OUT/cudnn-like-ab.txt" ;;
   ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
         run ncu-sass 200 ncu --clock-control none --profile-from-start off --section SourceCounters \
           --section InstructionStats -f -o "$OUT/sass" python3 tools/ncu_cells.py "$P" $C
