@@ -47,6 +47,10 @@ for step in "$@"; do case $step in
               cp "$OUT/h200-tuned.yaml" /tmp/h200-tuned.yaml ;;  # for a later visit.sh run: PROFILE=/tmp/h200-tuned.yaml
               # smaller tiles for the short buckets; hdim 64 192x128 (the starting tile) spills 60/72 bytes;
               # the tuner's final round (default --final-round 3) decides close calls
+  tune-h128) run tune-h128 200 python3 -m flashtune tune --profile h200 --hdims 128 --tiles 192x80,192x64 \
+                --jobs 16 --time-budget 150 --name h200 --out "$OUT/h200-tuned-h128.yaml" ;;
+              # three consumer warpgroups at hdim 128 (80 or 64 keys fit their 160 registers beside the overlap's P)
+              # against the profile's tiles, side by side in the tuner's final round; a measurement, not adopted
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \

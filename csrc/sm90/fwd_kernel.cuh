@@ -221,6 +221,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   auto issue_qk_keys = [&](auto n_keys, float* acc, uint32_t k_base, int key0) {
     constexpr int N = decltype(n_keys)::value;
     float(&acc_n)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
+    // K's descriptors from one (k_base is the stage's, uniform); Q's as before: per warpgroup, so in
+    // vector registers, and ptxas keeps a tile's eight of them out of the loop.
+    const uint64_t desc_k = kmajor_desc<T::kQKRowBytes>(k_base);
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
       constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
@@ -228,10 +231,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       const uint32_t offset_k =
           (kk / kStepsPerPanel) * T::kPanelBytesK + key0 * T::kQKRowBytes + 32 * (kk % kStepsPerPanel);
       if constexpr (T::kQInRegs)
-        Wgmma<Elem, N>::rs_kmajor(acc_n, frag_q[kk], kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
+        Wgmma<Elem, N>::rs_kmajor(acc_n, frag_q[kk], desc_advance(desc_k, offset_k), kk > 0);
       else
         Wgmma<typename T::QKElem, N>::ss(acc_n, kmajor_desc<T::kQKRowBytes>(q_base + offset_q),
-                                         kmajor_desc<T::kQKRowBytes>(k_base + offset_k), kk > 0);
+                                         desc_advance(desc_k, offset_k), kk > 0);
     }
   };
   // Q_IN_REGS: this warpgroup's 64 rows of Q as wgmma A fragments, one ldmatrix of four 8x8
@@ -263,9 +266,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   };
   // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
   auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], uint32_t v_base) {
+    const uint64_t desc_v = mnmajor_sw128_desc(v_base, T::kPanelBytesV);
 #pragma unroll
-    for (int s = 0; s < BN / 16; ++s)
-      Wgmma<Elem, D>::rs(acc_o, frag_p[s], mnmajor_sw128_desc(v_base + 2048 * s, T::kPanelBytesV));
+    for (int s = 0; s < BN / 16; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
     wgmma_commit();
   };
   // MUFU_TURN: consumer warpgroups take turns on the exps, as on the tensor cores (PINGPONG): the

@@ -38,6 +38,16 @@ __device__ __forceinline__ uint64_t mnmajor_sw128_desc(uint32_t smem_addr, uint3
   return swizzled_desc<128>(smem_addr, panel_bytes, 1024);
 }
 
+// The descriptor of the tile `offset_bytes` on from `desc`'s: the start-address field (bits 0-13,
+// the address >> 4) plus offset >> 4, added to the low word alone. Shared memory ends below
+// 2^18 B, so the field never carries into LBO; each k step's descriptor is then one add to a
+// descriptor built once, not the address masked, shifted and merged again (six uniform-datapath
+// instructions per wgmma before). Offsets are multiples of 16 B.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t offset_bytes) {
+  const uint32_t lo = uint32_t(desc) + (offset_bytes >> 4), hi = uint32_t(desc >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
