@@ -85,9 +85,14 @@ def render(result: TuneResult, console: Console, top: int = 3) -> None:
     for col in ("hdim", "causal", "seqlen", "rank", "tile", "TFLOPS", "ms", "vs starting"):
         table.add_column(col, justify="right" if col not in ("tile",) else "left")
     for slot in sorted(slots):
-        ranked = sorted(slots[slot], key=lambda r: -r["tflops"])
+        # After a final round only its contenders are ranked, by its figures: a candidate left out
+        # keeps its first pass's (timed alone, often a few % higher), which must not outrank the
+        # side-by-side figures that decided (the winner is rank 1, the starting tile is shown too).
+        finalists = [r for r in slots[slot] if "first_ms" in r]
+        ranked = sorted(finalists or slots[slot], key=lambda r: -r["tflops"])
         start = result.starting.get(slot)
-        for i, r in enumerate(ranked[:top]):
+        shown = ranked[:top] + [r for r in ranked[top:] if start and r is start]
+        for i, r in enumerate(shown):
             ratio = f"{r['tflops'] / start['tflops']:.2f}x" if start else "-"
             table.add_row(str(slot[0]), "yes" if slot[1] else "no", str(slot[2]), str(i + 1),
                           r["tile"].label + (" (starting)" if start and r["tile"] == start["tile"] else ""),

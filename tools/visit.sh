@@ -161,6 +161,16 @@ for step in "$@"; do case $step in
         ROUNDS=2 TAG=cudnn-like run cudnn-like-ab 200 bash tools/experiment.sh none "$AB --hdims 64 --seqlens 512,1024,2048" \
           profiles/h200.yaml $E/exp-sm90-cudnn-like.yaml
         grep -h -E "^[a-z0-9_-]+: geomean vs sdpa-cudnn" "$OUT/h256-s1-ab.txt" "$OUT/cudnn-like-ab.txt" ;;
+  h64-tiles) E=tools/experiments  # hdim 64 non-causal below 2k: 128-row tiles (no padded rows at 512 / 1k) against
+        # 192x128; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)
+        ROUNDS=3 TAG=h64-tiles run h64-tiles-ab 200 bash tools/experiment.sh none "$AB --hdims 64 --no-causal --seqlens 512,1024" \
+          profiles/h200.yaml $E/exp-sm90-h64-nc128-s2.yaml $E/exp-sm90-h64-nc128-s3.yaml
+        b=$OUT/h64-tiles/bench
+        python3 tools/ab_winner.py sdpa-cudnn 0.005 profiles/h200.yaml=${b}_h200_1.json,${b}_h200_2.json,${b}_h200_3.json \
+          $E/exp-sm90-h64-nc128-s2.yaml=${b}_exp-sm90-h64-nc128-s2_1.json,${b}_exp-sm90-h64-nc128-s2_2.json,${b}_exp-sm90-h64-nc128-s2_3.json \
+          $E/exp-sm90-h64-nc128-s3.yaml=${b}_exp-sm90-h64-nc128-s3_1.json,${b}_exp-sm90-h64-nc128-s3_2.json,${b}_exp-sm90-h64-nc128-s3_3.json \
+          > /tmp/ab-winner 2> "$OUT/h64-tiles-scores.txt" || echo profiles/h200.yaml > /tmp/ab-winner
+        echo "winner: $(cat /tmp/ab-winner)" ;;
   ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
         run ncu-sass 200 ncu --clock-control none --profile-from-start off --section SourceCounters \
           --section InstructionStats -f -o "$OUT/sass" python3 tools/ncu_cells.py "$P" $C
