@@ -145,7 +145,8 @@
 // H200 passes such a turn around its exps, Nsight Compute's source view; but it has no GEMM turns
 // and waits for each GEMM). Measured on the H200 on top of our schedule: a loss, 0.971x against
 // 1.001x cuDNN over 12 cells (hdim 64 non-causal 512 and causal 2k -10%). With OVERLAP=0 (each
-// GEMM waited for, no GEMM turns) it makes cuDNN's block structure: exp-sm90-cudnn-like.yaml.
+// GEMM waited for, no GEMM turns) it makes cuDNN's block structure: exp-sm90-cudnn-like.yaml, a
+// loss of 16-22% at hdim 64 (benchmarks/h200/2026-12-03_cudnn-like_ab*).
 #ifndef FLASHTUNE_SM90_MUFU_TURN
 #define FLASHTUNE_SM90_MUFU_TURN 0
 #endif
@@ -174,8 +175,9 @@ struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  // Buffers on each of the K and V mbarrier rings. One each is enough where a block is long (hdim
-  // 256 at 128 keys: K_(j+1) loads under softmax_j and P_j V_j, V_(j+1) under S_(j+1)).
+  // Buffers on each of the K and V mbarrier rings. One each (K_(j+1) loads once S_j is done) makes
+  // room in shared memory, but each block then waits for its K: hdim 256 128x80 -31 to -39% on the
+  // H200 with the overlap, cuDNN's 128x128 without it even (tools/experiments/exp-sm90-*s1*).
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
 
