@@ -170,16 +170,19 @@ def host_ms_per_call(runners: list[Callable[[], object]], calls: int = HOST_CALL
 def time_interleaved(timed: dict[str, list[Callable[[], object]]], warmup: int, repeats: int,
                      timer: Callable[..., list[float]] = time_ms,
                      catch: tuple[type[BaseException], ...] = ()) -> tuple[dict[str, list[float]], dict]:
-    """`repeats` times per backend, taken in ROUNDS interleaved rounds (A B C, A B C, ...): a
-    drift of the GPU's clocks with power and heat then falls on every backend alike instead of
-    on whichever ran first or last. The first round warms up fully, later ones briefly (the GPU
-    is busy from the round before). A backend whose timing raises one of `catch` leaves the
-    rounds; it is returned with its error."""
+    """`repeats` times per backend, taken in ROUNDS interleaved rounds whose order rotates (A B C,
+    B C A, C A B): a drift of the GPU's clocks with power and heat then falls on every backend
+    alike instead of on whichever ran first or last, and no backend always follows the same one
+    (or the cell's input generation, which leaves the GPU idle and cool). The first round warms
+    up fully, later ones briefly (the GPU is busy from the round before). A backend whose timing
+    raises one of `catch` leaves the rounds; it is returned with its error."""
     times: dict[str, list[float]] = {name: [] for name in timed}
     failed: dict[str, BaseException] = {}
     per_round = max(1, math.ceil(repeats / ROUNDS))
+    names = list(timed)
     for r in range(ROUNDS):
-        for name, runners in timed.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runners = timed[name]
             if name in failed:
                 continue
             try:

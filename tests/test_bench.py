@@ -137,11 +137,30 @@ def test_backends_are_timed_in_interleaved_rounds_after_a_timed_warm_up():
 
     times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
     assert failed == {}
-    assert [c[0] for c in calls] == ["A", "B"] * bench.ROUNDS
+    assert [c[0] for c in calls] == ["A", "B", "B", "A", "A", "B"][:2 * bench.ROUNDS]  # the order rotates
     assert sum(c[2] for c in calls if c[0] == "A") >= 30 and len(times["a"]) == len(times["b"]) >= 30
     assert [c[3] for c in calls[:2]] == [bench.WARMUP_SECONDS] * 2
     assert all(0 < c[3] < bench.WARMUP_SECONDS for c in calls[2:]) and all(c[1] == 5 for c in calls)
     assert times["a"][0] == 1.0 and times["b"][-1] == float(2 * bench.ROUNDS)
+
+
+def test_with_as_many_rounds_as_backends_each_takes_each_place_once():
+    """Position in a round is a bias of its own (the first after a cell's input generation runs
+    on a cool GPU): the rounds rotate, so each backend runs first, second and third once."""
+    from flashtune import bench
+
+    order = []
+
+    def fake_timer(runners, warmup, repeats, warmup_seconds):
+        order.append(runners[0])
+        return [1.0] * repeats
+
+    backends = {name: [name] for name in "ABC"[:bench.ROUNDS]}
+    bench.time_interleaved(backends, 1, 9, timer=fake_timer)
+    rounds = [order[i:i + len(backends)] for i in range(0, len(order), len(backends))]
+    assert len(rounds) == bench.ROUNDS and all(sorted(r) == sorted(backends) for r in rounds)
+    for place in range(len(backends)):
+        assert sorted(r[place] for r in rounds) == sorted(backends)
 
 
 def test_a_backend_that_fails_while_timed_leaves_the_rounds_with_its_error():
