@@ -37,3 +37,22 @@ def test_the_best_profile_wins_by_more_than_the_margin(tmp_path):
 def test_the_control_stays_within_the_margin(tmp_path):
     rounds = {"control": [[1.0, 1.0, 1.0]], "slightly": [[1.003, 1.0, 1.004]]}
     assert _winner(tmp_path, 0.005, rounds) == "control"
+
+
+def test_an_experiment_folder_names_its_rounds(tmp_path):
+    """--dir: tools/experiment.sh's folder, bench_<profile name>_<round>.json (bench_<name>.json for
+    one round); the same choice as with the files listed, and a profile without files is an error."""
+    for name, runs in {"h200": [[1.0, 1.0, 1.0], [0.99, 1.0, 1.0]], "exp-a": [[1.06, 1.04, 1.05], [1.05, 1.05, 1.04]]}.items():
+        for i, r in enumerate(runs, 1):
+            _bench(tmp_path / f"bench_{name}_{i}.json", r)
+    _bench(tmp_path / "bench_exp-b.json", [0.9, 0.9, 0.9])
+
+    def run(*profiles):
+        return subprocess.run([sys.executable, str(TOOL), "sdpa-cudnn", "0.005", "--dir", str(tmp_path), *profiles],
+                              capture_output=True, text=True, cwd=TOOL.parents[1])
+
+    out = run("profiles/h200.yaml", "tools/experiments/exp-a.yaml", "x/exp-b.yaml")
+    assert out.returncode == 0 and out.stdout.strip() == "tools/experiments/exp-a.yaml"
+    assert "exp-b.yaml: 0.9000" in out.stderr
+    missing = run("profiles/h200.yaml", "exp-c.yaml")
+    assert missing.returncode != 0 and "no bench files of exp-c" in missing.stderr

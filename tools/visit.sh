@@ -137,11 +137,8 @@ for step in "$@"; do case $step in
           "$AB --seqlens 512,2048" profiles/h200.yaml $E/exp-sm90-mufu-turn.yaml $E/exp-sm90-mufu-flat.yaml
         grep -E "^(pytest|[a-z0-9_-]+: geomean vs sdpa-cudnn)" "$OUT/mufu-turn-ab.txt"
         # the winner by more than 0.5% (else h200), for a release visit right after: PROFILE=$(cat /tmp/ab-winner)
-        python3 tools/ab_winner.py sdpa-cudnn 0.005 \
-          profiles/h200.yaml=$OUT/mufu-turn/bench_h200_1.json,$OUT/mufu-turn/bench_h200_2.json \
-          $E/exp-sm90-mufu-turn.yaml=$OUT/mufu-turn/bench_exp-sm90-mufu-turn_1.json,$OUT/mufu-turn/bench_exp-sm90-mufu-turn_2.json \
-          $E/exp-sm90-mufu-flat.yaml=$OUT/mufu-turn/bench_exp-sm90-mufu-flat_1.json,$OUT/mufu-turn/bench_exp-sm90-mufu-flat_2.json \
-          > /tmp/ab-winner; echo "winner: $(cat /tmp/ab-winner)" ;;
+        python3 tools/ab_winner.py sdpa-cudnn 0.005 --dir $OUT/mufu-turn profiles/h200.yaml \
+          $E/exp-sm90-mufu-turn.yaml $E/exp-sm90-mufu-flat.yaml > /tmp/ab-winner; echo "winner: $(cat /tmp/ab-winner)" ;;
   cudnn-like) E=tools/experiments  # cuDNN's block structure (no overlap, no GEMM turns, turns on the exps)
         # against h200; GPU tests on it first
         ROUNDS=2 run cudnn-like-ab 500 bash tools/experiment.sh $E/exp-sm90-cudnn-like.yaml \
@@ -165,10 +162,8 @@ for step in "$@"; do case $step in
         # 192x128; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)
         ROUNDS=3 TAG=h64-tiles run h64-tiles-ab 200 bash tools/experiment.sh none "$AB --hdims 64 --no-causal --seqlens 512,1024" \
           profiles/h200.yaml $E/exp-sm90-h64-nc128-s2.yaml $E/exp-sm90-h64-nc128-s3.yaml
-        b=$OUT/h64-tiles/bench
-        python3 tools/ab_winner.py sdpa-cudnn 0.005 profiles/h200.yaml=${b}_h200_1.json,${b}_h200_2.json,${b}_h200_3.json \
-          $E/exp-sm90-h64-nc128-s2.yaml=${b}_exp-sm90-h64-nc128-s2_1.json,${b}_exp-sm90-h64-nc128-s2_2.json,${b}_exp-sm90-h64-nc128-s2_3.json \
-          $E/exp-sm90-h64-nc128-s3.yaml=${b}_exp-sm90-h64-nc128-s3_1.json,${b}_exp-sm90-h64-nc128-s3_2.json,${b}_exp-sm90-h64-nc128-s3_3.json \
+        python3 tools/ab_winner.py sdpa-cudnn 0.005 --dir $OUT/h64-tiles profiles/h200.yaml \
+          $E/exp-sm90-h64-nc128-s2.yaml $E/exp-sm90-h64-nc128-s3.yaml \
           > /tmp/ab-winner 2> "$OUT/h64-tiles-scores.txt" || echo profiles/h200.yaml > /tmp/ab-winner
         echo "winner: $(cat /tmp/ab-winner)" ;;
   ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
