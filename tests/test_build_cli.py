@@ -84,6 +84,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-counter-memset", "-DFLASHTUNE_SM90_COUNTER_MEMSET=1", True),
     ("exp-sm90-flat-tiles", "-DFLASHTUNE_SM90_FLAT_TILES=1", True),  # hdim 128 causal below 4k: 128x128, deferred
     ("exp-sm90-mufu-turn", "-DFLASHTUNE_SM90_MUFU_TURN=1", False),
+    ("exp-sm90-cluster", "-DFLASHTUNE_SM90_CLUSTER=1", False),
     ("exp-sm90-cudnn-like", "-DFLASHTUNE_SM90_OVERLAP=0", True),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
@@ -123,8 +124,8 @@ def test_only_the_trace_build_exports_the_tile_timeline():
     assert not {"flashtune_trace_clear", "flashtune_trace_copy"} & exported("h200")
 
 
-def _sm90_causal_128x128_sass(flags: tuple[str, ...], hdim: int = 128) -> str:
-    """The SASS of the bf16 causal 128x128 sm90 kernel (hdim 128 unless told) built with these
+def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True) -> str:
+    """The SASS of the bf16 128x128 sm90 kernel (hdim 128 and causal unless told) built with these
     nvcc flags (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
     from flashtune.spec import KernelSpec
@@ -135,7 +136,7 @@ def _sm90_causal_128x128_sass(flags: tuple[str, ...], hdim: int = 128) -> str:
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
-    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, 128, 2), True, nvcc_flags=flags)
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, 128, 2), causal, nvcc_flags=flags)
     result = build_spec(spec)
     assert result.spill_stores == 0
     sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
@@ -148,8 +149,8 @@ def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
     scores in each of its two copies (the first block's and the loop's); the rescale's 2 per
     copy stay on MUFU."""
     scores = 128 // 2  # per thread per block: a 64 x 128 S per warpgroup
-    assert _sm90_causal_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
-    poly = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_POLY_EXP2=2",))
+    assert _sm90_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
+    poly = _sm90_128x128_sass(("-DFLASHTUNE_SM90_POLY_EXP2=2",))
     assert poly.count("MUFU.EX2 ") == 2 * (scores - scores * 2 // 8) + 4
 
 
@@ -157,8 +158,8 @@ def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():
     """The default (LAZY_RESCALE=1): each softmax copy (the first block's and the loop's) ends
     in one warp vote on whether any row moved its maximum, and O's D/2 rescale multiplies sit
     behind a branch on it; with the flag at 0 there is no vote and every block rescales."""
-    assert _sm90_causal_128x128_sass(()).count("VOTE.ANY ") == 2
-    assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
+    assert _sm90_128x128_sass(()).count("VOTE.ANY ") == 2
+    assert _sm90_128x128_sass(("-DFLASHTUNE_SM90_LAZY_RESCALE=0",)).count("VOTE.ANY ") == 0
 
 
 def test_flat_tiles_issue_a_tiles_last_pv_in_the_next_tiles_first_turn():
@@ -169,20 +170,33 @@ def test_flat_tiles_issue_a_tiles_last_pv_in_the_next_tiles_first_turn():
     def wgmmas(sass: str) -> int:
         return sass.count("HGMMA.")
 
-    flat64, plain64 = (wgmmas(_sm90_causal_128x128_sass(f, hdim=64)) for f in ((), ("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
+    flat64, plain64 = (wgmmas(_sm90_128x128_sass(f, hdim=64)) for f in ((), ("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
     assert flat64 >= plain64 + 64 // 16 + 128 // 16
-    default128 = wgmmas(_sm90_causal_128x128_sass(()))
-    assert default128 == wgmmas(_sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
-    assert wgmmas(_sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=1",))) >= default128 + 2 * 128 // 16
+    default128 = wgmmas(_sm90_128x128_sass(()))
+    assert default128 == wgmmas(_sm90_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
+    assert wgmmas(_sm90_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=1",))) >= default128 + 2 * 128 // 16
+
+
+def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():
+    """CLUSTER=1 (exp-sm90-cluster.yaml): a non-causal hdim 128 kernel loads its K and V halves as
+    multicast TMA boxes (one per 64-column panel of each: 2 + 2) and its consumers' releases are
+    remote arrives, without the GPU-wide memory barrier that .release.cluster adds to each (4 more);
+    causal kernels and the default build load as before."""
+    cluster = _sm90_128x128_sass(("-DFLASHTUNE_SM90_CLUSTER=1",), causal=False)
+    default = _sm90_128x128_sass((), causal=False)
+    assert cluster.count("UTMALDG.4D.MULTICAST") == 4 and "MULTICAST" not in default
+    assert "SYNCS.ARRIVE.TRANS64.RED" in cluster and "UCGABAR_WAIT" in cluster
+    assert cluster.count("MEMBAR.ALL.GPU") <= 1  # the barrier-init fence's, once; none per release
+    assert "MULTICAST" not in _sm90_128x128_sass(("-DFLASHTUNE_SM90_CLUSTER=1",))
 
 
 def test_split_s_issues_each_block_as_two_halves_waited_for_in_turn():
     """-DFLASHTUNE_SM90_SPLIT_S=1: S = Q K^T of a 128-key block is two groups of m64n64 wgmmas (8
     k-steps each at hdim 128), and the loop waits for them one at a time (wait_group 2, then 1,
     then 0 for P V); the default issues m64n128 and waits with at most one group outstanding."""
-    default = _sm90_causal_128x128_sass(())
+    default = _sm90_128x128_sass(())
     assert "HGMMA.64x64x16" not in default and "DEPBAR.LE gsb0, 0x2" not in default
-    split = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_SPLIT_S=1",))
+    split = _sm90_128x128_sass(("-DFLASHTUNE_SM90_SPLIT_S=1",))
     assert split.count("HGMMA.64x64x16") % (2 * 8) == 0 and split.count("HGMMA.64x64x16") >= 2 * 2 * 8
     assert "HGMMA.64x128x16.F32.BF16 R" in split  # P V keeps N = head dim
     assert "DEPBAR.LE gsb0, 0x2" in split
@@ -195,9 +209,9 @@ def test_q_in_regs_loads_q_by_ldmatrix_and_s_takes_it_from_registers():
     import re
 
     rs_s = re.compile(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\](?!\.tnspB)")
-    default = _sm90_causal_128x128_sass(())
+    default = _sm90_128x128_sass(())
     assert "LDSM" not in default and not rs_s.search(default)
-    q_regs = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_Q_IN_REGS=1",))
+    q_regs = _sm90_128x128_sass(("-DFLASHTUNE_SM90_Q_IN_REGS=1",))
     assert q_regs.count("LDSM.16.M88.4 ") == 128 // 16
     assert len(rs_s.findall(q_regs)) == 2 * 128 // 16
 
@@ -207,8 +221,8 @@ def test_skip_masked_adds_a_masked_copy_of_the_exps():
     second copy of its exps for masked blocks, where each 8-key group sits behind a branch; the
     default has one copy (scores per thread per block = 128 / 2 at 128x128)."""
     scores = 128 // 2
-    assert _sm90_causal_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
-    assert _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_SKIP_MASKED=1",)).count("MUFU.EX2 ") == 4 * scores + 4
+    assert _sm90_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
+    assert _sm90_128x128_sass(("-DFLASHTUNE_SM90_SKIP_MASKED=1",)).count("MUFU.EX2 ") == 4 * scores + 4
 
 
 def test_o_leaves_by_stmatrix_and_16_byte_stores():
@@ -217,13 +231,13 @@ def test_o_leaves_by_stmatrix_and_16_byte_stores():
     16 bytes per store; the flags bring back 32-bit shared stores and 8-byte global ones. The
     deferred epilogue (the default at 128x128) inlines the epilogue at each place a tile's O is
     flushed, each copy D/16 stmatrix; undeferred there is one."""
-    sass = _sm90_causal_128x128_sass(())
+    sass = _sm90_128x128_sass(())
     copies, rest = divmod(sass.count("STSM.16.M88.4 "), 128 // 16)
     assert copies >= 1 and rest == 0 and "STG.E.128 " in sass
-    undeferred = _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0",))
+    undeferred = _sm90_128x128_sass(("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0",))
     assert undeferred.count("STSM.16.M88.4 ") == 128 // 16
-    assert "STSM" not in _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_STMATRIX=0",))
-    assert "STG.E.128 " not in _sm90_causal_128x128_sass(("-DFLASHTUNE_SM90_WIDE_STORES=1",))
+    assert "STSM" not in _sm90_128x128_sass(("-DFLASHTUNE_SM90_STMATRIX=0",))
+    assert "STG.E.128 " not in _sm90_128x128_sass(("-DFLASHTUNE_SM90_WIDE_STORES=1",))
 
 
 def test_h200_profile_kernels_build_within_the_tuners_spill_limit():

@@ -166,6 +166,32 @@ for step in "$@"; do case $step in
           $E/exp-sm90-h64-nc128-s2.yaml $E/exp-sm90-h64-nc128-s3.yaml \
           > /tmp/ab-winner 2> "$OUT/h64-tiles-scores.txt" || echo profiles/h200.yaml > /tmp/ab-winner
         echo "winner: $(cat /tmp/ab-winner)" ;;
+  cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
+        # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
+        # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)
+        run build-cluster 200 python3 -m flashtune build --profile $E/exp-sm90-cluster-all.yaml --jobs 16
+        FLASHTUNE_PROFILE=$E/exp-sm90-cluster-all.yaml run test-cluster 200 python3 -m pytest -q -p no:cacheprovider \
+          -m gpu tests/test_ops_gpu.py tests/test_fp8_gpu.py -x
+        run memcheck-cluster 100 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py \
+          $E/exp-sm90-cluster-all.yaml
+        ROUNDS=2 TAG=cluster run cluster-ab 330 bash tools/experiment.sh none "$AB --no-causal" \
+          profiles/h200.yaml $E/exp-sm90-cluster.yaml $E/exp-sm90-cluster-all.yaml
+        python3 tools/ab_winner.py sdpa-cudnn 0.005 --dir $OUT/cluster profiles/h200.yaml \
+          $E/exp-sm90-cluster.yaml $E/exp-sm90-cluster-all.yaml \
+          > /tmp/ab-winner 2> "$OUT/cluster-scores.txt" || echo profiles/h200.yaml > /tmp/ab-winner
+        echo "winner: $(cat /tmp/ab-winner)"; cat "$OUT/cluster-scores.txt" ;;
+  h256-n64) E=tools/experiments  # 64-key blocks where h200's do not line up with the rows (hdim 256: 80 keys) or
+        # may start a short tile sooner (hdim 64 causal below 2k), each against h200 on its head dim
+        for x in h256-n64 h64c-n64; do run build-$x 120 python3 -m flashtune build --profile $E/exp-sm90-$x.yaml --jobs 16; done
+        FLASHTUNE_PROFILE=$E/exp-sm90-h256-n64.yaml run test-h256-n64 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/test_ops_gpu.py -x -k 256
+        FLASHTUNE_PROFILE=$E/exp-sm90-h64c-n64.yaml run test-h64c-n64 100 python3 -m pytest -q -p no:cacheprovider -m gpu \
+          tests/test_ops_gpu.py -x -k "64 and causal"
+        ROUNDS=3 TAG=h256-n64 run h256-n64-ab 300 bash tools/experiment.sh none "$AB --hdims 256" \
+          profiles/h200.yaml $E/exp-sm90-h256-n64.yaml
+        ROUNDS=3 TAG=h64c-n64 run h64c-n64-ab 120 bash tools/experiment.sh none "$AB --hdims 64 --causal --seqlens 512,1024,2048" \
+          profiles/h200.yaml $E/exp-sm90-h64c-n64.yaml
+        grep -h -E "^[a-z0-9_-]+: geomean vs sdpa-cudnn" "$OUT/h256-n64-ab.txt" "$OUT/h64c-n64-ab.txt" ;;
   ncu-sass) C=64:1:512  # per-instruction counts of our kernel and cuDNN's on one cell, and their SASS
         run ncu-sass 200 ncu --clock-control none --profile-from-start off --section SourceCounters \
           --section InstructionStats -f -o "$OUT/sass" python3 tools/ncu_cells.py "$P" $C

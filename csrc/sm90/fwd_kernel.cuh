@@ -34,15 +34,13 @@ struct Tile {
   int n_blocks;  // K/V blocks of BN keys this tile reads (0: every row is masked out)
 };
 
-// Tile t of batch x heads x m-blocks, m-blocks fastest (the tiles of one head run side by side
-// and share its K/V in L2), the heaviest causal rows first. Returns false for a varlen
-// sequence shorter than the tile's first row (the tile has no rows).
+// The tile of m-block m_block of one head of one sequence. Returns false for an m-block past the
+// sequence's end (varlen: a sequence shorter than the tile's first row); the fields are set anyway.
 template <class T>
-__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
-  const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
-  tile.m_block = num_m - 1 - t % num_m;
-  tile.head = (t / num_m) % p.heads_q;
-  tile.batch = t / num_m / p.heads_q;
+__device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int head, int batch, Tile& tile) {
+  tile.m_block = m_block;
+  tile.head = head;
+  tile.batch = batch;
   tile.kv_head = tile.head / p.head_ratio;
   tile.seqlen_q = p.seqlen_q, tile.seqlen_k = p.seqlen_k, tile.q_row0 = 0, tile.k_row0 = 0;
   tile.tma_batch = tile.batch;
@@ -53,19 +51,40 @@ __device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
     tile.seqlen_k = p.cu_seqlens_k[tile.batch + 1] - tile.k_row0;
     tile.tma_batch = 0;
   }
-  if (tile.m_block * T::kBlockM >= tile.seqlen_q) return false;
   tile.n_blocks = (tile.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   if (T::kCausal) {  // bottom-right: key j visible to row i iff j <= i + seqlen_k - seqlen_q
     const int last_visible = (tile.m_block + 1) * T::kBlockM - 1 + tile.seqlen_k - tile.seqlen_q;
     tile.n_blocks = min(tile.n_blocks, last_visible < 0 ? 0 : last_visible / T::kBlockN + 1);
   }
-  return true;
+  return tile.m_block * T::kBlockM < tile.seqlen_q;
 }
 
-// Tiles per launch: m-blocks x heads x batch.
+// Tile t of batch x heads x m-blocks, m-blocks fastest (the tiles of one head run side by side
+// and share its K/V in L2), the heaviest causal rows first. Returns false for a varlen
+// sequence shorter than the tile's first row (the tile has no rows).
+template <class T>
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
+  const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  return tile_of<T>(p, num_m - 1 - t % num_m, (t / num_m) % p.heads_q, t / num_m / p.heads_q, tile);
+}
+
+// CLUSTER: work item t is a pair of adjacent m-blocks (2 (t % pairs), + 1) of one head, and CTA
+// `rank` of the cluster takes the one at 2 (t % pairs) + rank. Returns false, for both CTAs alike,
+// where the pair's first m-block has no rows (varlen); a second one past the sequence's end is
+// still run (its K/V blocks are the partner's) and writes nothing: its rows fail every row check,
+// and the TMA store does not write outside the tensor.
+template <class T>
+__device__ __forceinline__ bool pair_tile_at(const FwdParams& p, int t, int rank, Tile& tile) {
+  const int num_pairs = (p.seqlen_q + 2 * T::kBlockM - 1) / (2 * T::kBlockM);
+  const int m_first = 2 * (t % num_pairs);
+  tile_of<T>(p, m_first + rank, (t / num_pairs) % p.heads_q, t / num_pairs / p.heads_q, tile);
+  return m_first * T::kBlockM < tile.seqlen_q;
+}
+
+// Tiles per launch: m-blocks x heads x batch (CLUSTER: pairs of m-blocks).
 template <class T>
 __device__ __forceinline__ int num_tiles(const FwdParams& p) {
-  return (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+  return (p.seqlen_q + T::kCluster * T::kBlockM - 1) / (T::kCluster * T::kBlockM) * p.heads_q * p.batch;
 }
 
 // A CTA loops over tiles (persistent when the launcher's grid is smaller than the tile count;
@@ -97,6 +116,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // before it (the last one that used the slot): one slot more than Q buffers. A deferred
   // epilogue runs in the next tile before that tile releases its Q, so the count holds.
   constexpr int kTileSlots = T::kQBuffers + 1;
+  constexpr int kSlotReleases = T::kCluster > 1 ? T::kCluster * 4 * T::kConsumers : 128 * T::kConsumers;
   __shared__ Tile tile_info[kTileSlots];
   __shared__ float turn_zero, turn_sink[T::kThreads / 32];  // MUFU_TURN's fences (ptx_sm90.cuh)
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
@@ -112,13 +132,17 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&full_k[s], 1);
       mbarrier_init(&full_v[s], 1);
-      mbarrier_init(&empty_k[s], 128 * T::kConsumers);
-      mbarrier_init(&empty_v[s], 128 * T::kConsumers);
+      // Every consumer thread releases a slot; CLUSTER: one arrive per consumer warp of each CTA.
+      mbarrier_init(&empty_k[s], kSlotReleases);
+      mbarrier_init(&empty_v[s], kSlotReleases);
     }
     fence_barrier_init();
     turn_zero = 0.f;
   }
-  __syncthreads();
+  if constexpr (T::kCluster > 1)
+    cluster_sync();  // the partner's loads and releases land on these barriers
+  else
+    __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -131,18 +155,33 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if (threadIdx.x == 0) {
       FT_TRACE_CLOCK(0);
       const int tiles = num_tiles<T>(p);
+      // CLUSTER: the two CTAs walk the same pairs (cluster by cluster, by a fixed stride) and each
+      // loads half of every K/V block's rows into both.
+      const int rank = T::kCluster > 1 ? int(cluster_ctarank()) : 0;
+      const int workers = T::kCluster > 1 ? int(cluster_count_x()) : int(gridDim.x);
       // From the counter when the launcher gave one (causal and varlen tiles differ in cost: the
       // next free CTA takes the next tile), else by a fixed stride.
       auto next_tile = [&](int t) {
-        return p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : t + int(gridDim.x);
+        return p.tile_counter != nullptr ? workers + atomicAdd(p.tile_counter, 1) : t + workers;
+      };
+      auto find_tile = [&](int t, Tile& tile) {
+        return T::kCluster > 1 ? pair_tile_at<T>(p, t, rank, tile) : tile_at<T>(p, t, tile);
+      };
+      auto load_kv = [&](unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int col, int row, const Tile& at,
+                         int row_bytes) {
+        if constexpr (T::kCluster > 1)
+          tma_load_4d_multicast(dst + rank * T::kKvBoxRows * row_bytes, map, bar, col, row + rank * T::kKvBoxRows,
+                                at.kv_head, at.tma_batch, uint16_t((1u << T::kCluster) - 1));
+        else
+          tma_load_4d(dst, map, bar, col, row, at.kv_head, at.tma_batch);
       };
       int kv_iter = 0;
-      int t = blockIdx.x;
+      int t = T::kCluster > 1 ? int(cluster_id_x()) : int(blockIdx.x);
       for (int q_iter = 0;; ++q_iter) {
         Tile tile;
         const int buf = q_iter % T::kQBuffers;  // Q buffer, used for the (q_iter / kQBuffers)-th time
         if constexpr (T::kPersistent) {
-          while (t < tiles && !tile_at<T>(p, t, tile)) t = next_tile(t);  // varlen: no rows there
+          while (t < tiles && !find_tile(t, tile)) t = next_tile(t);  // varlen: no rows there
           // free once the consumers released its last use (and with it this tile's slot)
           const int use = q_iter / T::kQBuffers;
           if (use > 0) mbarrier_wait(&q_empty[buf], (use - 1) & 1);
@@ -170,13 +209,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_k[stage], free_phase);
           mbarrier_arrive_expect_tx(&full_k[stage], T::kKBytes);
           for (int c = 0; c < T::kQKPanels; ++c)
-            tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &full_k[stage], T::kQKBoxCols * c, row,
-                        cur.kv_head, cur.tma_batch);
+            load_kv(k_tile + c * T::kPanelBytesK, &maps.k, &full_k[stage], T::kQKBoxCols * c, row, cur, T::kQKRowBytes);
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_v[stage], free_phase);
           mbarrier_arrive_expect_tx(&full_v[stage], T::kVBytes);
           for (int c = 0; c < T::kVPanels; ++c)
-            tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &full_v[stage], 64 * c, row, cur.kv_head,
-                        cur.tma_batch);
+            load_kv(v_tile + c * T::kPanelBytesV, &maps.v, &full_v[stage], 64 * c, row, cur, 128);
         }
         FT_TRACE(q_iter, kTraceKvIssued);
         if constexpr (!T::kPersistent) break;
@@ -190,6 +227,15 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           atomicExch(p.tile_counter, 0);
           atomicExch(p.tile_counter + 1, 0);
         }
+      }
+      if constexpr (T::kCluster > 1) {
+        // The partner's consumers release this CTA's slots from their SM: stay until every release
+        // of the last blocks is in (the last use of each slot), so none lands after this CTA exits.
+        for (int i = kv_iter; i < kv_iter + T::kStages; ++i)
+          if (i >= T::kStages) {
+            mbarrier_wait(&empty_k[i % T::kStages], ((i / T::kStages) & 1) ^ 1);
+            mbarrier_wait(&empty_v[i % T::kStages], ((i / T::kStages) & 1) ^ 1);
+          }
       }
       FT_TRACE_CLOCK(2);
     }
@@ -217,6 +263,17 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // a panel's swizzled rows, then on to the next panel. Issued, not waited for.
   auto k_tile = [&](int stage) { return smem_u32(sK + stage * T::kKBytes); };
   auto v_tile = [&](int stage) { return smem_u32(sV + stage * T::kVBytes); };
+  // This thread is done with a K or V slot. CLUSTER: the slot is filled in both CTAs by both
+  // producers, so lane 0 of each warp (the warp is past its wgmma wait) tells both CTAs.
+  auto release = [&](uint64_t* empty) {
+    if constexpr (T::kCluster > 1) {
+      if (lane == 0)
+#pragma unroll
+        for (int c = 0; c < T::kCluster; ++c) mbarrier_arrive_cluster(empty, c);
+    } else {
+      mbarrier_arrive(empty);
+    }
+  };
   // Keys [key0, key0 + N) of the block into acc (N / 2 accumulators a thread), not committed.
   auto issue_qk_keys = [&](auto n_keys, float* acc, uint32_t k_base, int key0) {
     constexpr int N = decltype(n_keys)::value;
@@ -582,7 +639,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     issue_pv(frag_p, v_tile(stage));
     wgmma_wait<0>();
     fence_operands(acc_o);
-    mbarrier_arrive(&empty_v[stage]);
+    release(&empty_v[stage]);
   };
   // FLAT_TILES: the pending tile's last P V alone (no next S_0 to go with: the CTA's last tile, or
   // a next one without blocks), then its epilogue.
@@ -636,7 +693,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         issue_qk(acc_s, k_base);
         wgmma_wait<0>();
         fence_operands(acc_s);
-        mbarrier_arrive(&empty_k[stage]);  // this thread is done with K_j
+        release(&empty_k[stage]);  // this thread is done with K_j
         if (softmax(acc_s, j, alpha)) rescale_o(alpha);
         pack_p(acc_s, frag_p);
         mbarrier_wait(&full_v[stage], phase);
@@ -646,7 +703,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         issue_pv(frag_p, v_base);
         wgmma_wait<0>();
         fence_operands(acc_o);
-        mbarrier_arrive(&empty_v[stage]);  // and with V_j
+        release(&empty_v[stage]);  // and with V_j
       }
       mbarrier_arrive(&q_empty[q_buf]);
     } else if (n_blocks == 0) {
@@ -682,12 +739,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         wgmma_wait<1>();
         fence_operands(acc_s);
         mark(q_iter, kTraceS0Done);
-        mbarrier_arrive(&empty_k[first]);
+        release(&empty_k[first]);
         rescale = softmax(acc_s, 0, alpha);
         wgmma_wait<0>();
         fence_operands(acc_o);
         fence_operands(frag_p);
-        mbarrier_arrive(&empty_v[carry_stage]);
+        release(&empty_v[carry_stage]);
         mark(pending, kTraceLastPvDone);
         pending_pv = -1;
         pack_p(acc_s, frag_p);
@@ -713,13 +770,13 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           wgmma_wait<0>();
           fence_operands(s_half(acc_s, 1));
           mark(q_iter, kTraceS0Done);
-          mbarrier_arrive(&empty_k[first]);
+          release(&empty_k[first]);
           rescale |= softmax_second_half(acc_s, 0, alpha);
         } else {
           wgmma_wait<0>();
           fence_operands(acc_s);
           mark(q_iter, kTraceS0Done);
-          mbarrier_arrive(&empty_k[first]);
+          release(&empty_k[first]);
           rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
         }
         pack_p(acc_s, frag_p);
@@ -745,18 +802,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           rescale = softmax_step(acc_s, j, 0, T::kSRegs / 2, alpha);
           wgmma_wait<1>();
           fence_operands(s_half(acc_s, 1));
-          mbarrier_arrive(&empty_k[stage]);
+          release(&empty_k[stage]);
           rescale |= softmax_second_half(acc_s, j, alpha);
         } else {
           wgmma_wait<1>();
           fence_operands(acc_s);
-          mbarrier_arrive(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
+          release(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
           rescale = softmax(acc_s, j, alpha);
         }
         wgmma_wait<0>();
         fence_operands(acc_o);
         fence_operands(frag_p);
-        mbarrier_arrive(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
+        release(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
         pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V

@@ -158,6 +158,19 @@
 #define FLASHTUNE_SM90_COUNTER_MEMSET 0
 #endif
 
+// CLUSTER (experiment, 0 by default): non-causal kernels run as clusters of two CTAs on
+// neighbouring SMs, each taking one of two adjacent m-blocks of a head; each CTA's producer loads
+// half the rows of every K and V block and multicasts them to both (FlashAttention-3 does this at
+// hdim >= 128 non-causal): half the L2-to-SM traffic (about 5 TB/s at hdim 128 non-causal 16k, on a card
+// held at its 700 W limit: docs/kernel-notes.md). A slot is free once the consumers of both
+// CTAs released it (one arrive per consumer warp on each CTA's barrier). 1: hdim >= 128; 2: every
+// non-causal kernel. Measured on the H200: no gain (1.040x cuDNN against h200's 1.050x over the 18
+// non-causal cells in two rounds, hdim 128 and 256 -7% to +7% a cell); at hdim 64 a loss of up to 30%
+// at 512, where 3 m-blocks of 192 rows make 2 pairs, one CTA of which runs a tile with no rows.
+#ifndef FLASHTUNE_SM90_CLUSTER
+#define FLASHTUNE_SM90_CLUSTER 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -222,6 +235,14 @@ struct Traits {
   static constexpr bool kMufuTurn = FLASHTUNE_SM90_MUFU_TURN != 0 && kConsumers > 1 && FLASHTUNE_SM90_SPLIT_S == 0;
   static constexpr bool kFlatTiles = (FLASHTUNE_SM90_FLAT_TILES == 1 || (FLASHTUNE_SM90_FLAT_TILES == 2 && kCausal && kHeadDim == 64)) &&
                                      kDeferEpilogue && FLASHTUNE_SM90_SPLIT_S == 0;
+  // CLUSTER: 2 CTAs share each K/V block (the producers' halves: BN / 2 rows each, which must stay
+  // whole 8-row swizzle atoms). Only the persistent non-causal schedule: the pair's tiles see the
+  // same blocks.
+  static constexpr int kCluster =
+      (FLASHTUNE_SM90_CLUSTER == 2 || (FLASHTUNE_SM90_CLUSTER == 1 && kHeadDim_ >= 128)) && !kCausal_ &&
+              kPersistent && (kBlockN_ / 2) % 8 == 0
+          ? 2 : 1;
+  static constexpr int kKvBoxRows = kBlockN_ / kCluster;  // rows of one producer's K / V box
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
   static constexpr int kSmemPerSm = 228 * 1024, kReservedSmemPerCta = 1024;  // sm_90
   static constexpr int kCtasPerSm =
@@ -269,6 +290,8 @@ struct Traits {
                     ((65536 / kCtasPerSm / kThreads) & ~7) * kThreads,
                 "register split over the CTA's pool");
   static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
+  static_assert(FLASHTUNE_SM90_CLUSTER >= 0 && FLASHTUNE_SM90_CLUSTER <= 2, "CLUSTER: 0, 1 or 2");
+  static_assert(kCluster == 1 || kCtasPerSm == 1, "a cluster CTA fills its SM");
 };
 
 }  // namespace sm90

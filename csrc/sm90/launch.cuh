@@ -8,6 +8,44 @@
 namespace flashtune {
 namespace sm90 {
 
+// CLUSTER: clusters of kCluster CTAs, as many as fit on the GPU at once (the occupancy API: SMs
+// are paired within a GPC, so the count can be below SMs / 2) and no more than there are pairs,
+// each walking the pairs by a fixed stride (both CTAs of a cluster must take the same ones).
+template <class T>
+int launch_clusters(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, const TmaMaps& maps,
+                    int pairs, void* stream) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = T::kCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  config.blockDim = dim3(T::kThreads);
+  config.dynamicSmemBytes = T::kSmemBytes;
+  config.stream = static_cast<cudaStream_t>(stream);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  config.gridDim = dim3(T::kCluster);  // the query's; the launch's below
+  // Asked once per device (a host round trip of its own): the answer depends on the kernel and the GPU.
+  static int resident[64] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return int(err);
+  if (device < 0 || device >= 64) return int(cudaErrorInvalidDevice);
+  if (resident[device] == 0) {
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    if (err != cudaSuccess) return int(err);
+    if (clusters == 0) return int(cudaErrorInvalidConfiguration);  // not one cluster fits: say so, never loop forever
+    resident[device] = clusters;
+  }
+  const int clusters = pairs < resident[device] ? pairs : resident[device];
+  config.gridDim = dim3(clusters * T::kCluster);
+  FwdParams args = p;
+  args.tile_counter = nullptr;  // both CTAs of a cluster stride alike
+  err = cudaLaunchKernelEx(&config, kernel, args, maps);
+  if (err != cudaSuccess) return int(err);
+  return int(cudaGetLastError());
+}
+
 template <class T>
 int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, void* stream) {
   constexpr CUtensorMapDataType kVType =
@@ -25,10 +63,10 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
                       p.q_row_stride, p.q_head_stride, T::kQKBoxCols, T::kBlockM);
   if (!err)
     err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, T::kHeadDim, p.k_batch_stride,
-                    p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kBlockN);
+                    p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kKvBoxRows);
   if (!err)
     err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
-                    p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
+                    p.v_row_stride, p.v_head_stride, 64, T::kKvBoxRows);
   if (!err && T::kTmaStore)  // O is written in boxes of 64 columns x one warpgroup's 64 rows
     err = encode_4d(&maps.o, p.o, kVType, batch, rows_q, p.heads_q, T::kHeadDim, p.o_batch_stride,
                     p.o_row_stride, p.o_head_stride, 64, 64);
@@ -36,7 +74,9 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (attr != cudaSuccess) return int(attr);
-  const int64_t tiles = int64_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads_q * p.batch;
+  // Work items: tiles, or with CLUSTER pairs of tiles (one cluster of two CTAs each).
+  const int64_t tiles =
+      int64_t((p.seqlen_q + T::kCluster * T::kBlockM - 1) / (T::kCluster * T::kBlockM)) * p.heads_q * p.batch;
   if (tiles == 0) return int(cudaSuccess);
   // Persistent: one CTA per SM (the register pool, 65536 / threads, holds one; two with
   // CTAS_PER_SM), looping over the tiles; otherwise one CTA per tile, a loop of one.
@@ -51,6 +91,7 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   }
   // The kernel's next tile index (t + ctas, or ctas + the counter) must not wrap around.
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);
+  if constexpr (T::kCluster > 1) return launch_clusters<T>(kernel, p, maps, int(tiles), stream);
   const bool counted = T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr;
   FwdParams args = p;
   if (!counted) {

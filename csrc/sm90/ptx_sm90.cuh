@@ -142,6 +142,48 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
       : "memory");
 }
 
+// ---- Clusters (CLUSTER, kernel_traits.cuh): two CTAs on neighbouring SMs share each K/V block.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(id));
+  return id;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(n));
+  return n;
+}
+// Every thread of every CTA of the cluster: barrier inits are visible cluster-wide after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrive on the mbarrier at `bar`'s offset in CTA `rank` of the cluster (this CTA's own included).
+// The default .release.cta semantics, as CUTLASS's ClusterBarrier: what the arrive publishes is
+// that this warp's wgmmas have finished reading a slot, not memory another CTA reads; the
+// .release.cluster form costs a MEMBAR.ALL.GPU per arrive (SASS).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "\tmbarrier.arrive.shared::cluster.b64 _, [remote];\n\t}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+// A 4-D box written to `smem`'s offset in every CTA of `cta_mask`, each completing its bytes on
+// the mbarrier at `bar`'s offset in that CTA.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem, const CUtensorMap* map, uint64_t* bar, int c0,
+                                                      int c1, int c2, int c3, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
+      : "memory");
+}
+
 // ---- TMA: a 2-D box (inner coordinate c0, outer c1) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
   asm volatile(
