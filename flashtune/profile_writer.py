@@ -12,7 +12,6 @@ import yaml
 
 from flashtune.profiles import Profile
 from flashtune.tiles import TileConfig
-from flashtune.tune_space import BUCKET_EDGES, BUCKET_SEQLENS
 
 
 def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int | None, tile: TileConfig,
@@ -28,9 +27,11 @@ def _table_lines(base: Profile, table, indent: str) -> list[str]:
     return [_config_line(base.family, e.hdim, e.causal, e.seqlen_min, e.seqlen_max, e.tile, indent) for e in table]
 
 
-def tuned_configs(base: Profile, tiles: dict[tuple[int, bool], list[TileConfig]], table=None,
-                  indent: str = "  ") -> list[str]:
-    """Config lines per (hdim, causal): tuned ones get one tile per bucket (adjacent equal
+BucketTiles = dict[tuple[int, bool], list[tuple[int, int | None, TileConfig]]]  # (hdim, causal) -> (lo, hi, tile)
+
+
+def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "  ") -> list[str]:
+    """Config lines per (hdim, causal): tuned ones get one tile per bucket [lo, hi) (adjacent equal
     tiles merged); the others keep the entries of `table` (default: the base's configs)."""
     table = base.configs if table is None else table
     lines = []
@@ -41,21 +42,24 @@ def tuned_configs(base: Profile, tiles: dict[tuple[int, bool], list[TileConfig]]
                           for e in table if e.hdim == hdim and e.causal in (None, causal)]
                 continue
             per_bucket = tiles[(hdim, causal)]
-            lo = BUCKET_EDGES[0]
-            for i, tile in enumerate(per_bucket):
-                hi = BUCKET_EDGES[i + 1]
-                if i + 1 < len(per_bucket) and per_bucket[i + 1] == tile:
+            lo = per_bucket[0][0]
+            for i, (_, hi, tile) in enumerate(per_bucket):
+                if i + 1 < len(per_bucket) and per_bucket[i + 1][2] == tile:
                     continue  # the next bucket has the same tile: widen this one
                 lines.append(_config_line(base.family, hdim, causal, lo, hi, tile, indent))
                 lo = hi
     return lines
 
 
-def write_profile(base: Profile, name: str, description: str, tiles: dict[tuple[int, bool], list[TileConfig]],
-                  provenance: dict, path: str | Path, fp8: bool = False) -> Path:
+def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles, provenance: dict,
+                  path: str | Path, fp8: bool = False) -> Path:
     """Write the tuned profile; the caller validates it by loading it back. `fp8`: the tiles
-    are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were."""
-    assert all(len(t) == len(BUCKET_SEQLENS) for t in tiles.values())
+    are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were. Each tuned
+    (hdim, causal) must cover every sequence length: buckets from 0 up, each starting where the
+    last ended, the last open."""
+    for per_bucket in tiles.values():
+        assert per_bucket[0][0] == 0 and per_bucket[-1][1] is None and all(
+            prev[1] == nxt[0] for prev, nxt in zip(per_bucket, per_bucket[1:])), per_bucket
     header = {
         "name": name,
         "description": description,

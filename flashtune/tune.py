@@ -24,7 +24,7 @@ from flashtune.build import SERIALISING_WARNINGS
 from flashtune.profiles import Profile
 from flashtune.spec import KernelSpec, family_source_files
 from flashtune.tune_cache import TuneCache
-from flashtune.tune_space import BUCKET_SEQLENS, candidates
+from flashtune.tune_space import BUCKET_SEQLENS, candidates, profile_buckets
 
 DEFAULT_MAX_SPILL_BYTES = 64  # a few spilled bytes outside the hot loop cost nothing measurable
 
@@ -48,6 +48,7 @@ class TuneOptions:
 @dataclass
 class TuneResult:
     records: list[dict] = field(default_factory=list)  # every candidate's outcome, cached or new
+    buckets: dict = field(default_factory=dict)  # (hdim, causal) -> its buckets (tune_space.Bucket)
     winners: dict = field(default_factory=dict)  # (hdim, causal, seqlen) -> record
     starting: dict = field(default_factory=dict)  # (hdim, causal, seqlen) -> the base profile's record
     stopped_by_budget: bool = False
@@ -255,8 +256,9 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     specs: list[KernelSpec] = []
     for hdim in opts.hdims:
         for causal in opts.causal:
+            result.buckets[(hdim, causal)] = profile_buckets(profile, hdim, causal, opts.fp8)
             start_tiles = tuple(dict.fromkeys(
-                profile.tile_for(hdim, causal, s, s, fp8=opts.fp8) for s in BUCKET_SEQLENS))
+                profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8) for b in result.buckets[(hdim, causal)]))
             for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
                                    opts.max_candidates, profile.nvcc_flags, opts.shapes):
                 specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
@@ -265,6 +267,13 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
 
     def key(spec: KernelSpec, what) -> str:
         return TuneCache.key(spec.name, hashes[spec], what)
+
+    def seqlens(spec: KernelSpec) -> tuple[int, ...]:
+        return tuple(b.seqlen for b in result.buckets[(spec.hdim, spec.causal)])
+
+    def run_key(spec: KernelSpec) -> str:  # the default buckets' key is the one earlier caches used
+        lengths = seqlens(spec)
+        return key(spec, "run" if lengths == BUCKET_SEQLENS else "run@" + ",".join(map(str, lengths)))
 
     # 1. Compile what has no verdict yet, in parallel. Compile errors are final; a toolchain
     #    that cannot build at all raises (ToolchainError) and records nothing.
@@ -293,8 +302,8 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
         return "not built (see the build error above)" if facts is None else build_verdict(facts, opts.max_spill_bytes)
 
     runnable = [s for s in specs if verdict(s) is None]
-    pending = [s for s in runnable if cache.get(key(s, "run")) is None]
-    tasks = [(s, BUCKET_SEQLENS, opts.repeats) for s in pending]
+    pending = [s for s in runnable if cache.get(run_key(s)) is None]
+    tasks = [(s, seqlens(s), opts.repeats) for s in pending]
     if opts.gpus > 1 and tasks:
         import multiprocessing as mp
 
@@ -306,17 +315,17 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
             queue.put(device)
         with ctx.Pool(opts.gpus, initializer=_init_gpu_worker, initargs=(queue,)) as pool:
             outcomes = pool.imap_unordered(_measure_task, tasks)
-            result.stopped_by_budget, result.aborted = _collect(outcomes, cache, key, deadline, event, len(tasks))
+            result.stopped_by_budget, result.aborted = _collect(outcomes, cache, run_key, deadline, event, len(tasks))
             if result.stopped_by_budget or result.aborted:
                 pool.terminate()
     else:
         outcomes = (_measure_task(t) for t in tasks)
-        result.stopped_by_budget, result.aborted = _collect(outcomes, cache, key, deadline, event, len(tasks))
+        result.stopped_by_budget, result.aborted = _collect(outcomes, cache, run_key, deadline, event, len(tasks))
 
     # 3. Winners per (hdim, causal, seqlen), from the cache (this run's and earlier ones).
     for spec in specs:
         rejected = verdict(spec)
-        run_rec = cache.get(key(spec, "run"))
+        run_rec = cache.get(run_key(spec))
         outcome = ([{"status": "failed", "reason": rejected}] if rejected
                    else run_rec["outcome"] if run_rec else [])
         for o in outcome:
@@ -374,11 +383,11 @@ def _final_round(result: TuneResult, opts: TuneOptions, by_name: dict, cache: Tu
             result.winners[slot] = max(finalists, key=lambda r: r["tflops"])
 
 
-def _collect(outcomes, cache: TuneCache, key, deadline, event, total: int) -> tuple[bool, str | None]:
+def _collect(outcomes, cache: TuneCache, run_key, deadline, event, total: int) -> tuple[bool, str | None]:
     """Store each candidate's outcome as it arrives. Returns (stopped by the time budget,
     why the run was aborted: a candidate broke the CUDA context)."""
     for i, (spec, outcome) in enumerate(outcomes, 1):
-        cache.put(key(spec, "run"), outcome=outcome)
+        cache.put(run_key(spec), outcome=outcome)
         event("measure", i, total)
         if any(o.get("fatal") for o in outcome):
             return False, f"{spec.name}: {outcome[0]['reason']}; rerun to resume with the rest"

@@ -15,23 +15,22 @@ from rich.table import Table
 from flashtune.profile_writer import write_profile
 from flashtune.profiles import Profile, load_profile
 from flashtune.tune import TuneOptions, TuneResult
-from flashtune.tune_space import BUCKET_SEQLENS, bucket_of
 
 
 def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
-    """Per tuned (hdim, causal): the winner of each bucket (the starting tile where none ran)."""
+    """Per tuned (hdim, causal): (lo, hi, tile) for each of its buckets, the winner (the starting
+    tile where none ran)."""
     tiles, fallbacks = {}, []
-    for hdim in opts.hdims:
-        for causal in opts.causal:
-            per_bucket = []
-            for s in BUCKET_SEQLENS:
-                winner = result.winners.get((hdim, causal, s))
-                if winner is None:
-                    fallbacks.append(f"hdim {hdim} causal={causal} seqlen {s}")
-                    per_bucket.append(profile.tile_for(hdim, causal, s, s, fp8=opts.fp8))
-                else:
-                    per_bucket.append(winner["tile"])
-            tiles[(hdim, causal)] = per_bucket
+    for (hdim, causal), buckets in result.buckets.items():
+        per_bucket = []
+        for b in buckets:
+            winner = result.winners.get((hdim, causal, b.seqlen))
+            if winner is None:
+                fallbacks.append(f"hdim {hdim} causal={causal} seqlen {b.seqlen}")
+                per_bucket.append((b.lo, b.hi, profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8)))
+            else:
+                per_bucket.append((b.lo, b.hi, winner["tile"]))
+        tiles[(hdim, causal)] = per_bucket
     return tiles, fallbacks
 
 
@@ -42,9 +41,10 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
     from flashtune.gpu import nvidia_smi_driver_version
 
     measured = []
+    bucket_of = {(hdim, causal, b.seqlen): [b.lo, b.hi] for (hdim, causal), bs in result.buckets.items() for b in bs}
     for (hdim, causal, seqlen), w in sorted(result.winners.items()):
         start = result.starting.get((hdim, causal, seqlen))
-        measured.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bucket": list(bucket_of(seqlen)),
+        measured.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bucket": bucket_of[(hdim, causal, seqlen)],
                          "tile": w["tile"].label, "tflops": round(w["tflops"], 1),
                          "starting_tile": start["tile"].label if start else None,
                          "starting_tflops": round(start["tflops"], 1) if start else None})
@@ -52,7 +52,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
             "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
             "kernels": "fp8 q/k" if opts.fp8 else "16-bit",
-            "candidates_measured": sum(1 for r in result.records if r.get("status") == "ok") // len(BUCKET_SEQLENS),
+            "candidates_measured": len({r["spec"] for r in result.records if r.get("status") == "ok"}),
             "candidates_failed": sum(1 for r in result.records if r.get("status") == "failed"),
             "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
             "final_round": opts.final_round if result.final_round else 0,

@@ -7,6 +7,7 @@ is never compiled; this file only says which values are worth trying.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from flashtune.arch import ArchFacts
 from flashtune.tiles import TileConfig, check_tile, sm90_tile
@@ -18,10 +19,38 @@ SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "sm90": {"block_m": (64, 128, 192), "block_n": tuple(range(64, 257, 16)), "stages": (2, 3, 4)},
 }
 
-# Representative sequence lengths, one per bucket, and the bucket edges between them
-# (the articles' advice: small blocks up to about 4k, large from about 8k).
-BUCKET_SEQLENS = (1024, 4096, 16384)
+# The default buckets' edges and the sequence length each is measured at (the articles' advice:
+# small blocks up to about 4k, large from about 8k). A base profile's own edges are kept too
+# (profile_buckets): a bucket split by hand stays split when the profile is tuned again.
 BUCKET_EDGES = (0, 2048, 8192, None)
+BUCKET_SEQLENS = (1024, 4096, 16384)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    lo: int
+    hi: int | None  # None: no upper edge
+    seqlen: int  # where its candidates are measured
+
+
+def representative_seqlen(lo: int, hi: int | None) -> int:
+    """Half the upper edge (at least the lower one), or twice the lower edge of the open last
+    bucket: 1024 for [0, 2048), 4096 for [2048, 8192), 16384 for [8192, inf), 512 for [0, 1024)."""
+    return max(lo, hi // 2) if hi is not None else max(2 * lo, 1)
+
+
+def buckets_from_edges(edges) -> tuple[Bucket, ...]:
+    """The buckets between sorted edges, the last of which is None."""
+    return tuple(Bucket(lo, hi, representative_seqlen(lo, hi)) for lo, hi in zip(edges, edges[1:]))
+
+
+def profile_buckets(profile, hdim: int, causal: bool, fp8: bool = False) -> tuple[Bucket, ...]:
+    """The default buckets, split further at every edge of the profile's own table for (hdim,
+    causal) (its FP8 table for fp8, where it has one)."""
+    table = profile.fp8_configs if fp8 and profile.fp8_configs else profile.configs
+    own = {edge for e in table if e.hdim == hdim and e.causal in (None, causal) for edge in (e.seqlen_min, e.seqlen_max)}
+    finite = sorted({edge for edge in (*BUCKET_EDGES, *own) if edge is not None})
+    return buckets_from_edges((*finite, None))
 
 
 def _configs(family: str) -> list[TileConfig]:
@@ -46,14 +75,6 @@ def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
     rest = sorted((c for c in valid if c not in starting), key=lambda c: (-c.block_m * c.block_n, c.stages))
     ordered = list(dict.fromkeys([*starting, *rest]))
     return ordered if limit is None else ordered[:max(limit, len(starting))]
-
-
-def bucket_of(seqlen: int) -> tuple[int, int | None]:
-    """The [lo, hi) bucket a representative sequence length stands for."""
-    for lo, hi in zip(BUCKET_EDGES, BUCKET_EDGES[1:]):
-        if lo <= seqlen and (hi is None or seqlen < hi):
-            return lo, hi
-    raise ValueError(f"seqlen {seqlen} falls in no bucket")
 
 
 def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False,

@@ -15,7 +15,7 @@ from flashtune.profile_writer import write_profile
 from flashtune.profiles import find_profile, load_profile
 from flashtune.tiles import TileConfig, check_tile, shared_memory_bytes, sm90_tile
 from flashtune.tune_cache import TuneCache
-from flashtune.tune_space import BUCKET_SEQLENS, bucket_of, candidates
+from flashtune.tune_space import BUCKET_EDGES, BUCKET_SEQLENS, candidates, profile_buckets
 
 
 # ---------------------------------------------------------------- search space
@@ -45,7 +45,26 @@ def test_starting_tiles_come_first_and_survive_the_limit():
 
 
 def test_buckets():
-    assert [bucket_of(s) for s in BUCKET_SEQLENS] == [(0, 2048), (2048, 8192), (8192, None)]
+    """The default buckets, measured at 1k / 4k / 16k; a profile's own edges split them further,
+    so a hand split (h200: hdim 128 causal at 4k, hdim 256 causal at 1k) is measured as a bucket
+    of its own and survives a re-tune."""
+    def edges_and_lengths(profile, hdim, causal):
+        return [(b.lo, b.hi, b.seqlen) for b in profile_buckets(find_profile(profile), hdim, causal)]
+
+    default = [(0, 2048, 1024), (2048, 8192, 4096), (8192, None, 16384)]
+    assert [(lo, hi) for lo, hi, _ in default] == list(zip(BUCKET_EDGES, BUCKET_EDGES[1:]))
+    assert [s for _, _, s in default] == list(BUCKET_SEQLENS)
+    assert edges_and_lengths("h200-sm80", 128, True) == default  # [0, null) tables add no edge
+    assert edges_and_lengths("h200", 128, False) == default
+    assert edges_and_lengths("h200", 128, True) == [(0, 2048, 1024), (2048, 4096, 2048), (4096, 8192, 4096),
+                                                    (8192, None, 16384)]
+    assert edges_and_lengths("h200", 256, True) == [(0, 1024, 512), (1024, 2048, 1024), (2048, 8192, 4096),
+                                                    (8192, None, 16384)]
+
+
+def _default_buckets(*tiles):
+    """(lo, hi, tile) for the three default buckets."""
+    return [(lo, hi, t) for lo, hi, t in zip(BUCKET_EDGES, BUCKET_EDGES[1:], tiles)]
 
 
 # ---------------------------------------------------------------- cache
@@ -85,8 +104,8 @@ def test_a_cache_from_another_gpu_or_kernel_is_set_aside(tmp_path):
 
 def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
     base = find_profile("h200-sm80")
-    tiles = {(128, False): [TileConfig(128, 64, 4, 1), TileConfig(128, 64, 4, 1), TileConfig(128, 128, 8, 1)],
-             (128, True): [TileConfig(64, 64, 4, 2)] * 3}
+    tiles = {(128, False): _default_buckets(TileConfig(128, 64, 4, 1), TileConfig(128, 64, 4, 1), TileConfig(128, 128, 8, 1)),
+             (128, True): _default_buckets(*[TileConfig(64, 64, 4, 2)] * 3)}
     class Version(str):  # like torch.__version__, a str subclass plain YAML cannot represent
         pass
 
@@ -108,7 +127,7 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
     wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
-    tiles = {(128, False): [wide] * 3}
+    tiles = {(128, False): _default_buckets(*[wide] * 3)}
     path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
     tuned = load_profile(path)
     assert tuned.fp8 == {"qk": "e4m3"} and tuned.fp8_configs
@@ -119,7 +138,7 @@ def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
             if (hdim, causal) != (128, False):
                 assert tuned.tile_for(hdim, causal, 5000, 5000, fp8=True) == base.tile_for(hdim, causal, 5000, 5000)
     # a later 16-bit tune of that profile keeps its fp8.configs
-    again = load_profile(write_profile(tuned, "h200-fp8-2", "test", {(64, True): [sm90_tile(192, 128, 2)] * 3},
+    again = load_profile(write_profile(tuned, "h200-fp8-2", "test", {(64, True): _default_buckets(*[sm90_tile(192, 128, 2)] * 3)},
                                        {"tool": "flashtune tune"}, tmp_path / "again.yaml"))
     assert again.tile_for(128, False, 4096, 4096, fp8=True) == wide
 
@@ -227,6 +246,32 @@ def test_final_round_0_lets_the_first_pass_decide(fake_world, tmp_path):
                            str(tmp_path / "c.jsonl"))
     assert not result.final_round and fake_world["final"] == [] and result.winners
     assert all("first_ms" not in r for r in result.records)
+
+
+def test_a_retune_keeps_a_hand_split_bucket(fake_world, tmp_path, monkeypatch):
+    """h200 splits hdim 256 causal at 1k by hand: the tuner measures [0, 1024) at 512 as a bucket
+    of its own, and where another tile wins there the written profile keeps the split (the
+    tuner used to measure 1k for all of [0, 2048) and write its own edges over the split)."""
+    from flashtune.tune_command import chosen_tiles
+
+    short = sm90_tile(128, 64, 2)
+
+    def short_wins_at_512(spec, seqlens, repeats):
+        return [{"status": "ok", "seqlen": s, "ms": 1.0, "check": "ok",
+                 "tflops": (999.0 if (s == 512) == (spec.tile == short) else spec.tile.block_n / 100)}
+                for s in seqlens]
+
+    monkeypatch.setattr(tune, "measure_candidate", short_wins_at_512)
+    profile = find_profile("h200")
+    opts = tune.TuneOptions(hdims=(256,), causal=(True,), final_round=0, max_candidates=4)
+    result = tune.run_tune(profile, "NVIDIA H200", opts, str(tmp_path / "c.jsonl"))
+    assert [b.seqlen for b in result.buckets[(256, True)]] == [512, 1024, 4096, 16384]
+    assert result.winners[(256, True, 512)]["tile"] == short != result.winners[(256, True, 1024)]["tile"]
+    tiles, _ = chosen_tiles(profile, result, opts)
+    path = write_profile(profile, "h200-again", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "again.yaml")
+    again = load_profile(path)
+    assert again.tile_for(256, True, 512, 512) == again.tile_for(256, True, 1023, 1023) == short
+    assert again.tile_for(256, True, 1024, 1024) == result.winners[(256, True, 1024)]["tile"]
 
 
 def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_path):
@@ -408,7 +453,7 @@ def test_final_round_1_is_a_duel_of_the_first_pass_winner_and_the_starting_tile(
                            str(tmp_path / "c.jsonl"))
     duels = {seqlen: names for seqlen, names in fake_world["final"]}
     assert duels  # the fake's larger tiles beat h200-sm80's starting 64x64 at hdim 256
-    for seqlen in BUCKET_SEQLENS:
+    for seqlen in (b.seqlen for b in result.buckets[(256, False)]):
         start = result.starting[(256, False, seqlen)]["spec"]
         best = max((r for r in result.records if r.get("status") == "ok" and r["seqlen"] == seqlen),
                    key=lambda r: r.get("first_tflops", r["tflops"]))["spec"]
