@@ -235,12 +235,10 @@ struct Traits {
   static constexpr bool kMufuTurn = FLASHTUNE_SM90_MUFU_TURN != 0 && kConsumers > 1 && FLASHTUNE_SM90_SPLIT_S == 0;
   static constexpr bool kFlatTiles = (FLASHTUNE_SM90_FLAT_TILES == 1 || (FLASHTUNE_SM90_FLAT_TILES == 2 && kCausal && kHeadDim == 64)) &&
                                      kDeferEpilogue && FLASHTUNE_SM90_SPLIT_S == 0;
-  // CLUSTER: 2 CTAs share each K/V block (the producers' halves: BN / 2 rows each, which must stay
-  // whole 8-row swizzle atoms). Only the persistent non-causal schedule: the pair's tiles see the
-  // same blocks.
+  // CLUSTER: 2 CTAs share each K/V block (the producers' halves: BN / 2 rows each). Only the
+  // persistent non-causal schedule: the pair's tiles see the same blocks.
   static constexpr int kCluster =
-      (FLASHTUNE_SM90_CLUSTER == 2 || (FLASHTUNE_SM90_CLUSTER == 1 && kHeadDim_ >= 128)) && !kCausal_ &&
-              kPersistent && (kBlockN_ / 2) % 8 == 0
+      (FLASHTUNE_SM90_CLUSTER == 2 || (FLASHTUNE_SM90_CLUSTER == 1 && kHeadDim_ >= 128)) && !kCausal_ && kPersistent
           ? 2 : 1;
   static constexpr int kKvBoxRows = kBlockN_ / kCluster;  // rows of one producer's K / V box
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
@@ -292,6 +290,7 @@ struct Traits {
   static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
   static_assert(FLASHTUNE_SM90_CLUSTER >= 0 && FLASHTUNE_SM90_CLUSTER <= 2, "CLUSTER: 0, 1 or 2");
   static_assert(kCluster == 1 || kCtasPerSm == 1, "a cluster CTA fills its SM");
+  static_assert(kKvBoxRows % 8 == 0, "a producer's K/V half is whole 8-row swizzle atoms");
 };
 
 }  // namespace sm90
