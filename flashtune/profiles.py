@@ -27,7 +27,8 @@ HOW_TO_WRITE = ("copy a shipped profile (`flashtune profiles show NAME` prints i
 
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
-             "nvcc_flags": list, "configs": list, "configs_from": str, "provenance": dict}
+             "nvcc_flags": list, "configs": list, "configs_from": str, "configs_replace": list,
+             "provenance": dict}
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
@@ -203,12 +204,16 @@ class _Validator:
     def tile_table(self, data: dict, family: str) -> list:
         """The raw `configs` list: this file's, or, with `configs_from: NAME`, the shipped
         profile NAME's (an experiment that changes only nvcc_flags then A/Bs the same tiles
-        after every re-tune). Checked afterwards against this profile's family, arch and flags."""
+        after every re-tune), with `configs_replace` in place of NAME's entries for the (hdim,
+        causal) pairs it names (an experiment on one bucket keeps the rest of NAME's table as NAME
+        changes). Checked afterwards against this profile's family, arch and flags."""
         allowed = "a tile table (configs), or configs_from: the name of a shipped profile"
         if "configs" not in data and "configs_from" not in data:
             raise self.fail("configs", "missing required key", allowed)
         if "configs" in data and "configs_from" in data:
             raise self.fail("configs", "give configs or configs_from, not both", allowed)
+        if "configs_replace" in data and "configs_from" not in data:
+            raise self.fail("configs_replace", "only with configs_from", "configs_from: NAME beside it")
         if "configs" in data:
             return data["configs"]
         name = data["configs_from"]
@@ -223,7 +228,32 @@ class _Validator:
         if base.get("family") != family:
             raise self.fail("configs_from", f"{name} is a {base.get('family')} profile, this one {family}",
                             f"a shipped {family} profile")
-        return base["configs"]
+        return self.replaced(base["configs"], data.get("configs_replace", []), name)
+
+    def replaced(self, base: list, replacements: list, base_name: str) -> list:
+        """`base` with its entries for each (hdim, causal) that `replacements` names swapped for
+        the replacements (where the first of them stood)."""
+        pairs = set()
+        for i, entry in enumerate(replacements):
+            where = f"configs_replace[{i}]"
+            if not isinstance(entry, dict) or not isinstance(entry.get("hdim"), int) or \
+                    not isinstance(entry.get("causal"), bool):
+                raise self.fail(where, "needs an int hdim and causal true or false",
+                                "a config entry, as in configs, for one (hdim, causal)")
+            pairs.add((entry["hdim"], entry["causal"]))
+        table, placed = [], False
+        for entry in base:
+            hdim, causal = entry.get("hdim"), entry.get("causal")
+            if causal == "any" and {(hdim, False), (hdim, True)} & pairs:
+                raise self.fail("configs_replace", f"{base_name}'s hdim {hdim} entries are for causal: any",
+                                "replace only (hdim, causal) pairs that the base lists per causal value")
+            if (hdim, causal) in pairs:
+                if not placed:
+                    table += replacements
+                    placed = True
+                continue
+            table.append(entry)
+        return table if placed else table + replacements
 
     def head_dims(self, value: list) -> tuple[int, ...]:
         allowed = ", ".join(map(str, HEAD_DIMS))

@@ -9,7 +9,7 @@ from flashtune.arch import arch_for_compute_capability
 from flashtune.paths import profiles_dir
 from flashtune.profiles import (ProfileError, find_profile, list_profiles, load_profile, select_profile,
                                 select_profile_with_reason)
-from flashtune.tiles import TileConfig, tile_problems
+from flashtune.tiles import TileConfig, sm90_tile, tile_problems
 
 SHIPPED = {"rtx3090": "sm_86", "rtx4090": "sm_89", "l40s": "sm_89", "rtx5090": "sm_120",
            "a100": "sm_80", "h100": "sm_90a", "h200": "sm_90a", "h200-sm80": "sm_90"}
@@ -396,6 +396,10 @@ def test_two_ctas_experiment_changes_only_hdim_64_below_2k():
     ({"configs": None, "configs_from": "h2000"}, r"configs_from: no shipped profile 'h2000'; allowed: .*h200"),
     ({"configs": None, "configs_from": "rtx4090"}, r"configs_from: rtx4090 is a sm80 profile, this one sm90"),
     ({"configs": None}, r"configs: missing required key; allowed: a tile table \(configs\), or configs_from"),
+    ({"configs_replace": []}, r"configs_replace: only with configs_from"),
+    ({"configs": None, "configs_from": "h200", "configs_replace": [{"hdim": 64, "causal": "any"}]},
+     r"configs_replace\[0\]: needs an int hdim and causal true or false"),
+    ({"configs": None, "configs_from": "rtx4090", "configs_replace": []}, r"configs_from: rtx4090 is a sm80 profile"),
 ])
 def test_configs_from_needs_one_shipped_profile_of_the_same_family(tmp_path, change, problem):
     data = yaml.safe_load(find_profile("h200").path.read_text())
@@ -406,6 +410,25 @@ def test_configs_from_needs_one_shipped_profile_of_the_same_family(tmp_path, cha
             data[key] = value
     with pytest.raises(ProfileError, match=problem):
         load_profile(write(tmp_path, data, "exp.yaml"))
+
+
+def test_configs_replace_swaps_only_the_buckets_it_names(tmp_path):
+    """configs_from: h200 with configs_replace for hdim 256 causal: that pair's entries are the
+    replacement's, every other entry is h200's, in h200's order; a replacement that leaves a gap
+    in the sequence lengths fails as a gap in an own table would."""
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    del data["configs"]
+    data["configs_from"] = "h200"
+    data["configs_replace"] = [{"hdim": 256, "causal": True, "seqlen": [0, None], "block_m": 128, "block_n": 64,
+                                "num_warpgroups": 2, "stages": 2}]
+    mixed, h200 = load_profile(write(tmp_path, data, "exp.yaml")), find_profile("h200")
+    assert [c for c in mixed.configs if (c.hdim, c.causal) != (256, True)] == \
+        [c for c in h200.configs if (c.hdim, c.causal) != (256, True)]
+    assert [c.tile for c in mixed.configs if (c.hdim, c.causal) == (256, True)] == [sm90_tile(128, 64, 2)]
+    assert mixed.tile_for(256, True, 16384, 16384) == sm90_tile(128, 64, 2) != h200.tile_for(256, True, 16384, 16384)
+    data["configs_replace"][0]["seqlen"] = [0, 1024]
+    with pytest.raises(ProfileError, match=r"hdim 256"):
+        load_profile(write(tmp_path, data, "gap.yaml"))
 
 
 def test_configs_from_validates_the_tiles_against_this_profile(tmp_path):
