@@ -153,6 +153,23 @@ def sm90_second_q_buffer(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
     return sm90_flag_value("Q_BUFFERS", nvcc_flags) == 2 or deferred
 
 
+def sm90_split_tail_tiles(tiles: int, ctas: int, tile_blocks: int, consumers: int) -> int:
+    """How many of a non-causal call's `tiles` (the last ones) an sm90 kernel built with
+    SPLIT_TAIL shares out over its `ctas` CTAs by their K/V blocks, or 0: the rule of
+    csrc/sm90/launch.cuh's split_tail_tiles (GPU tests use it to choose shapes that split).
+    A last wave of tiles % ctas after the whole ones leaves the other SMs idle for a tile's
+    time; it is split where that saves at least 2% of the call, each CTA's share is at least one
+    K/V block, a tile at least 8, and the counters (1024) suffice."""
+    rest, waves = tiles % ctas, -(-tiles // ctas)
+    if rest == 0 or tile_blocks < 8 or rest * tile_blocks < ctas:
+        return 0
+    if (ctas - rest) * 50 < ctas * waves or rest * consumers > 1024:
+        return 0
+    if ctas * (rest * tile_blocks + 1) >= 2**31:
+        return 0
+    return rest
+
+
 def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:
     """Whether sm90 kernels built with these flags use the softmax/GEMM overlap (the default)."""
     return sm90_step_on("OVERLAP", nvcc_flags)

@@ -190,6 +190,48 @@ def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():
     assert "MULTICAST" not in _sm90_128x128_sass(("-DFLASHTUNE_SM90_CLUSTER=1",))
 
 
+def test_split_tail_merges_pieces_without_spills():
+    """SPLIT_TAIL=1 (exp-sm90-split-tail.yaml): a non-causal kernel counts each finished piece of a
+    split tile on a global counter (an atomic add, and the last piece's exchange back to 0) and
+    merges the others' partial results read past L1 (ld.global.cg); no spills (the helper checks).
+    Causal kernels and the default build have no merge."""
+    split = _sm90_128x128_sass(("-DFLASHTUNE_SM90_SPLIT_TAIL=1",), causal=False)
+    default = _sm90_128x128_sass((), causal=False)
+    assert "LDG.E.STRONG.GPU" in split and "LDG.E.STRONG.GPU" not in default
+    assert split.count("ATOMG.E.EXCH") > default.count("ATOMG.E.EXCH")  # beside the tile counter's (per inlined epilogue)
+    causal = _sm90_128x128_sass(("-DFLASHTUNE_SM90_SPLIT_TAIL=1",))
+    assert "LDG.E.STRONG.GPU" not in causal
+
+
+def test_split_tail_rule_is_the_launchers():
+    """flashtune.tiles.sm90_split_tail_tiles (which the GPU tests choose their shapes by) gives what
+    csrc/sm90/launch.cuh's split_tail_tiles does, over a grid of calls: a host program built by nvcc."""
+    import itertools
+    import subprocess
+    import tempfile
+
+    from flashtune.paths import csrc_dir
+    from flashtune.tiles import sm90_split_tail_tiles
+    from flashtune.toolchain import detect_toolchain
+
+    nvcc = detect_toolchain().nvcc_path
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    cases = list(itertools.product([1, 60, 68, 130, 131, 132, 200, 264, 2048, 2112, 3072, 10**6],
+                                   [132, 264], [1, 4, 7, 8, 12, 94, 10**5], [1, 2, 3]))
+    program = "#include \"sm90/launch.cuh\"\n#include <cstdio>\nint main() {\n" + "".join(
+        f"  printf(\"%d\\n\", flashtune::sm90::split_tail_tiles({t}, {c}, {b}, {w}));\n" for t, c, b, w in cases) + "}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "rule.cu", Path(tmp) / "rule"
+        src.write_text(program)
+        subprocess.run([nvcc, "-std=c++17", "-arch=sm_90a", f"-I{csrc_dir()}", str(src), "-o", str(exe)],
+                       check=True, capture_output=True)
+        got = [int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert got == [sm90_split_tail_tiles(*case) for case in cases]
+    assert sm90_split_tail_tiles(2048, 132, 94, 2) == 68  # hdim 128 non-causal 16k on the H200
+    assert sm90_split_tail_tiles(3072, 132, 4, 3) == 0  # hdim 64 512: 4-block tiles stay whole
+
+
 def test_split_s_issues_each_block_as_two_halves_waited_for_in_turn():
     """-DFLASHTUNE_SM90_SPLIT_S=1: S = Q K^T of a 128-key block is two groups of m64n64 wgmmas (8
     k-steps each at hdim 128), and the loop waits for them one at a time (wait_group 2, then 1,

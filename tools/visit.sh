@@ -169,6 +169,18 @@ for step in "$@"; do case $step in
           $E/exp-sm90-h64-nc128-s2.yaml $E/exp-sm90-h64-nc128-s3.yaml \
           > /tmp/ab-winner 2> "$OUT/h64-tiles-scores.txt" || echo profiles/h200.yaml > /tmp/ab-winner
         echo "winner: $(cat /tmp/ab-winner)" ;;
+  split-tail) E=tools/experiments  # the last wave's K/V blocks shared out over every CTA (non-causal): correctness
+        # on the experiment first (its split shapes, every op and FP8 test, memcheck and racecheck on split calls),
+        # then against h200 on the 18 non-causal cells in alternating rounds
+        run build-split 200 python3 -m flashtune build --profile $E/exp-sm90-split-tail.yaml --jobs 16
+        FLASHTUNE_PROFILE=$E/exp-sm90-split-tail.yaml run test-split 200 python3 -m pytest -q -p no:cacheprovider \
+          -m gpu tests/test_split_tail_gpu.py tests/test_ops_gpu.py tests/test_fp8_gpu.py -x
+        ROUNDS=${SPLIT_ROUNDS:-2} TAG=split run split-ab 330 bash tools/experiment.sh none "$AB --no-causal" \
+          profiles/h200.yaml $E/exp-sm90-split-tail.yaml
+        for tool in memcheck racecheck; do
+          run $tool-split 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
+            $E/exp-sm90-split-tail.yaml
+        done ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

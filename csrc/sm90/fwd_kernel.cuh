@@ -32,6 +32,9 @@ struct Tile {
   int m_block, head, batch, kv_head;
   int seqlen_q, seqlen_k, q_row0, k_row0, tma_batch;
   int n_blocks;  // K/V blocks of BN keys this tile reads (0: every row is masked out)
+  // SPLIT_TAIL: a piece of a tile reads blocks block0 .. block0 + n_blocks - 1; piece = 2 r + s for
+  // a piece of the r-th split tile, whose partial result goes to slot 2 blockIdx.x + s; -1: whole.
+  int block0, piece;
 };
 
 // The tile of m-block m_block of one head of one sequence. Returns false for an m-block past the
@@ -44,6 +47,7 @@ __device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int hea
   tile.kv_head = tile.head / p.head_ratio;
   tile.seqlen_q = p.seqlen_q, tile.seqlen_k = p.seqlen_k, tile.q_row0 = 0, tile.k_row0 = 0;
   tile.tma_batch = tile.batch;
+  tile.block0 = 0, tile.piece = -1;
   if (p.cu_seqlens_q != nullptr) {  // varlen: one TMA "batch entry" of total rows
     tile.q_row0 = p.cu_seqlens_q[tile.batch];
     tile.k_row0 = p.cu_seqlens_k[tile.batch];
@@ -80,6 +84,14 @@ __device__ __forceinline__ bool pair_tile_at(const FwdParams& p, int t, int rank
   tile_of<T>(p, m_first + rank, (t / num_pairs) % p.heads_q, t / num_pairs / p.heads_q, tile);
   return m_first * T::kBlockM < tile.seqlen_q;
 }
+
+// SPLIT_TAIL: the last p.split_tail tiles' K/V blocks ("units", tile by tile) are shared out over the
+// grid's CTAs: CTA c takes units [tail_begin(c), tail_begin(c + 1)), so a tile may be cut between
+// two or three CTAs (each range is at least one block; a tile is at least eight).
+// 32-bit: the launcher splits only where ctas x (units + 1) < 2^31.
+__device__ __forceinline__ int tail_begin(int c, int units, int ctas) { return c * units / ctas; }
+// The CTA whose range holds unit u: the last c with tail_begin(c) <= u.
+__device__ __forceinline__ int tail_cta_of(int u, int units, int ctas) { return ((u + 1) * ctas + units - 1) / units - 1; }
 
 // Tiles per launch: m-blocks x heads x batch (CLUSTER: pairs of m-blocks).
 template <class T>
@@ -119,6 +131,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   constexpr int kSlotReleases = T::kCluster > 1 ? T::kCluster * 4 * T::kConsumers : 128 * T::kConsumers;
   __shared__ Tile tile_info[kTileSlots];
   __shared__ float turn_zero, turn_sink[T::kThreads / 32];  // MUFU_TURN's fences (ptx_sm90.cuh)
+  __shared__ int split_last[T::kConsumers];  // SPLIT_TAIL: whether this warpgroup's piece was its tile's last
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
     Tile tile;
     if (!tile_at<T>(p, blockIdx.x, tile)) return;
@@ -175,17 +188,39 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         else
           tma_load_4d(dst, map, bar, col, row, at.kv_head, at.tma_batch);
       };
+      // SPLIT_TAIL: tiles below `whole` by the fixed stride, then this CTA's units of the rest.
+      const int split = T::kSplitTail ? p.split_tail : 0, whole = tiles - split;
+      const int tile_blocks = (p.seqlen_k + BN - 1) / BN, units = split * tile_blocks;
+      int unit = tail_begin(blockIdx.x, units, gridDim.x);
+      const int unit_first = unit, unit_end = tail_begin(blockIdx.x + 1, units, gridDim.x);
+      // The next piece of this CTA's units (false once they are done).
+      auto next_piece = [&](Tile& tile) {
+        if (unit >= unit_end) return false;
+        const int r = unit / tile_blocks;
+        tile_at<T>(p, whole + r, tile);
+        tile.block0 = unit - r * tile_blocks;
+        tile.n_blocks = min(tile_blocks - tile.block0, unit_end - unit);
+        if (tile.n_blocks < tile_blocks) tile.piece = 2 * r + (unit == unit_first ? 0 : 1);
+        unit += tile.n_blocks;
+        return true;
+      };
       int kv_iter = 0;
       int t = T::kCluster > 1 ? int(cluster_id_x()) : int(blockIdx.x);
       for (int q_iter = 0;; ++q_iter) {
         Tile tile;
         const int buf = q_iter % T::kQBuffers;  // Q buffer, used for the (q_iter / kQBuffers)-th time
         if constexpr (T::kPersistent) {
-          while (t < tiles && !find_tile(t, tile)) t = next_tile(t);  // varlen: no rows there
+          bool have;
+          if (T::kSplitTail && t >= whole) {
+            have = next_piece(tile);
+          } else {
+            while (t < tiles && !find_tile(t, tile)) t = next_tile(t);  // varlen: no rows there
+            have = t < tiles;
+          }
           // free once the consumers released its last use (and with it this tile's slot)
           const int use = q_iter / T::kQBuffers;
           if (use > 0) mbarrier_wait(&q_empty[buf], (use - 1) & 1);
-          if (t >= tiles) {
+          if (!have) {
             tile_info[q_iter % kTileSlots].n_blocks = -1;
             mbarrier_arrive(&bar_q[buf]);  // no bytes: the consumers stop
             break;
@@ -203,7 +238,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         const Tile& cur = tile_info[q_iter % kTileSlots];  // read back: the producer has 40 registers or fewer
         for (int j = 0; j < cur.n_blocks; ++j, ++kv_iter) {
           const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
-          const int row = cur.k_row0 + j * BN;
+          const int row = cur.k_row0 + (cur.block0 + j) * BN;
           unsigned char* k_tile = sK + stage * T::kKBytes;
           unsigned char* v_tile = sV + stage * T::kVBytes;
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_k[stage], free_phase);
@@ -217,7 +252,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         }
         FT_TRACE(q_iter, kTraceKvIssued);
         if constexpr (!T::kPersistent) break;
-        t = next_tile(t);
+        if (!T::kSplitTail || t < whole) t = next_tile(t);
       }
       if (T::kPersistent && p.tile_counter != nullptr) {
         // Leave the counter at 0 for the next launch on the stream (the launcher then needs no
@@ -479,10 +514,70 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if (tid == 0) FT_TRACE(it, kTraceConsumer0 + kTraceConsumerSteps * cw + step);
   };
 
+  // SPLIT_TAIL: the end of a piece of a tile. The warpgroup writes its partial result (O not yet
+  // normalised, its rows' maxima, each thread's row sums; slot-major, then float i of every thread
+  // side by side) and counts itself in on the tile's counter; the tile's last piece to finish
+  // merges the others' results into its own (true: it stores the tile), the others are done (false).
+  auto merge_pieces = [&](int piece, float (&sum)[2], float (&mx)[2], float lse_scale) -> bool {
+    const int r = piece >> 1;
+    const int tile_blocks = (p.seqlen_k + BN - 1) / BN, units = p.split_tail * tile_blocks;
+    auto slot = [&](int at) {
+      return p.split_ws + (int64_t(at) * T::kConsumers + cw) * (T::kPartialFloats * 128) + tid;
+    };
+    float* mine = slot(2 * blockIdx.x + (piece & 1));
+#pragma unroll
+    for (int i = 0; i < T::kORegs; ++i) mine[i * 128] = acc_o[i];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      mine[(T::kORegs + rr) * 128] = mx[rr];
+      mine[(T::kORegs + 2 + rr) * 128] = sum[rr];
+    }
+    __threadfence();  // the partial result is out before the count says so
+    named_barrier_sync(10 + cw, 128);
+    const int c0 = tail_cta_of(r * tile_blocks, units, gridDim.x);
+    const int c1 = tail_cta_of((r + 1) * tile_blocks - 1, units, gridDim.x);
+    if (tid == 0) {
+      int* counter = p.split_counters + r * T::kConsumers + cw;
+      const bool last = atomicAdd(counter, 1) == c1 - c0;
+      if (last) atomicExch(counter, 0);  // every piece has counted: 0 again for the next launch
+      __threadfence();
+      split_last[cw] = last;
+    }
+    named_barrier_sync(10 + cw, 128);
+    if (!split_last[cw]) return false;
+    const float to_log2 = lse_scale * 1.4426950408889634f;  // maxima are raw scores
+    for (int c = c0; c <= c1; ++c) {
+      if (c == int(blockIdx.x)) continue;
+      // CTA c's piece of this tile is its first if its range starts inside the tile, else its last.
+      const float* other = slot(2 * c + (tail_begin(c, units, gridDim.x) >= r * tile_blocks ? 0 : 1));
+      float f_mine[2], f_other[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float m_other = __ldcg(other + (T::kORegs + rr) * 128);
+        const float sum_other = __ldcg(other + (T::kORegs + 2 + rr) * 128);
+        const float m = fmaxf(mx[rr], m_other);
+        f_mine[rr] = mx[rr] == -INFINITY ? 0.f : fast_exp2((mx[rr] - m) * to_log2);
+        f_other[rr] = m_other == -INFINITY ? 0.f : fast_exp2((m_other - m) * to_log2);
+        sum[rr] = sum[rr] * f_mine[rr] + sum_other * f_other[rr];
+        mx[rr] = m;
+      }
+#pragma unroll
+      for (int i = 0; i < T::kORegs; ++i)
+        acc_o[i] = acc_o[i] * f_mine[(i >> 1) & 1] + __ldcg(other + i * 128) * f_other[(i >> 1) & 1];
+    }
+    return true;
+  };
+
   // ---- Epilogue of tile q_done: normalise O by the row sums, write it (rows past seqlen_q are
   // not) and, if asked, the LSE (row maxima mx, softmax scale lse_scale).
-  auto epilogue = [&](int q_done, const float (&sum)[2], const float (&mx)[2], float lse_scale) {
+  auto epilogue = [&](int q_done, const float (&sum_in)[2], const float (&mx_in)[2], float lse_scale) {
     const Tile& tile = tile_info[q_done % kTileSlots];
+    float sum[2] = {sum_in[0], sum_in[1]}, mx[2] = {mx_in[0], mx_in[1]};
+    // Rows below rows_end are stored: none for a piece of a split tile that is not its last (it
+    // runs the rest with its stores off: returning here made ptxas spill the main loop's values).
+    int rows_end = tile.seqlen_q;
+    if constexpr (T::kSplitTail)
+      if (tile.piece >= 0 && !merge_pieces(tile.piece, sum, mx, lse_scale)) rows_end = 0;
     const int m0 = tile.m_block * BM;
     const bool varlen = p.cu_seqlens_q != nullptr;
     Elem* out = static_cast<Elem*>(p.o) +
@@ -533,7 +628,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
           r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
           if (odd) x[0] = r0, x[2] = r1; else x[1] = r0, x[3] = r1;
-          if (row < tile.seqlen_q)
+          if (row < rows_end)
             *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
         }
       }
@@ -547,12 +642,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           const uint32_t a = pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
           const uint32_t b = pack2<Elem>(acc_o[4 * c + 4 + 2 * r] * inv, acc_o[4 * c + 4 + 2 * r + 1] * inv);
           const uint32_t got = __shfl_xor_sync(0xffffffff, odd ? a : b, 1);
-          if (row < tile.seqlen_q)
+          if (row < rows_end)
             *reinterpret_cast<uint2*>(out_row + 8 * (c + odd) + 2 * (t & ~1)) =
                 odd ? make_uint2(got, b) : make_uint2(a, got);
         }
       }
-      if (row >= tile.seqlen_q) continue;
+      if (row >= rows_end) continue;
       if (!tma_store && T::kStoreBytes == 4 && !kTraceSkipO) {
 #pragma unroll
         for (int c = 0; c < D / 8; ++c)  // accumulators 4c + 2r, 4c + 2r + 1: columns 8c + 2t, +1
@@ -581,7 +676,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if (tma_store) {  // every thread's O is in sO: one thread stores the warpgroup's 64 rows
       fence_proxy_async_smem();
       named_barrier_sync(4 + cw, 128);
-      if (tid == 0) {
+      if (tid == 0 && rows_end > 0) {
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
           tma_store_4d(&maps.o, sO + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m0 + cw * 64, tile.head,
@@ -664,8 +759,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     {
       const Tile& tile = tile_info[q_iter % kTileSlots];
       m_row0 = tile.m_block * BM;
-      seqlen_k = tile.seqlen_k;
-      causal_shift = tile.seqlen_k - tile.seqlen_q;
+      // Keys count from the tile's first block (SPLIT_TAIL's pieces start past 0): block j's masks.
+      seqlen_k = tile.seqlen_k - tile.block0 * BN;
+      causal_shift = tile.seqlen_k - tile.seqlen_q - tile.block0 * BN;
       scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
       if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
         const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;

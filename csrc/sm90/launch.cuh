@@ -46,6 +46,20 @@ int launch_clusters(void (*kernel)(const FwdParams, const TmaMaps), const FwdPar
   return int(cudaGetLastError());
 }
 
+// SPLIT_TAIL: how many of `tiles` equal tiles (the last ones) to share out over `ctas` CTAs by
+// their K/V blocks, or 0. A wave of T % G tiles after T / G whole ones leaves G - T % G SMs idle
+// for a tile's time; split, it costs (T % G) / G of one. Only where that saves at least 2% of the
+// call, each CTA's share is at least one block (a tile is at least 8), and the counters suffice.
+// flashtune/tiles.py's sm90_split_tail_tiles is the same rule (the GPU tests choose shapes by it).
+inline int split_tail_tiles(int64_t tiles, int ctas, int tile_blocks, int consumers) {
+  const int64_t rest = tiles % ctas, waves = tiles / ctas + (rest > 0);
+  if (rest == 0 || tile_blocks < 8 || rest * tile_blocks < ctas) return 0;
+  if ((ctas - rest) * 50 < int64_t(ctas) * waves) return 0;
+  if (rest * consumers > FwdParams::kScratchCounters - 2) return 0;
+  if (int64_t(ctas) * (rest * tile_blocks + 1) >= (int64_t(1) << 31)) return 0;  // the kernel's 32-bit unit math
+  return int(rest);
+}
+
 template <class T>
 int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, void* stream) {
   constexpr CUtensorMapDataType kVType =
@@ -94,6 +108,31 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if constexpr (T::kCluster > 1) return launch_clusters<T>(kernel, p, maps, int(tiles), stream);
   const bool counted = T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr;
   FwdParams args = p;
+  args.split_tail = 0;
+  if constexpr (T::kSplitTail) {
+    // Every SM takes a CTA (also where there are fewer tiles than SMs), if the tail is split.
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return int(err);
+    const int grid = sms * T::kCtasPerSm;
+    const int split = varlen || p.tile_counter == nullptr || p.scratch == nullptr
+                          ? 0 : split_tail_tiles(tiles, grid, (p.seqlen_k + T::kBlockN - 1) / T::kBlockN, T::kConsumers);
+    if (split > 0) {
+      const int64_t bytes = int64_t(2) * grid * T::kConsumers * T::kPartialFloats * 128 * sizeof(float);
+      args.split_ws = static_cast<float*>(p.scratch(p.scratch_ctx, bytes));
+      if (args.split_ws != nullptr) {
+        args.split_tail = split;
+        args.split_counters = p.tile_counter + 2;
+        ctas = grid;
+        if (!p.tile_counter_zeroed) {  // a fresh scratch (graph capture): its counters zeroed first
+          err = cudaMemsetAsync(args.split_counters, 0, int64_t(split) * T::kConsumers * sizeof(int32_t),
+                                static_cast<cudaStream_t>(stream));
+          if (err != cudaSuccess) return int(err);
+        }
+      }
+    }
+  }
   if (!counted) {
     args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
   } else if (!p.tile_counter_zeroed || FLASHTUNE_SM90_COUNTER_MEMSET) {  // a memset is a kernel of its own in the call's GPU time
