@@ -181,6 +181,9 @@ for step in "$@"; do case $step in
           run $tool-split 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
             $E/exp-sm90-split-tail.yaml
         done ;;
+  split-long) E=tools/experiments  # the split tail where the first A/B hinted at a gain (hdim 128 and 256 from 4k)
+        ROUNDS=3 TAG=split-long run split-long-ab 200 bash tools/experiment.sh none \
+          "$AB --no-causal --hdims 128,256 --seqlens 4096,8192,16384" profiles/h200.yaml $E/exp-sm90-split-tail.yaml ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

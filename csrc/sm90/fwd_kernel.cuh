@@ -238,7 +238,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         const Tile& cur = tile_info[q_iter % kTileSlots];  // read back: the producer has 40 registers or fewer
         for (int j = 0; j < cur.n_blocks; ++j, ++kv_iter) {
           const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
-          const int row = cur.k_row0 + (cur.block0 + j) * BN;
+          const int row = cur.k_row0 + ((T::kSplitTail ? cur.block0 : 0) + j) * BN;
           unsigned char* k_tile = sK + stage * T::kKBytes;
           unsigned char* v_tile = sV + stage * T::kVBytes;
           if (kv_iter >= T::kStages) mbarrier_wait(&empty_k[stage], free_phase);
@@ -760,8 +760,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       const Tile& tile = tile_info[q_iter % kTileSlots];
       m_row0 = tile.m_block * BM;
       // Keys count from the tile's first block (SPLIT_TAIL's pieces start past 0): block j's masks.
-      seqlen_k = tile.seqlen_k - tile.block0 * BN;
-      causal_shift = tile.seqlen_k - tile.seqlen_q - tile.block0 * BN;
+      const int piece_key0 = T::kSplitTail ? tile.block0 * BN : 0;
+      seqlen_k = tile.seqlen_k - piece_key0;
+      causal_shift = tile.seqlen_k - tile.seqlen_q - piece_key0;
       scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
       if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
         const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;
