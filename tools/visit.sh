@@ -174,15 +174,15 @@ for step in "$@"; do case $step in
         # then against h200 on the 18 non-causal cells in alternating rounds
         run build-split 200 python3 -m flashtune build --profile $E/exp-sm90-split-tail.yaml --jobs 16
         FLASHTUNE_PROFILE=$E/exp-sm90-split-tail.yaml run test-split 200 python3 -m pytest -q -p no:cacheprovider \
-          -m gpu tests/test_split_tail_gpu.py tests/test_ops_gpu.py tests/test_fp8_gpu.py -x
+          -m gpu tests/test_split_tail_gpu.py tests/test_ops_gpu.py tests/test_fp8_gpu.py
         ROUNDS=${SPLIT_ROUNDS:-2} TAG=split run split-ab 330 bash tools/experiment.sh none "$AB --no-causal" \
           profiles/h200.yaml $E/exp-sm90-split-tail.yaml
         for tool in memcheck racecheck; do
           run $tool-split 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
             $E/exp-sm90-split-tail.yaml
         done ;;
-  split-long) E=tools/experiments  # the split tail where the first A/B hinted at a gain (hdim 128 and 256 from 4k)
-        ROUNDS=3 TAG=split-long run split-long-ab 200 bash tools/experiment.sh none \
+  split-tail-long) E=tools/experiments  # the split tail where the first A/B hinted at a gain (hdim 128 and 256 from 4k)
+        ROUNDS=3 TAG=split-tail-long run split-tail-long-ab 200 bash tools/experiment.sh none \
           "$AB --no-causal --hdims 128,256 --seqlens 4096,8192,16384" profiles/h200.yaml $E/exp-sm90-split-tail.yaml ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the

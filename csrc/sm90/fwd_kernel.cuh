@@ -517,7 +517,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // SPLIT_TAIL: the end of a piece of a tile. The warpgroup writes its partial result (O not yet
   // normalised, its rows' maxima, each thread's row sums; slot-major, then float i of every thread
   // side by side) and counts itself in on the tile's counter; the tile's last piece to finish
-  // merges the others' results into its own (true: it stores the tile), the others are done (false).
+  // merges every piece's result (true: it stores the tile), the others are done (false).
   auto merge_pieces = [&](int piece, float (&sum)[2], float (&mx)[2], float lse_scale) -> bool {
     const int r = piece >> 1;
     const int tile_blocks = (p.seqlen_k + BN - 1) / BN, units = p.split_tail * tile_blocks;
@@ -545,9 +545,13 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     }
     named_barrier_sync(10 + cw, 128);
     if (!split_last[cw]) return false;
+    // Every piece, this one's too, from the scratch in the tile's order: the same sums in the same
+    // order whichever piece finished last, so a call's result does not depend on the timing.
     const float to_log2 = lse_scale * 1.4426950408889634f;  // maxima are raw scores
+    // Nothing yet: the first piece's factors are 0 for O (finite, so O x 0 is a zero) and 1 for it.
+    mx[0] = mx[1] = -INFINITY;
+    sum[0] = sum[1] = 0.f;
     for (int c = c0; c <= c1; ++c) {
-      if (c == int(blockIdx.x)) continue;
       // CTA c's piece of this tile is its first if its range starts inside the tile, else its last.
       const float* other = slot(2 * c + (tail_begin(c, units, gridDim.x) >= r * tile_blocks ? 0 : 1));
       float f_mine[2], f_other[2];
