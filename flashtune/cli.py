@@ -232,8 +232,8 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
-    parallel, checked against the fp32 reference, then timed per seqlen bucket (1k, 4k and 16k
-    stand for [0, 2k), [2k, 8k) and [8k, inf), split further at the profile's own edges); each bucket's
+    parallel, checked against the fp32 reference, then timed per seqlen bucket (512, 1k, 4k and 16k
+    stand for [0, 1k), [1k, 2k), [2k, 8k) and [8k, inf), split further at the profile's own edges); each bucket's
     fastest few and the starting tile are timed again side by side, which decides. Failures
     are recorded with their reason and never retried; an interrupted tune resumes. Example:
 

@@ -24,7 +24,7 @@ from flashtune.build import SERIALISING_WARNINGS
 from flashtune.profiles import Profile
 from flashtune.spec import KernelSpec, family_source_files
 from flashtune.tune_cache import TuneCache
-from flashtune.tune_space import BUCKET_SEQLENS, candidates, profile_buckets
+from flashtune.tune_space import LEGACY_BUCKET_SEQLENS, candidates, profile_buckets
 
 DEFAULT_MAX_SPILL_BYTES = 64  # a few spilled bytes outside the hot loop cost nothing measurable
 
@@ -271,9 +271,9 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     def seqlens(spec: KernelSpec) -> tuple[int, ...]:
         return tuple(b.seqlen for b in result.buckets[(spec.hdim, spec.causal)])
 
-    def run_key(spec: KernelSpec) -> str:  # the default buckets' key is the one earlier caches used
+    def run_key(spec: KernelSpec) -> str:  # earlier caches keyed the old default buckets' runs "run"
         lengths = seqlens(spec)
-        return key(spec, "run" if lengths == BUCKET_SEQLENS else "run@" + ",".join(map(str, lengths)))
+        return key(spec, "run" if lengths == LEGACY_BUCKET_SEQLENS else "run@" + ",".join(map(str, lengths)))
 
     # 1. Compile what has no verdict yet, in parallel. Compile errors are final; a toolchain
     #    that cannot build at all raises (ToolchainError) and records nothing.

@@ -20,10 +20,14 @@ SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
 }
 
 # The default buckets' edges and the sequence length each is measured at (the articles' advice:
-# small blocks up to about 4k, large from about 8k). A base profile's own edges are kept too
+# small blocks up to about 4k, large from about 8k; and below 2k a split at 1k, because a short
+# sequence's best tile is often the one whose blocks line up with it: on the H200 hdim 256 causal
+# 512 took 128x64 where 1k and up take 128x80). A base profile's own edges are kept too
 # (profile_buckets): a bucket split by hand stays split when the profile is tuned again.
-BUCKET_EDGES = (0, 2048, 8192, None)
-BUCKET_SEQLENS = (1024, 4096, 16384)
+BUCKET_EDGES = (0, 1024, 2048, 8192, None)
+BUCKET_SEQLENS = (512, 1024, 4096, 16384)
+# What the default buckets were measured at before the split at 1k: tune caches key those runs "run".
+LEGACY_BUCKET_SEQLENS = (1024, 4096, 16384)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class Bucket:
 
 def representative_seqlen(lo: int, hi: int | None) -> int:
     """Half the upper edge (at least the lower one), or twice the lower edge of the open last
-    bucket: 1024 for [0, 2048), 4096 for [2048, 8192), 16384 for [8192, inf), 512 for [0, 1024)."""
+    bucket: 512 for [0, 1024), 1024 for [1024, 2048) and for [0, 2048), 4096 for [2048, 8192), 16384
+    for [8192, inf)."""
     return max(lo, hi // 2) if hi is not None else max(2 * lo, 1)
 
 

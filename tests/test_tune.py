@@ -45,25 +45,24 @@ def test_starting_tiles_come_first_and_survive_the_limit():
 
 
 def test_buckets():
-    """The default buckets, measured at 1k / 4k / 16k; a profile's own edges split them further,
-    so a hand split (h200: hdim 128 causal at 4k, hdim 256 causal at 1k) is measured as a bucket
-    of its own and survives a re-tune."""
+    """The default buckets, measured at 512 / 1k / 4k / 16k; a profile's own edges split them
+    further, so a hand split (h200: hdim 128 causal at 4k) is measured as a bucket of its own and
+    survives a re-tune."""
     def edges_and_lengths(profile, hdim, causal):
         return [(b.lo, b.hi, b.seqlen) for b in profile_buckets(find_profile(profile), hdim, causal)]
 
-    default = [(0, 2048, 1024), (2048, 8192, 4096), (8192, None, 16384)]
+    default = [(0, 1024, 512), (1024, 2048, 1024), (2048, 8192, 4096), (8192, None, 16384)]
     assert [(lo, hi) for lo, hi, _ in default] == list(zip(BUCKET_EDGES, BUCKET_EDGES[1:]))
     assert [s for _, _, s in default] == list(BUCKET_SEQLENS)
     assert edges_and_lengths("h200-sm80", 128, True) == default  # [0, null) tables add no edge
     assert edges_and_lengths("h200", 128, False) == default
-    assert edges_and_lengths("h200", 128, True) == [(0, 2048, 1024), (2048, 4096, 2048), (4096, 8192, 4096),
-                                                    (8192, None, 16384)]
-    assert edges_and_lengths("h200", 256, True) == [(0, 1024, 512), (1024, 2048, 1024), (2048, 8192, 4096),
-                                                    (8192, None, 16384)]
+    assert edges_and_lengths("h200", 128, True) == [(0, 1024, 512), (1024, 2048, 1024), (2048, 4096, 2048),
+                                                    (4096, 8192, 4096), (8192, None, 16384)]
+    assert edges_and_lengths("h200", 256, True) == default  # its hand split at 1k is a default edge now
 
 
 def _default_buckets(*tiles):
-    """(lo, hi, tile) for the three default buckets."""
+    """(lo, hi, tile) for the four default buckets."""
     return [(lo, hi, t) for lo, hi, t in zip(BUCKET_EDGES, BUCKET_EDGES[1:], tiles)]
 
 
@@ -104,8 +103,8 @@ def test_a_cache_from_another_gpu_or_kernel_is_set_aside(tmp_path):
 
 def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
     base = find_profile("h200-sm80")
-    tiles = {(128, False): _default_buckets(TileConfig(128, 64, 4, 1), TileConfig(128, 64, 4, 1), TileConfig(128, 128, 8, 1)),
-             (128, True): _default_buckets(*[TileConfig(64, 64, 4, 2)] * 3)}
+    tiles = {(128, False): _default_buckets(*[TileConfig(128, 64, 4, 1)] * 3, TileConfig(128, 128, 8, 1)),
+             (128, True): _default_buckets(*[TileConfig(64, 64, 4, 2)] * 4)}
     class Version(str):  # like torch.__version__, a str subclass plain YAML cannot represent
         pass
 
@@ -127,7 +126,7 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
     wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
-    tiles = {(128, False): _default_buckets(*[wide] * 3)}
+    tiles = {(128, False): _default_buckets(*[wide] * 4)}
     path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
     tuned = load_profile(path)
     assert tuned.fp8 == {"qk": "e4m3"} and tuned.fp8_configs
@@ -138,7 +137,7 @@ def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
             if (hdim, causal) != (128, False):
                 assert tuned.tile_for(hdim, causal, 5000, 5000, fp8=True) == base.tile_for(hdim, causal, 5000, 5000)
     # a later 16-bit tune of that profile keeps its fp8.configs
-    again = load_profile(write_profile(tuned, "h200-fp8-2", "test", {(64, True): _default_buckets(*[sm90_tile(192, 128, 2)] * 3)},
+    again = load_profile(write_profile(tuned, "h200-fp8-2", "test", {(64, True): _default_buckets(*[sm90_tile(192, 128, 2)] * 4)},
                                        {"tool": "flashtune tune"}, tmp_path / "again.yaml"))
     assert again.tile_for(128, False, 4096, 4096, fp8=True) == wide
 
@@ -182,6 +181,29 @@ def fake_world(monkeypatch, tmp_path):
     return calls
 
 
+def test_a_cache_of_the_old_default_buckets_is_not_read_for_the_new_ones(fake_world, tmp_path, monkeypatch):
+    """Runs measured at the buckets before the split at 1k (1k, 4k, 16k) were cached as "run";
+    a tune with today's defaults (512, 1k, 4k, 16k) measures again rather than read 1k's figures
+    for [0, 1k)."""
+    from flashtune import tune_space
+
+    profile = find_profile("h200-sm80")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,), final_round=0)
+    cache = str(tmp_path / "c.jsonl")
+    legacy = tune_space.buckets_from_edges((0, 2048, 8192, None))
+    assert tuple(b.seqlen for b in legacy) == tune_space.LEGACY_BUCKET_SEQLENS
+    with monkeypatch.context() as m:
+        m.setattr(tune, "profile_buckets", lambda *args, **kw: legacy)
+        old = tune.run_tune(profile, "NVIDIA H200", opts, cache)
+    measured = len(fake_world["measure"])
+    assert measured and (128, False, 512) not in old.winners
+    new = tune.run_tune(profile, "NVIDIA H200", opts, cache)
+    assert len(fake_world["measure"]) == 2 * measured  # every survivor again, at the new lengths
+    assert {seqlen for (_, _, seqlen) in new.winners} == set(BUCKET_SEQLENS)
+    again = tune.run_tune(profile, "NVIDIA H200", opts, cache)
+    assert len(fake_world["measure"]) == 2 * measured and again.winners == new.winners  # now cached
+
+
 def test_a_final_round_side_by_side_decides_each_bucket_and_is_cached(fake_world, tmp_path, monkeypatch):
     """The first pass ranks by tile area; timed again side by side, a contender other than the
     first pass's winner (a bucket's top 3 and the starting tile) is the fastest: it wins, with
@@ -204,14 +226,14 @@ def test_a_final_round_side_by_side_decides_each_bucket_and_is_cached(fake_world
     monkeypatch.setattr(tune, "time_side_by_side", underdog_fastest)
     cache = tmp_path / "c.jsonl"
     result = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
-    assert result.final_round and len(fake_world["final"]) == 3  # one round per bucket
+    assert result.final_round and len(fake_world["final"]) == len(BUCKET_SEQLENS)  # one round per bucket
     assert sorted(contenders) in [names for _, names in fake_world["final"]]
     winner = result.winners[slot]
     assert winner["spec"] == underdog["spec"] != first.winners[slot]["spec"]
     assert winner["ms"] == 0.5 and winner["first_ms"] == 1.0
     assert winner["tflops"] == pytest.approx(winner["first_tflops"] * 2)
     again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
-    assert len(fake_world["final"]) == 3 and again.winners == result.winners  # from the cache
+    assert len(fake_world["final"]) == len(BUCKET_SEQLENS) and again.winners == result.winners  # from the cache
 
 
 def test_the_table_ranks_a_final_round_by_its_own_figures(fake_world, tmp_path, monkeypatch):
@@ -249,9 +271,10 @@ def test_final_round_0_lets_the_first_pass_decide(fake_world, tmp_path):
 
 
 def test_a_retune_keeps_a_hand_split_bucket(fake_world, tmp_path, monkeypatch):
-    """h200 splits hdim 256 causal at 1k by hand: the tuner measures [0, 1024) at 512 as a bucket
-    of its own, and where another tile wins there the written profile keeps the split (the
-    tuner used to measure 1k for all of [0, 2048) and write its own edges over the split)."""
+    """h200 splits hdim 256 causal at 1k (by hand, now a default edge too): the tuner measures
+    [0, 1024) at 512 as a bucket of its own, and where another tile wins there the written profile
+    keeps the split (the tuner used to measure 1k for all of [0, 2048) and write its own edges
+    over the split)."""
     from flashtune.tune_command import chosen_tiles
 
     short = sm90_tile(128, 64, 2)

@@ -54,6 +54,9 @@ for step in "$@"; do case $step in
   tune-h256c) run tune-h256c 200 python3 -m flashtune tune --profile h200 --hdims 256 --causal --tiles 128x64,128x80 \
                 --jobs 16 --time-budget 150 --name h200 --out "$OUT/h200-tuned-h256c.yaml" ;;
               # a re-tune of a bucket split by hand (hdim 256 causal at 1k): measured at 512 on its own, kept split
+  tune-h128nc) run tune-h128nc 200 python3 -m flashtune tune --profile h200 --hdims 128 --no-causal \
+                --tiles 128x128,128x160,128x176 --jobs 16 --time-budget 150 --name h200 --out "$OUT/h200-tuned-h128nc.yaml" ;;
+              # the default buckets split at 1k: 512 and 1k measured apart (and 2k's 128x160 against 128x128)
   tune-fp8) run tune-fp8 300 python3 -m flashtune tune --profile h200 --fp8 --hdims 128 --max-candidates 8 \
               --time-budget 150 --jobs 16 --name h200 --out "$OUT/h200-fp8-tuned.yaml" ;;
   bench-fp8-tuned) run bench-fp8-tuned 150 python3 -m flashtune bench --profile "$OUT/h200-fp8-tuned.yaml" --hdims 128 \
