@@ -39,8 +39,8 @@ def profile():
 
 
 def _split_shape(profile, dtype, hdim, tail, heads_ratio=1):
-    """(batch, heads) for SEQLEN-long sequences whose tiles the launcher splits: `tail` picks the
-    number of whole waves and the last wave's share of the SMs."""
+    """Heads (batch 1, SEQLEN-long sequences, a multiple of heads_ratio) whose tiles the launcher
+    splits: `tail` picks the number of whole waves and the last wave's share of the SMs."""
     from flashtune.ops import select_spec
     from flashtune.tiles import sm90_split_tail_tiles
 
@@ -49,7 +49,7 @@ def _split_shape(profile, dtype, hdim, tail, heads_ratio=1):
     m_blocks = math.ceil(SEQLEN / spec.tile.block_m)
     waves, share = TAILS[tail]
     heads = max(1, round((waves + share) * sms / m_blocks))
-    heads += heads % (2 * heads_ratio) if heads_ratio > 1 else 0  # whole kv groups
+    heads = -(-heads // heads_ratio) * heads_ratio  # whole kv groups
     tiles = m_blocks * heads
     split = sm90_split_tail_tiles(tiles, sms, math.ceil(SEQLEN / spec.tile.block_n), spec.tile.block_m // 64)
     assert split > 0, f"{tiles} tiles of {spec.tile.label} on {sms} SMs: no split, pick another shape"
