@@ -547,7 +547,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if (!split_last[cw]) return false;
     // Every piece, this one's too, from the scratch in the tile's order: the same sums in the same
     // order whichever piece finished last, so a call's result does not depend on the timing.
-    const float to_log2 = lse_scale * 1.4426950408889634f;  // maxima are raw scores
+    const float to_log2 = lse_scale * float(M_LOG2E);  // maxima are raw scores
     // Nothing yet: the first piece's factors are 0 for O (finite, so O x 0 is a zero) and 1 for it.
     mx[0] = mx[1] = -INFINITY;
     sum[0] = sum[1] = 0.f;

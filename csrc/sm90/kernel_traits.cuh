@@ -176,9 +176,8 @@
 // grid: 2048 tiles on the H200's 132 SMs, 15 waves and one of 68, 3% of the call). The last wave's
 // K/V blocks are shared out evenly over all G CTAs instead (stream-K): a tile cut between CTAs is
 // run as pieces, each of which writes its partial O, row maxima and sums to global scratch; the
-// last piece of a tile to finish (a counter per tile and warpgroup) merges the others into its own
-// and stores the tile, merging every piece in the tile's order (the same bits whichever finished
-// last). The launcher splits only where it saves at least 2% of the call. Measured on the H200: no
+// last piece of a tile to finish (a counter per tile and warpgroup) merges every piece's result in
+// the tile's order (the same bits whichever finished last) and stores the tile. The launcher splits only where it saves at least 2% of the call. Measured on the H200: no
 // gain (18 non-causal cells, two rounds: 1.045 / 1.042x cuDNN against h200's 1.053 / 1.055x, the
 // short cells -2 to -6%; hdim 128 and 256 from 4k, three rounds: even), docs/kernel-notes.md.
 #ifndef FLASHTUNE_SM90_SPLIT_TAIL
@@ -254,11 +253,11 @@ struct Traits {
   static constexpr int kCluster =
       (FLASHTUNE_SM90_CLUSTER == 2 || (FLASHTUNE_SM90_CLUSTER == 1 && kHeadDim_ >= 128)) && !kCausal_ && kPersistent
           ? 2 : 1;
-  static constexpr int kKvBoxRows = kBlockN_ / kCluster;
+  static constexpr int kKvBoxRows = kBlockN_ / kCluster;  // rows of one producer's K / V box
   // SPLIT_TAIL: tiles of equal cost (non-causal) on the fixed-stride persistent grid.
   static constexpr bool kSplitTail = FLASHTUNE_SM90_SPLIT_TAIL != 0 && !kCausal_ && kPersistent && kCluster == 1;
   // A piece's partial result per consumer thread: O's accumulators, then the two rows' maxima and sums.
-  static constexpr int kPartialFloats = kORegs + 4;  // rows of one producer's K / V box
+  static constexpr int kPartialFloats = kORegs + 4;
   static constexpr int kSmemBytes = kMainBytes + (kTmaStore ? kOBytes : 0);
   static constexpr int kSmemPerSm = 228 * 1024, kReservedSmemPerCta = 1024;  // sm_90
   static constexpr int kCtasPerSm =
