@@ -124,9 +124,9 @@ def test_only_the_trace_build_exports_the_tile_timeline():
     assert not {"flashtune_trace_clear", "flashtune_trace_copy"} & exported("h200")
 
 
-def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True) -> str:
-    """The SASS of the bf16 128x128 sm90 kernel (hdim 128 and causal unless told) built with these
-    nvcc flags (skips the test without cuobjdump)."""
+def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True, block_n: int = 128) -> str:
+    """The SASS of the bf16 128x128 sm90 kernel (hdim 128, causal and 128 keys a block unless
+    told) built with these nvcc flags (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
     from flashtune.spec import KernelSpec
     from flashtune.tiles import sm90_tile
@@ -136,7 +136,7 @@ def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = T
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
-    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, 128, 2), causal, nvcc_flags=flags)
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, block_n, 2), causal, nvcc_flags=flags)
     result = build_spec(spec)
     assert result.spill_stores == 0
     sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
@@ -145,13 +145,28 @@ def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = T
 
 
 def test_poly_exp2_moves_k_of_every_8_exps_off_the_mufu_unit():
-    """-DFLASHTUNE_SM90_POLY_EXP2=2: the softmax's MUFU.EX2 count drops by 2/8 of a block's
-    scores in each of its two copies (the first block's and the loop's); the rescale's 2 per
-    copy stay on MUFU."""
+    """-DFLASHTUNE_SM90_POLY_EXP2=2 (without SPEC_MAX's third copy): the softmax's MUFU.EX2 count
+    drops by 2/8 of a block's scores in each of its two copies (the first block's and the loop's);
+    the rescale's 2 per copy stay on MUFU."""
     scores = 128 // 2  # per thread per block: a 64 x 128 S per warpgroup
-    assert _sm90_128x128_sass(()).count("MUFU.EX2 ") == 2 * scores + 4
-    poly = _sm90_128x128_sass(("-DFLASHTUNE_SM90_POLY_EXP2=2",))
+    plain = ("-DFLASHTUNE_SM90_SPEC_MAX=0",)
+    assert _sm90_128x128_sass(plain).count("MUFU.EX2 ") == 2 * scores + 4
+    poly = _sm90_128x128_sass((*plain, "-DFLASHTUNE_SM90_POLY_EXP2=2"))
     assert poly.count("MUFU.EX2 ") == 2 * (scores - scores * 2 // 8) + 4
+
+
+def test_spec_max_takes_a_blocks_exps_without_its_maximum():
+    """SPEC_MAX (1 by default: hdim 64 and 128): the loop gains a third copy of a block's exps,
+    with no maximum (no FMNMX, no shuffles, no alpha exps), followed by a warpgroup's vote
+    (BAR.RED.OR) on whether S_j must be computed again: one more S (D/16 wgmmas) in the loop.
+    With the flag at 0 neither; at hdim 256 the default leaves it out (ptxas spilled)."""
+    scores = 128 // 2
+    spec, plain = (_sm90_128x128_sass(f) for f in ((), ("-DFLASHTUNE_SM90_SPEC_MAX=0",)))
+    assert spec.count("MUFU.EX2 ") == plain.count("MUFU.EX2 ") + scores
+    assert spec.count("FMNMX") == plain.count("FMNMX")  # the maxima stay in the other two copies only
+    assert spec.count("BAR.RED.OR") == 1 and plain.count("BAR.RED") == 0
+    assert spec.count("HGMMA.") == plain.count("HGMMA.") + 128 // 16
+    assert "BAR.RED" not in _sm90_128x128_sass((), hdim=256, block_n=64)
 
 
 def test_lazy_rescale_lets_a_warp_skip_the_o_rescale():

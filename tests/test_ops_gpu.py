@@ -98,6 +98,25 @@ def test_custom_softmax_scale():
     _check(out, lse, q, k, v, False, scale=0.3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hdim", HDIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_scores_that_grow_along_the_keys(dtype, hdim, causal):
+    """Each key block's scores above the last's, far past lazy rescaling's 2^8, and a jump late in
+    the sequence whose exps against the old maxima would overflow fp32: every row's maximum moves
+    many times (the rescale paths, and SPEC_MAX's second S)."""
+    from flashtune import flash_attn_func
+
+    sk = 1500
+    q = _rand(2, sk, 3, hdim, dtype=dtype)
+    growth = torch.linspace(0.25, 6.0, sk, device="cuda")
+    growth[1200:] *= 30  # scores ~100x the first keys': exp2 of the difference is far past fp32
+    k = (_rand(2, sk, 3, hdim, dtype=torch.float32) * growth[None, :, None, None]).to(dtype)
+    v = _rand(2, sk, 3, hdim, dtype=dtype)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    _check(out, lse, q, k, v, causal)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_varlen_mixed_lengths(causal, hdim):

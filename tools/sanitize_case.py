@@ -41,5 +41,14 @@ for hdim, block_m in ((64, 192), (128, 128), (256, 128)):
         heads = round(share * sms / -(-1500 // block_m))
         q, k, v = (torch.randn(1, 1500, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flashtune.flash_attn_func(q, k, v, return_lse=True)
+# Scores that grow along the keys, with a jump that overflows exps against the old maxima: rows'
+# maxima move (the rescale, and SPEC_MAX's second S of a block), in some warps of a warpgroup only.
+for hdim in (64, 128, 256):
+    for causal in (False, True):
+        q = torch.randn(1, 700, 4, hdim, device="cuda", dtype=torch.bfloat16)
+        growth = torch.linspace(0.25, 6.0, 700, device="cuda")
+        growth[500:] *= 30
+        k = (torch.randn(1, 700, 4, hdim, device="cuda") * growth[None, :, None, None]).bfloat16()
+        flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=causal, return_lse=True)
 torch.cuda.synchronize()
 print("sanitize_case: done")

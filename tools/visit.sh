@@ -187,6 +187,18 @@ for step in "$@"; do case $step in
   split-tail-long) E=tools/experiments  # the split tail where the first A/B hinted at a gain (hdim 128 and 256 from 4k)
         ROUNDS=3 TAG=split-tail-long run split-tail-long-ab 200 bash tools/experiment.sh none \
           "$AB --no-causal --hdims 128,256 --seqlens 4096,8192,16384" profiles/h200.yaml $E/exp-sm90-split-tail.yaml ;;
+  spec-max) E=tools/experiments  # speculative maxima (SPEC_MAX, the default at hdim 64 and 128) against the kernels
+        # without (exp-sm90-no-spec) in alternating rounds at head dims $SPEC_HDIMS, then the experiment at every head
+        # dim (exp-sm90-spec-max) through every op and FP8 test
+        run build-spec 200 python3 -m flashtune build --profile $E/exp-sm90-spec-max.yaml --jobs 16
+        ROUNDS=${SPEC_ROUNDS:-2} TAG=spec-max run spec-max-ab 330 bash tools/experiment.sh none \
+          "$AB --hdims ${SPEC_HDIMS:-128,64}" $E/exp-sm90-no-spec.yaml profiles/h200.yaml
+        FLASHTUNE_PROFILE=$E/exp-sm90-spec-max.yaml run test-spec 200 python3 -m pytest -q -p no:cacheprovider \
+          -m gpu tests/test_ops_gpu.py tests/test_fp8_gpu.py ;;
+  spec-rest) E=tools/experiments  # speculative maxima at hdim 256 too (exp-sm90-spec-max), against the kernels without
+        run build-spec 200 python3 -m flashtune build --profile $E/exp-sm90-spec-max.yaml --jobs 16
+        ROUNDS=2 TAG=spec-rest run spec-rest-ab 330 bash tools/experiment.sh none "$AB --hdims 64,256" \
+          $E/exp-sm90-no-spec.yaml $E/exp-sm90-spec-max.yaml ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

@@ -4,7 +4,9 @@
 // The schedule (kernel_traits.cuh, each step measured in docs/kernel-notes.md): the softmax of
 // S_j overlaps P_(j-1) V_(j-1), consumer warpgroups take turns on the tensor cores (pingpong),
 // a persistent grid loops each CTA over tiles, O is rescaled only when a row's maximum grew by
-// more than 2^8 (lazy rescaling); where an O tile fits, the TMA stores O; where a second Q tile
+// more than 2^8 (lazy rescaling), and at hdim 64 and 128 a block's exps are taken against the
+// maxima as they stand, S computed again in the rare block that moves one (speculative maxima);
+// where an O tile fits, the TMA stores O; where a second Q tile
 // fits too, a tile's epilogue runs under the next tile's S_0 (deferred), and in the causal kernels
 // at hdim 64 its last P V goes with that S_0 (flat tiles).
 #pragma once
@@ -379,19 +381,16 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     if constexpr (T::kMufuTurn)
       named_barrier_arrive_fenced(7 + (cw + 1) % T::kConsumers, 256, smem_u32(&turn_sink[threadIdx.x / 32]), sums, lane == 0);
   };
-  // Masks (the tail block and, for causal, blocks that cross the diagonal), then the online
-  // softmax on the accumulators: P in place of S, new row maxima and sums, and alpha, the
-  // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
-  // one quad. Returns whether O needs the rescale (the same for the whole warp); with lazy
-  // rescaling, false while every row of the warp keeps its maximum (alpha = 1).
-  // Accumulators [i0, i1) (multiples of 4: columns 2 i0 .. 2 i1 of the block; constants once
-  // inlined) are one online-softmax step: the whole block, or one half of it with SPLIT_S.
-  auto softmax_step = [&](float (&acc_s)[T::kSRegs], int j, int i0, int i1, float (&alpha)[2]) -> bool {
+  // The masks of block j's accumulators [i0, i1): -inf where a row does not see the key. Returns
+  // how many columns from the first on some row of this warp sees (the same for the warp) and
+  // whether the block needed masks at all.
+  auto mask_scores = [&](float (&acc_s)[T::kSRegs], int j, int i0, int i1, bool& masked) -> int {
     const int key0 = j * BN + 2 * i0, keys = 2 * (i1 - i0);
     const bool tail = key0 + keys > seqlen_k;
     const bool diagonal = T::kCausal && key0 + keys - 1 > m_row0 + causal_shift;
-    int live = keys;  // columns from key0 on that some row of this warp sees (the same for the warp)
-    if (tail || diagonal) {
+    masked = tail || diagonal;
+    int live = keys;
+    if (masked) {
       // Per row, how many of the columns from this thread's first one on are visible (keys
       // below seqlen_k and, causal, at most row + shift); accumulator i sits at the constant
       // offset 8 ((i - i0) / 4) + i % 2 from it: one compare and one select per element.
@@ -407,6 +406,18 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       const int warp_last_row = m_row0 + row_in_tile - g + 15;  // its keys bound every row's of the warp
       live = (T::kCausal ? min(seqlen_k, warp_last_row + causal_shift + 1) : seqlen_k) - key0;
     }
+    return live;
+  };
+  // Masks (the tail block and, for causal, blocks that cross the diagonal), then the online
+  // softmax on the accumulators: P in place of S, new row maxima and sums, and alpha, the
+  // factor O must be rescaled by. Accumulator i belongs to row +8*((i>>1)&1); a row lives in
+  // one quad. Returns whether O needs the rescale (the same for the whole warp); with lazy
+  // rescaling, false while every row of the warp keeps its maximum (alpha = 1).
+  // Accumulators [i0, i1) (multiples of 4: columns 2 i0 .. 2 i1 of the block; constants once
+  // inlined) are one online-softmax step: the whole block, or one half of it with SPLIT_S.
+  auto softmax_step = [&](float (&acc_s)[T::kSRegs], int j, int i0, int i1, float (&alpha)[2]) -> bool {
+    bool masked;
+    const int live = mask_scores(acc_s, j, i0, i1, masked);
     bool moved = false;
     float m_scaled[2];  // each row's maximum, scaled: the exps' offset
 #pragma unroll
@@ -455,7 +466,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
             sum += acc_s[i];
           }
       };
-      if (T::kSkipMasked && (tail || diagonal))
+      if (T::kSkipMasked && masked)
         exp_scores(std::true_type{});
       else
         exp_scores(std::false_type{});
@@ -466,6 +477,36 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   };
   auto softmax = [&](float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) -> bool {
     return softmax_step(acc_s, j, 0, T::kSRegs, alpha);
+  };
+  // SPEC_MAX: block j's exps against the rows' maxima as they stand (no block maximum). They stand
+  // (true) if every thread's sum of a row's exps is at most 2^kRescaleLog2 throughout the
+  // warpgroup: then every P is within lazy rescaling's bound and no maximum moves (alpha = 1).
+  // Overflow and NaN fail the test, and so does a row without a maximum yet that sees a key (none
+  // can from block 1 on: every row that sees a key sees key 0). The caller then computes S_j again
+  // for the full step, which is a wgmma: the vote is the warpgroup's (named barrier 13 + cw).
+  auto softmax_speculative = [&](float (&acc_s)[T::kSRegs], int j) -> bool {
+    bool masked;
+    mask_scores(acc_s, j, 0, T::kSRegs, masked);
+    float sums[2];
+    bool small = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool no_max = row_max[r] == -INFINITY;
+      const float m_scaled = no_max ? 0.f : row_max[r] * scale_log2;  // no (-inf) - (-inf)
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) {
+          const float x = fmaf(acc_s[i], scale_log2, -m_scaled);
+          acc_s[i] = i % 8 < T::kPolyExp2Of8 ? poly_exp2(x) : fast_exp2(x);
+          sum += acc_s[i];
+        }
+      small &= sum <= float(1 << int(T::kRescaleLog2)) && (!no_max || sum == 0.f);
+      sums[r] = sum;
+    }
+    if (named_barrier_any(13 + cw, 128, !small)) return false;
+    row_sum[0] += sums[0], row_sum[1] += sums[1];
+    return true;
   };
   // SPLIT_S: the second half's step, after the first half's (which set alpha). If it moved a
   // row's maximum, the first half's P (exps against the old maximum) takes its alpha too, and O
@@ -882,6 +923,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         }
         pack_p(acc_s, frag_p);
       }
+      // SPEC_MAX: in every tile, or (SPEC_MIN_BLOCKS, an experiment) in causal ones and non-causal
+      // ones of at least kSpecMinBlocksNonCausal blocks.
+      const bool speculate = T::kCausal || T::kSpecMinBlocksNonCausal == 0 || n_blocks >= T::kSpecMinBlocksNonCausal;
       for (int j = 1; j < n_blocks; ++j) {
         const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
         mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
@@ -905,6 +949,23 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
           fence_operands(s_half(acc_s, 1));
           release(&empty_k[stage]);
           rescale |= softmax_second_half(acc_s, j, alpha);
+        } else if constexpr (T::kSpecMax) {
+          wgmma_wait<1>();
+          fence_operands(acc_s);
+          if (!speculate) release(&empty_k[stage]);
+          if (speculate && softmax_speculative(acc_s, j)) {
+            rescale = false;
+          } else {
+            if (speculate) {  // a maximum moved (or worse): S_j again from K_j, still held, and the full step
+              fence_operands(acc_s);
+              wgmma_fence();
+              issue_qk(acc_s, k_tile(stage));
+              wgmma_wait<0>();  // and P_(j-1) V_(j-1) with it
+              fence_operands(acc_s);
+            }
+            rescale = softmax(acc_s, j, alpha);
+          }
+          if (speculate) release(&empty_k[stage]);
         } else {
           wgmma_wait<1>();
           fence_operands(acc_s);

@@ -184,6 +184,28 @@
 #define FLASHTUNE_SM90_SPLIT_TAIL 0
 #endif
 
+// SPEC_MAX: from a tile's second block on, the exps are taken against the rows' running maxima
+// as they stand, without the block's own maximum (a chain of block_n / 2 FMNMX a row a thread,
+// two shuffles, alpha's exps); if every thread's sum of a row's exps is at most 2^8 (so every P
+// is: lazy rescaling's bound, and no maximum had to move), they stand, else S_j is computed again
+// (K_j's slot is held until then) and takes the full step; NaN and overflow fail the test too.
+// About 120 of 645 instructions a thread per block fewer at hdim 128 128x176. 1 (the default): hdim
+// 64 and 128; 2: hdim 256 too, where ptxas spills 96-112 bytes with it. On the H200 (two rounds):
+// hdim 128 +5-6% from 2k (non-causal 16k 678 / 660 -> 731 / 723 TFLOPS), hdim 64 +5% from 2k and
+// -4% at non-causal 512, hdim 256 -2 to -4% (benchmarks/h200/2026-12-03_spec-*_ab*).
+#ifndef FLASHTUNE_SM90_SPEC_MAX
+#define FLASHTUNE_SM90_SPEC_MAX 1
+#endif
+
+// SPEC_MIN_BLOCKS (experiment, 0 by default): SPEC_MAX only in causal tiles and in non-causal ones
+// of at least this many blocks (0: in every tile); shorter ones take the plain step, in the same
+// loop behind a branch on the tile. Meant for hdim 64 non-causal 512-1k, which lost 1-4% to
+// SPEC_MAX; measured on the H200 at 9: those cells lost another 7-8% (benchmarks/h200/
+// 2026-12-03_spec-gate_fa-grid*): the loop with both paths in it is slower than either alone.
+#ifndef FLASHTUNE_SM90_SPEC_MIN_BLOCKS
+#define FLASHTUNE_SM90_SPEC_MIN_BLOCKS 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -269,6 +291,11 @@ struct Traits {
   static constexpr bool kLazyRescale = FLASHTUNE_SM90_LAZY_RESCALE != 0;
   static constexpr bool kSplitS = FLASHTUNE_SM90_SPLIT_S != 0 && kOverlap;  // halves: multiples of 8 keys
   static constexpr float kRescaleLog2 = 8.f;  // lazy: rescale once the maximum grew by more than 2^8
+  // SPEC_MAX: on the overlapped loop's plain softmax (not the split, turned or masked-skip ones)
+  static constexpr bool kSpecMax = (FLASHTUNE_SM90_SPEC_MAX == 2 || (FLASHTUNE_SM90_SPEC_MAX == 1 && kHeadDim_ <= 128)) &&
+                                   kOverlap && kLazyRescale && !kSplitS && FLASHTUNE_SM90_MUFU_TURN == 0 &&
+                                   FLASHTUNE_SM90_SKIP_MASKED == 0;
+  static constexpr int kSpecMinBlocksNonCausal = FLASHTUNE_SM90_SPEC_MIN_BLOCKS;
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
@@ -306,6 +333,7 @@ struct Traits {
                 "register split over the CTA's pool");
   static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
   static_assert(FLASHTUNE_SM90_CLUSTER >= 0 && FLASHTUNE_SM90_CLUSTER <= 2, "CLUSTER: 0, 1 or 2");
+  static_assert(FLASHTUNE_SM90_SPEC_MAX >= 0 && FLASHTUNE_SM90_SPEC_MAX <= 2, "SPEC_MAX: 0, 1 or 2");
   static_assert(kCluster == 1 || kCtasPerSm == 1, "a cluster CTA fills its SM");
   static_assert(kKvBoxRows % 8 == 0, "a producer's K/V half is whole 8-row swizzle atoms");
 };

@@ -105,6 +105,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Whether `x` holds for any of the `threads` threads that meet at named barrier `id` (every warp
+// of them whole): a vote across warps, e.g. a warpgroup's before a wgmma that only some of its
+// warps would want (wgmma is issued by all four warps of a warpgroup or it hangs).
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool x) {
+  uint32_t any;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 q, %3, 0;\n\tbar.red.or.pred p, %1, %2, q;\n\tselp.u32 %0, 1, 0, p;\n\t}\n"
+      : "=r"(any) : "r"(id), "r"(threads), "r"(uint32_t(x)) : "memory");
+  return any != 0;
+}
+
 // The same barriers as fences that ptxas cannot move arithmetic across (it moves register-only
 // instructions past bar.sync and bar.arrive freely): `x` comes back through a load from shared
 // memory ordered after the barrier (`zero_addr` holds 0.f: add it to what must wait), and the
