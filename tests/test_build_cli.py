@@ -86,6 +86,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-mufu-turn", "-DFLASHTUNE_SM90_MUFU_TURN=1", False),
     ("exp-sm90-cluster", "-DFLASHTUNE_SM90_CLUSTER=1", False),
     ("exp-sm90-cudnn-like", "-DFLASHTUNE_SM90_OVERLAP=0", True),
+    ("exp-sm90-half-diagonal", "-DFLASHTUNE_SM90_HALF_DIAGONAL=2", True),  # hdim 128 causal with the half block
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,
@@ -202,6 +203,21 @@ def test_flat_tiles_issue_a_tiles_last_pv_in_the_next_tiles_first_turn():
     default128 = wgmmas(_sm90_128x128_sass(()))
     assert default128 == wgmmas(_sm90_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=0",)))
     assert wgmmas(_sm90_128x128_sass(("-DFLASHTUNE_SM90_FLAT_TILES=1",))) >= default128 + 2 * 128 // 16
+
+
+def test_half_diagonal_block_takes_s_on_its_first_half():
+    """HALF_DIAGONAL (1 by default: hdim 64 causal): where a warpgroup's rows see only the first
+    half of its tile's last block, S is one m64n128 k step and D/16 - 1 m64n64 ones (both operands
+    from shared memory) in each of S's three copies (the first block's two turns and the loop's),
+    P V the first half's k steps; with the flag at 0, and in the non-causal kernel, no m64n64 S.
+    The build itself fails if ptxas serialised the wgmmas (a path that leaves some accumulators
+    out did)."""
+    import re
+
+    half_s = re.compile(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, gdesc\[UR\d+\], R")
+    assert len(half_s.findall(_sm90_128x128_sass((), hdim=64))) == 3 * (64 // 16 - 1)
+    assert not half_s.search(_sm90_128x128_sass(("-DFLASHTUNE_SM90_HALF_DIAGONAL=0",), hdim=64))
+    assert not half_s.search(_sm90_128x128_sass((), hdim=64, causal=False))
 
 
 def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():

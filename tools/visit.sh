@@ -199,11 +199,18 @@ for step in "$@"; do case $step in
         run build-spec 200 python3 -m flashtune build --profile $E/exp-sm90-spec-max.yaml --jobs 16
         ROUNDS=2 TAG=spec-rest run spec-rest-ab 330 bash tools/experiment.sh none "$AB --hdims 64,256" \
           $E/exp-sm90-no-spec.yaml $E/exp-sm90-spec-max.yaml ;;
-  h64nc-stages) E=tools/experiments  # hdim 64 non-causal below 2k with 3 or 4 K/V slots (SPEC_MAX holds K_j's longer):
-        # three alternating rounds against h200 at 512-2k
-        ROUNDS=3 TAG=h64nc-stages run h64nc-stages-ab 330 bash tools/experiment.sh none \
-          "$AB --hdims 64 --no-causal --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-h64nc-s3.yaml \
-          $E/exp-sm90-h64nc-s4.yaml ;;
+  h64-short) E=tools/experiments  # hdim 64 below 2k, where SPEC_MAX lost (non-causal 512-1k) or the 0.95x line is
+        # close (causal 512): 3 or 4 K/V slots (SPEC_MAX holds K_j's longer), and the kernels without SPEC_MAX
+        # (exp-sm90-no-spec), in three alternating rounds against h200 at 512 and 1k
+        ROUNDS=3 TAG=h64-short run h64-short-ab 400 bash tools/experiment.sh none \
+          "$AB --hdims 64 --seqlens 512,1024" profiles/h200.yaml $E/exp-sm90-h64nc-s3.yaml \
+          $E/exp-sm90-h64nc-s4.yaml $E/exp-sm90-h64c-s4.yaml $E/exp-sm90-no-spec.yaml ;;
+  half-diagonal) E=tools/experiments  # the half diagonal block (HALF_DIAGONAL, the default at hdim 64 causal: h200)
+        # against the kernels without it (no-half-diagonal) and with it in every causal kernel (half-diagonal), on the
+        # causal cells at 512-2k in two alternating rounds
+        ROUNDS=2 TAG=half-diagonal run half-diagonal-ab 330 bash tools/experiment.sh none \
+          "$AB --causal --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-no-half-diagonal.yaml \
+          $E/exp-sm90-half-diagonal.yaml ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

@@ -312,7 +312,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     }
   };
   // Keys [key0, key0 + N) of the block into acc (N / 2 accumulators a thread), not committed.
-  auto issue_qk_keys = [&](auto n_keys, float* acc, uint32_t k_base, int key0) {
+  auto issue_qk_keys = [&](auto n_keys, float* acc, uint32_t k_base, int key0, int k_steps = T::kKSteps) {
     constexpr int N = decltype(n_keys)::value;
     float(&acc_n)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(acc);
     // K's descriptors from one (k_base is the stage's, uniform); Q's as before: per warpgroup, so in
@@ -320,6 +320,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     const uint64_t desc_k = kmajor_desc<T::kQKRowBytes>(k_base);
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
+      if (k_steps > 0 ? kk >= k_steps : kk < -k_steps) continue;  // the first k_steps, or all but the first -k_steps
       constexpr int kStepsPerPanel = T::kQKRowBytes / 32;
       const uint32_t offset_q = (kk / kStepsPerPanel) * T::kPanelBytesQ + 32 * (kk % kStepsPerPanel);
       const uint32_t offset_k =
@@ -344,12 +345,24 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       ldmatrix_x4(frag_q[kk], row_base + (kk / 4) * T::kPanelBytesQ + ((chunk ^ (row % 8)) * 16));
     }
   };
-  auto issue_qk = [&](float (&acc_s)[T::kSRegs], uint32_t k_base) {
+  // half (HALF_DIAGONAL): the block's first BN / 2 keys: a first k step over all BN keys, the others
+  // over the first half (the second half's scores are partial sums, and masked: no row of this
+  // warpgroup sees those keys). A path that left those accumulators to other instructions (C7515)
+  // or split them in two (C7511) made ptxas serialise every wgmma; each arm opens its own wgmma
+  // group (a branch between the fence and the wgmmas did too, C7520).
+  auto issue_qk = [&](float (&acc_s)[T::kSRegs], uint32_t k_base, bool half = false) {
     if constexpr (T::kSplitS) {  // two groups: wait_group can release the first half alone
       issue_qk_keys(std::integral_constant<int, BN / 2>{}, acc_s, k_base, 0);
       wgmma_commit();
       issue_qk_keys(std::integral_constant<int, BN / 2>{}, acc_s + T::kSRegs / 2, k_base, BN / 2);
+    } else if (T::kHalfDiagonal && half) {
+      wgmma_fence();
+      issue_qk_keys(std::integral_constant<int, BN>{}, acc_s, k_base, 0, 1);
+      issue_qk_keys(std::integral_constant<int, T::kHalfDiagonal ? BN / 2 : BN>{}, acc_s, k_base, 0, -1);
+      wgmma_commit();
+      return;
     } else {
+      if (T::kHalfDiagonal) wgmma_fence();
       issue_qk_keys(std::integral_constant<int, BN>{}, acc_s, k_base, 0);
     }
     wgmma_commit();
@@ -359,11 +372,31 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     return *reinterpret_cast<float(*)[T::kSRegs / 2]>(acc_s + h * (T::kSRegs / 2));
   };
   // O += P V_j: V is an MN-major operand (head dim contiguous), panels kPanelBytesV apart.
-  auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], uint32_t v_base) {
+  // half (HALF_DIAGONAL): the k steps of the block's first BN / 2 keys (P is 0 past them).
+  auto issue_pv = [&](const uint32_t (&frag_p)[BN / 16][4], uint32_t v_base, bool half = false) {
     const uint64_t desc_v = mnmajor_sw128_desc(v_base, T::kPanelBytesV);
+    if (T::kHalfDiagonal && half) {
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < BN / 16; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+      for (int s = 0; s < T::kHalfPvSteps; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+      wgmma_commit();
+      return;
+    } else {
+      if (T::kHalfDiagonal) wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < BN / 16; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+    }
     wgmma_commit();
+  };
+  // HALF_DIAGONAL: whether block j, the last of a tile of n_blocks, is half a block for this
+  // warpgroup (its last row sees at most the block's first BN / 2 keys).
+  auto half_block = [&](int j, int n_blocks) -> bool {
+    if constexpr (!T::kHalfDiagonal) {
+      return false;
+    } else {
+      const int wg_keys = min(seqlen_k, m_row0 + cw * 64 + 63 + causal_shift + 1);
+      return j == n_blocks - 1 && wg_keys - j * BN <= BN / 2;
+    }
   };
   // MUFU_TURN: consumer warpgroups take turns on the exps, as on the tensor cores (PINGPONG): the
   // MUFU unit of an SM sub-partition serves the warps of every warpgroup, and at hdim 64 a block's
@@ -745,6 +778,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // FLAT_TILES: the K/V block (ring position) of the pending tile's last P V while it is not yet
   // issued (P in frag_p, its rescale in alpha / rescale), else -1.
   int pending_pv = -1;
+  bool pending_half = false;  // and whether it is half a block (HALF_DIAGONAL)
   auto zero_o = [&] {
 #pragma unroll
     for (int i = 0; i < T::kORegs; ++i) acc_o[i] = 0.f;
@@ -769,14 +803,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     pending = -1;
   };
   // A tile's last P V (block kv of the ring) alone, by the last softmax's alpha, waited for.
-  auto last_pv_alone = [&](int kv) {
+  auto last_pv_alone = [&](int kv, bool half) {
     const int stage = kv % T::kStages;
     mbarrier_wait(&full_v[stage], (kv / T::kStages) & 1);
     if (rescale) rescale_o(alpha);
     fence_operands(acc_o);
     fence_operands(frag_p);
     wgmma_fence();
-    issue_pv(frag_p, v_tile(stage));
+    issue_pv(frag_p, v_tile(stage), half);
     wgmma_wait<0>();
     fence_operands(acc_o);
     release(&empty_v[stage]);
@@ -785,7 +819,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   // a next one without blocks), then its epilogue.
   auto finish_pending = [&] {
     if (T::kFlatTiles && pending_pv >= 0) {
-      last_pv_alone(pending_pv);
+      last_pv_alone(pending_pv, pending_half);
       mark(pending, kTraceLastPvDone);
       pending_pv = -1;
     }
@@ -870,11 +904,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(frag_p);
         wgmma_fence();
         my_turn();
-        issue_qk(acc_s, k_tile(first));
+        issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
         if (rescale) rescale_o(alpha);  // the last tile's alpha
         fence_operands(acc_o);
         wgmma_fence();
-        issue_pv(frag_p, v_tile(carry_stage));
+        issue_pv(frag_p, v_tile(carry_stage), pending_half);
         end_turn();
         mark(q_iter, kTraceTurn);
         start_rows();  // O stays the last tile's until its P V is done
@@ -896,7 +930,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(acc_s);
         wgmma_fence();
         my_turn();
-        issue_qk(acc_s, k_tile(first));
+        issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
         end_turn();
         mark(q_iter, kTraceTurn);
         if constexpr (T::kFlatTiles) {  // nothing pending here (the CTA's first tile, or after one without blocks)
@@ -935,7 +969,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
         fence_operands(frag_p);
         wgmma_fence();
         my_turn();
-        issue_qk(acc_s, k_tile(stage));
+        issue_qk(acc_s, k_tile(stage), half_block(j, n_blocks));
         if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
         fence_operands(acc_o);
         wgmma_fence();  // O's registers changed since the last fence
@@ -982,10 +1016,11 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       if constexpr (T::kFlatTiles) {  // the last P V goes with the next tile's S_0 (or finish_pending)
         defer_epilogue(q_iter);
         pending_pv = kv_iter + n_blocks - 1;
+        pending_half = half_block(n_blocks - 1, n_blocks);
         kv_iter += n_blocks;
         continue;
       }
-      last_pv_alone(kv_iter + n_blocks - 1);
+      last_pv_alone(kv_iter + n_blocks - 1, half_block(n_blocks - 1, n_blocks));
       mark(q_iter, kTraceLastPvDone);
       if constexpr (T::kDeferEpilogue) {
         // O is complete: a copy that ptxas sees (fence_operands emits nothing), so that reading

@@ -206,6 +206,16 @@
 #define FLASHTUNE_SM90_SPEC_MIN_BLOCKS 0
 #endif
 
+// HALF_DIAGONAL: in causal kernels, a warpgroup whose rows see no key in the second half of its
+// tile's last block (warpgroup 0 of a 128-row tile on the diagonal) computes that block's S with
+// one k step over the whole block and the others over its first half, and P V over the first
+// half's k steps only: 5/8 of S and half of P V for that warpgroup, of a 128x128 block at hdim
+// 64. The other half's scores are masked (-inf, P = 0) as before, so the result is the same.
+// 1 (the default): hdim 64 causal; 2: every causal kernel; 0: off.
+#ifndef FLASHTUNE_SM90_HALF_DIAGONAL
+#define FLASHTUNE_SM90_HALF_DIAGONAL 1
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -296,6 +306,11 @@ struct Traits {
                                    kOverlap && kLazyRescale && !kSplitS && FLASHTUNE_SM90_MUFU_TURN == 0 &&
                                    FLASHTUNE_SM90_SKIP_MASKED == 0;
   static constexpr int kSpecMinBlocksNonCausal = FLASHTUNE_SM90_SPEC_MIN_BLOCKS;
+  // HALF_DIAGONAL: wgmma N = block_n / 2 must be a multiple of 8
+  static constexpr bool kHalfDiagonal =
+      (FLASHTUNE_SM90_HALF_DIAGONAL == 2 || (FLASHTUNE_SM90_HALF_DIAGONAL == 1 && kHeadDim_ == 64)) && kCausal_ &&
+      kOverlap && !kSplitS && kConsumers > 1 && (kBlockN_ / 2) % 8 == 0;
+  static constexpr int kHalfPvSteps = (kBlockN_ / 2 + 15) / 16;  // P V's k16 steps over the first half
 
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
@@ -334,6 +349,7 @@ struct Traits {
   static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
   static_assert(FLASHTUNE_SM90_CLUSTER >= 0 && FLASHTUNE_SM90_CLUSTER <= 2, "CLUSTER: 0, 1 or 2");
   static_assert(FLASHTUNE_SM90_SPEC_MAX >= 0 && FLASHTUNE_SM90_SPEC_MAX <= 2, "SPEC_MAX: 0, 1 or 2");
+  static_assert(FLASHTUNE_SM90_HALF_DIAGONAL >= 0 && FLASHTUNE_SM90_HALF_DIAGONAL <= 2, "HALF_DIAGONAL: 0, 1 or 2");
   static_assert(kCluster == 1 || kCtasPerSm == 1, "a cluster CTA fills its SM");
   static_assert(kKvBoxRows % 8 == 0, "a producer's K/V half is whole 8-row swizzle atoms");
 };
