@@ -206,18 +206,19 @@ def test_flat_tiles_issue_a_tiles_last_pv_in_the_next_tiles_first_turn():
 
 
 def test_half_diagonal_block_takes_s_on_its_first_half():
-    """HALF_DIAGONAL (1 by default: hdim 64 causal): where a warpgroup's rows see only the first
-    half of its tile's last block, S is one m64n128 k step and D/16 - 1 m64n64 ones (both operands
-    from shared memory) in each of S's three copies (the first block's two turns and the loop's),
-    P V the first half's k steps; with the flag at 0, and in the non-causal kernel, no m64n64 S.
+    """HALF_DIAGONAL=1 (exp-sm90-half-diagonal; hdim 64 causal): where a warpgroup's rows see only
+    the first half of its tile's last block, S is one m64n128 k step and D/16 - 1 m64n64 ones (both
+    operands from shared memory) in each of S's three copies (the first block's two turns and the
+    loop's), P V the first half's k steps; by default, and in the non-causal kernel, no m64n64 S.
     The build itself fails if ptxas serialised the wgmmas (a path that leaves some accumulators
     out did)."""
     import re
 
     half_s = re.compile(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, gdesc\[UR\d+\], R")
-    assert len(half_s.findall(_sm90_128x128_sass((), hdim=64))) == 3 * (64 // 16 - 1)
-    assert not half_s.search(_sm90_128x128_sass(("-DFLASHTUNE_SM90_HALF_DIAGONAL=0",), hdim=64))
-    assert not half_s.search(_sm90_128x128_sass((), hdim=64, causal=False))
+    flag = ("-DFLASHTUNE_SM90_HALF_DIAGONAL=1",)
+    assert len(half_s.findall(_sm90_128x128_sass(flag, hdim=64))) == 3 * (64 // 16 - 1)
+    assert not half_s.search(_sm90_128x128_sass((), hdim=64))
+    assert not half_s.search(_sm90_128x128_sass(flag, hdim=64, causal=False))
 
 
 def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():

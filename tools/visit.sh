@@ -205,9 +205,9 @@ for step in "$@"; do case $step in
         ROUNDS=3 TAG=h64-short run h64-short-ab 400 bash tools/experiment.sh none \
           "$AB --hdims 64 --seqlens 512,1024" profiles/h200.yaml $E/exp-sm90-h64nc-s3.yaml \
           $E/exp-sm90-h64nc-s4.yaml $E/exp-sm90-h64c-s4.yaml $E/exp-sm90-no-spec.yaml ;;
-  half-diagonal) E=tools/experiments  # the half diagonal block (HALF_DIAGONAL, the default at hdim 64 causal: h200)
-        # against the kernels without it (no-half-diagonal) and with it in every causal kernel (half-diagonal), on the
-        # causal cells at 512-2k in two alternating rounds
+  half-diagonal) E=tools/experiments  # the half diagonal block (HALF_DIAGONAL; run when h200 had it at hdim 64 causal,
+        # now an experiment): h200 against the kernels without it (no-half-diagonal) and with it in every causal kernel
+        # (half-diagonal), on the causal cells at 512-2k in two alternating rounds
         ROUNDS=2 TAG=half-diagonal run half-diagonal-ab 330 bash tools/experiment.sh none \
           "$AB --causal --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-no-half-diagonal.yaml \
           $E/exp-sm90-half-diagonal.yaml ;;

@@ -206,14 +206,16 @@
 #define FLASHTUNE_SM90_SPEC_MIN_BLOCKS 0
 #endif
 
-// HALF_DIAGONAL: in causal kernels, a warpgroup whose rows see no key in the second half of its
-// tile's last block (warpgroup 0 of a 128-row tile on the diagonal) computes that block's S with
-// one k step over the whole block and the others over its first half, and P V over the first
-// half's k steps only: 5/8 of S and half of P V for that warpgroup, of a 128x128 block at hdim
-// 64. The other half's scores are masked (-inf, P = 0) as before, so the result is the same.
-// 1 (the default): hdim 64 causal; 2: every causal kernel; 0: off.
+// HALF_DIAGONAL (experiment, 0 by default): in causal kernels, a warpgroup whose rows see no key in
+// the second half of its tile's last block (warpgroup 0 of a 128-row tile on the diagonal) computes
+// that block's S with one k step over the whole block and the others over its first half, and P V
+// over the first half's k steps only: 5/8 of S and half of P V for that warpgroup, of a 128x128
+// block at hdim 64. The other half's scores are masked (-inf, P = 0) as before: the same result.
+// 1: hdim 64 causal; 2: every causal kernel. Measured on the H200 (two rounds, causal 512-2k): no
+// gain, hdim 64 causal 512 254 / 252 TFLOPS with and without (benchmarks/h200/2026-12-03_half-diagonal_ab*):
+// the tensor cores are not what those tiles wait for.
 #ifndef FLASHTUNE_SM90_HALF_DIAGONAL
-#define FLASHTUNE_SM90_HALF_DIAGONAL 1
+#define FLASHTUNE_SM90_HALF_DIAGONAL 0
 #endif
 
 namespace flashtune {
