@@ -125,7 +125,8 @@ def test_only_the_trace_build_exports_the_tile_timeline():
     assert not {"flashtune_trace_clear", "flashtune_trace_copy"} & exported("h200")
 
 
-def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True, block_n: int = 128) -> str:
+def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True, block_n: int = 128,
+                       max_spill_stores: int = 0) -> str:
     """The SASS of the bf16 128x128 sm90 kernel (hdim 128, causal and 128 keys a block unless
     told) built with these nvcc flags (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
@@ -139,7 +140,7 @@ def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = T
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, block_n, 2), causal, nvcc_flags=flags)
     result = build_spec(spec)
-    assert result.spill_stores == 0
+    assert result.spill_stores <= max_spill_stores
     sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
     assert parse_sass(sass, spec.name)["found"]
     return sass
@@ -219,6 +220,26 @@ def test_half_diagonal_block_takes_s_on_its_first_half():
     assert len(half_s.findall(_sm90_128x128_sass(flag, hdim=64))) == 3 * (64 // 16 - 1)
     assert not half_s.search(_sm90_128x128_sass((), hdim=64))
     assert not half_s.search(_sm90_128x128_sass(flag, hdim=64, causal=False))
+
+
+def test_s_ahead_issues_s_one_block_ahead_in_its_own_copies():
+    """S_AHEAD=1 (exp-sm90-s-ahead; hdim 64 causal 128x128, measured slower on the H200): S is
+    issued in each of the first turn's four paths (with or without a carried P V, with or without
+    S_1 ahead), S_(j+1) in the two unrolled loop blocks that have a next block, and SPEC_MAX's S
+    again in all four loop blocks: 12 S of D/16 m64n128 wgmmas against the default's 4, and the
+    softmax waits with one group (S_(j+1)) still in flight. The scalars it spills stay at 20 bytes,
+    nothing serialises the wgmmas (the build checks), and kernels without room for a second S
+    (hdim 128) are built as by default."""
+    import re
+
+    s_wgmma = re.compile(r"HGMMA\.64x128x16\.F32\.BF16 ")
+    flag = ("-DFLASHTUNE_SM90_S_AHEAD=1",)
+    ahead = _sm90_128x128_sass(flag, hdim=64, max_spill_stores=20)
+    default = _sm90_128x128_sass((), hdim=64)
+    assert len(s_wgmma.findall(default)) == 4 * (64 // 16)
+    assert len(s_wgmma.findall(ahead)) == 12 * (64 // 16)
+    assert ahead.count("DEPBAR.LE gsb0, 0x1") >= default.count("DEPBAR.LE gsb0, 0x1") + 2
+    assert _sm90_128x128_sass(flag).count("HGMMA.") == _sm90_128x128_sass(()).count("HGMMA.")
 
 
 def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():

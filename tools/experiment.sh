@@ -5,13 +5,15 @@
 # the profiles are benched in turn that many times (A B, A B, ...), so a drift of the GPU's clock
 # between runs falls on each alike; every run is a column of the table. Files go to $OUT/TAG/
 # (default: the profiles' names joined by +), so two experiments of one visit keep their own.
+# BUILD_ARGS (default --dtype bfloat16): what is built before the bench, e.g. "--dtype bfloat16 --hdim 64".
 set -uo pipefail
 TEST_PROFILES=$1; BENCH_ARGS=$2; shift 2; ROUNDS=${ROUNDS:-1}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftcache FLASHTUNE_TEST_CACHE_DIR=/tmp/ftcache
 TAG=${TAG:-$(for p in "$@"; do basename "$p" .yaml; done | paste -sd+)}
 OUT=${OUT:-/tmp/out}/$TAG; mkdir -p "$OUT"
 for p in "$@"; do
-  python3 -m flashtune build --profile "$p" --dtype bfloat16 --jobs 16 > "$OUT/build_$(basename $p .yaml).txt" 2>&1 || echo "build $p failed"
+  python3 -m flashtune build --profile "$p" ${BUILD_ARGS:---dtype bfloat16} --jobs 16 > "$OUT/build_$(basename $p .yaml).txt" 2>&1 \
+    || echo "build $p failed"
 done
 if [ "$TEST_PROFILES" != none ]; then
   for t in ${TEST_PROFILES//,/ }; do

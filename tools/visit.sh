@@ -211,6 +211,14 @@ for step in "$@"; do case $step in
         ROUNDS=2 TAG=half-diagonal run half-diagonal-ab 330 bash tools/experiment.sh none \
           "$AB --causal --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-no-half-diagonal.yaml \
           $E/exp-sm90-half-diagonal.yaml ;;
+  s-ahead) E=tools/experiments  # S one block ahead (exp-sm90-s-ahead: hdim 64 causal below 2k), its hdim 64 causal
+        # GPU tests, then against h200 on hdim 64 causal 512-2k in alternating rounds (hdim 64 kernels built only)
+        X=$E/exp-sm90-s-ahead.yaml
+        run build-s-ahead 90 python3 -m flashtune build --profile $X --hdim 64 --jobs 16
+        FLASHTUNE_PROFILE=$X run test-s-ahead 90 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_ops_gpu.py \
+          tests/test_fp8_gpu.py -k "64 and causal"
+        BUILD_ARGS="--dtype bfloat16 --hdim 64" ROUNDS=${SA_ROUNDS:-2} TAG=s-ahead run s-ahead-ab 150 \
+          bash tools/experiment.sh none "$AB --hdims 64 --causal --seqlens 512,1024,2048" profiles/h200.yaml $X ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

@@ -826,6 +826,137 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
     flush_pending();
   };
 
+  // S_AHEAD: a tile's blocks with S one block ahead: S_(j+1) is issued with P_(j-1) V_(j-1), before
+  // the softmax of S_j, so it runs under that softmax instead of after it (S_j in acc_s for even j,
+  // acc_t for odd). Groups complete in order: a turn issues P_(j-1) V_(j-1), then S_(j+1); the
+  // softmax waits for S_j (issued a turn before) and P_(j-1) V_(j-1), with S_(j+1) pending: P's
+  // registers are then free, and two S, P and O would not fit the consumer's 232 (C7512).
+  // S_(j+1) is in flight across the loop's back edge: the loop is unrolled by two so that
+  // the buffers never swap registers, and the last block, which issues no S, is a copy of its own,
+  // as is the first turn of a 1-block tile (a branch around an S issue made ptxas serialise the
+  // wgmmas, C7515 / C7520). The rest (FLAT_TILES' carried P V, SPEC_MAX) as in the plain loop.
+  float acc_t[T::kSAhead ? T::kSRegs : 1];
+  auto s_ahead_blocks = [&](int q_iter, int n_blocks) {
+    if constexpr (T::kSAhead) {
+      const int first = kv_iter % T::kStages, second = (kv_iter + 1) % T::kStages;
+      mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
+      mark(q_iter, kTraceK0Landed);
+      // The tile's first turn: S_0, the last tile's P V if FLAT_TILES carries one, S_1 if there is a
+      // block 1; then the softmax of S_0. Four straight paths, each from its issue to its waits.
+      auto first_turn = [&](auto carry_c, auto ahead_c) {
+        constexpr bool kCarry = decltype(carry_c)::value, kAhead = decltype(ahead_c)::value;
+        const int carry_stage = kCarry ? pending_pv % T::kStages : 0;
+        if constexpr (kCarry) mbarrier_wait(&full_v[carry_stage], (pending_pv / T::kStages) & 1);
+        if constexpr (kAhead) mbarrier_wait(&full_k[second], ((kv_iter + 1) / T::kStages) & 1);
+        fence_operands(acc_s);
+        fence_operands(acc_t);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        wgmma_fence();
+        my_turn();
+        issue_qk(acc_s, k_tile(first));
+        if constexpr (kCarry) {
+          if (rescale) rescale_o(alpha);  // the last tile's alpha
+          fence_operands(acc_o);
+          wgmma_fence();
+          issue_pv(frag_p, v_tile(carry_stage));
+        }
+        if constexpr (kAhead) {
+          wgmma_fence();
+          issue_qk(acc_t, k_tile(second));
+        }
+        end_turn();
+        mark(q_iter, kTraceTurn);
+        if constexpr (kCarry) {
+          start_rows();  // O stays the last tile's until its P V is done
+        } else if constexpr (T::kFlatTiles) {  // nothing pending here
+          start_tile_state();
+        } else if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
+          flush_pending();
+          start_tile_state();
+        }
+        wgmma_wait<int(kAhead)>();  // S_0 and the carried P V: S_1 alone runs under the softmax
+        fence_operands(acc_s);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        mark(q_iter, kTraceS0Done);
+        release(&empty_k[first]);
+        if constexpr (kCarry) {
+          release(&empty_v[carry_stage]);
+          mark(pending, kTraceLastPvDone);
+          pending_pv = -1;
+        }
+        rescale = softmax(acc_s, 0, alpha);
+        pack_p(acc_s, frag_p);
+        if constexpr (kCarry) {
+          flush_pending();  // the last tile's epilogue
+          zero_o();
+        }
+      };
+      // Block j (>= 1): S_j in cur, issued a turn before; this turn issues P_(j-1) V_(j-1) and, unless
+      // j is the last block, S_(j+1) into next.
+      auto block = [&](int j, float (&cur)[T::kSRegs], float (&next)[T::kSRegs], auto issue_next_c) {
+        constexpr bool kNext = decltype(issue_next_c)::value;
+        const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
+        const int ahead = (kv_iter + j + 1) % T::kStages;
+        mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
+        if constexpr (kNext) mbarrier_wait(&full_k[ahead], ((kv_iter + j + 1) / T::kStages) & 1);
+        if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        if constexpr (kNext) fence_operands(next);
+        wgmma_fence();
+        my_turn();
+        issue_pv(frag_p, v_tile(prev));
+        if constexpr (kNext) {
+          wgmma_fence();
+          issue_qk(next, k_tile(ahead));
+        }
+        end_turn();
+        wgmma_wait<kNext ? 1 : 0>();  // S_j and P_(j-1) V_(j-1): P's registers are free for P_j
+        fence_operands(cur);
+        fence_operands(acc_o);
+        fence_operands(frag_p);
+        release(&empty_v[prev]);
+        if (T::kSpecMax && softmax_speculative(cur, j)) {
+          rescale = false;
+        } else {
+          if constexpr (T::kSpecMax) {  // a maximum moved (or worse): S_j again from K_j, still held
+            fence_operands(cur);
+            wgmma_fence();
+            issue_qk(cur, k_tile(stage));
+            wgmma_wait<0>();  // and the rest with it
+            fence_operands(cur);
+            if constexpr (kNext) fence_operands(next);
+          }
+          rescale = softmax(cur, j, alpha);
+        }
+        release(&empty_k[stage]);
+        pack_p(cur, frag_p);
+      };
+      const bool carry = T::kFlatTiles && pending_pv >= 0;
+      if (n_blocks == 1) {
+        if (carry) first_turn(std::true_type{}, std::false_type{});
+        else first_turn(std::false_type{}, std::false_type{});
+        return;
+      }
+      if (carry) first_turn(std::true_type{}, std::true_type{});
+      else first_turn(std::false_type{}, std::true_type{});
+      for (int j = 1;; j += 2) {  // S_j in flight in acc_t at the top
+        if (j == n_blocks - 1) {
+          block(j, acc_t, acc_s, std::false_type{});
+          break;
+        }
+        block(j, acc_t, acc_s, std::true_type{});
+        if (j + 1 == n_blocks - 1) {
+          block(j + 1, acc_s, acc_t, std::false_type{});
+          break;
+        }
+        block(j + 1, acc_s, acc_t, std::true_type{});
+      }
+    }
+  };
+
   for (int q_iter = 0;; ++q_iter) {
     const int q_buf = q_iter % T::kQBuffers;
     mbarrier_wait(&bar_q[q_buf], (q_iter / T::kQBuffers) & 1);
@@ -890,127 +1021,131 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       // in order, so wait_group<1> means S_j is done; P_(j-1)'s registers stay pinned (fenced)
       // until wait_group<0>, when P_j is packed over them. O is rescaled by the softmax's alpha
       // just before the next P V is issued, while S_(j+1) already runs: off the critical path.
-      const int first = kv_iter % T::kStages;
-      mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
-      mark(q_iter, kTraceK0Landed);
-      if (T::kFlatTiles && pending_pv >= 0) {
-        // FLAT_TILES: the last tile's last P V goes in this turn after S_0 and runs under S_0's
-        // softmax; then the last tile's O goes out. A path of its own from issue to wait_group<0>
-        // (ptxas would otherwise see O in flight where the other path writes it, and wait).
-        const int carry_stage = pending_pv % T::kStages;
-        mbarrier_wait(&full_v[carry_stage], (pending_pv / T::kStages) & 1);
-        fence_operands(acc_s);
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        wgmma_fence();
-        my_turn();
-        issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
-        if (rescale) rescale_o(alpha);  // the last tile's alpha
-        fence_operands(acc_o);
-        wgmma_fence();
-        issue_pv(frag_p, v_tile(carry_stage), pending_half);
-        end_turn();
-        mark(q_iter, kTraceTurn);
-        start_rows();  // O stays the last tile's until its P V is done
-        wgmma_wait<1>();
-        fence_operands(acc_s);
-        mark(q_iter, kTraceS0Done);
-        release(&empty_k[first]);
-        rescale = softmax(acc_s, 0, alpha);
-        wgmma_wait<0>();
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        release(&empty_v[carry_stage]);
-        mark(pending, kTraceLastPvDone);
-        pending_pv = -1;
-        pack_p(acc_s, frag_p);
-        flush_pending();  // the last tile's epilogue
-        zero_o();
+      if constexpr (T::kSAhead) {
+        s_ahead_blocks(q_iter, n_blocks);
       } else {
-        fence_operands(acc_s);
-        wgmma_fence();
-        my_turn();
-        issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
-        end_turn();
-        mark(q_iter, kTraceTurn);
-        if constexpr (T::kFlatTiles) {  // nothing pending here (the CTA's first tile, or after one without blocks)
-          start_tile_state();
-        } else if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
-          flush_pending();
-          start_tile_state();
-        }
-        if constexpr (T::kSplitS) {  // the first half's softmax while the second half runs
+        const int first = kv_iter % T::kStages;
+        mbarrier_wait(&full_k[first], (kv_iter / T::kStages) & 1);
+        mark(q_iter, kTraceK0Landed);
+        if (T::kFlatTiles && pending_pv >= 0) {
+          // FLAT_TILES: the last tile's last P V goes in this turn after S_0 and runs under S_0's
+          // softmax; then the last tile's O goes out. A path of its own from issue to wait_group<0>
+          // (ptxas would otherwise see O in flight where the other path writes it, and wait).
+          const int carry_stage = pending_pv % T::kStages;
+          mbarrier_wait(&full_v[carry_stage], (pending_pv / T::kStages) & 1);
+          fence_operands(acc_s);
+          fence_operands(acc_o);
+          fence_operands(frag_p);
+          wgmma_fence();
+          my_turn();
+          issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
+          if (rescale) rescale_o(alpha);  // the last tile's alpha
+          fence_operands(acc_o);
+          wgmma_fence();
+          issue_pv(frag_p, v_tile(carry_stage), pending_half);
+          end_turn();
+          mark(q_iter, kTraceTurn);
+          start_rows();  // O stays the last tile's until its P V is done
           wgmma_wait<1>();
-          fence_operands(s_half(acc_s, 0));
-          rescale = softmax_step(acc_s, 0, 0, T::kSRegs / 2, alpha);
-          wgmma_wait<0>();
-          fence_operands(s_half(acc_s, 1));
+          fence_operands(acc_s);
           mark(q_iter, kTraceS0Done);
           release(&empty_k[first]);
-          rescale |= softmax_second_half(acc_s, 0, alpha);
+          rescale = softmax(acc_s, 0, alpha);
+          wgmma_wait<0>();
+          fence_operands(acc_o);
+          fence_operands(frag_p);
+          release(&empty_v[carry_stage]);
+          mark(pending, kTraceLastPvDone);
+          pending_pv = -1;
+          pack_p(acc_s, frag_p);
+          flush_pending();  // the last tile's epilogue
+          zero_o();
         } else {
-          wgmma_wait<0>();
           fence_operands(acc_s);
-          mark(q_iter, kTraceS0Done);
-          release(&empty_k[first]);
-          rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
-        }
-        pack_p(acc_s, frag_p);
-      }
-      // SPEC_MAX: in every tile, or (SPEC_MIN_BLOCKS, an experiment) in causal ones and non-causal
-      // ones of at least kSpecMinBlocksNonCausal blocks.
-      const bool speculate = T::kCausal || T::kSpecMinBlocksNonCausal == 0 || n_blocks >= T::kSpecMinBlocksNonCausal;
-      for (int j = 1; j < n_blocks; ++j) {
-        const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
-        mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
-        mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
-        fence_operands(acc_s);
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        wgmma_fence();
-        my_turn();
-        issue_qk(acc_s, k_tile(stage), half_block(j, n_blocks));
-        if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
-        fence_operands(acc_o);
-        wgmma_fence();  // O's registers changed since the last fence
-        issue_pv(frag_p, v_tile(prev));
-        end_turn();
-        if constexpr (T::kSplitS) {  // groups: S_j's halves, then P V; each half's softmax once it is in
-          wgmma_wait<2>();
-          fence_operands(s_half(acc_s, 0));
-          rescale = softmax_step(acc_s, j, 0, T::kSRegs / 2, alpha);
-          wgmma_wait<1>();
-          fence_operands(s_half(acc_s, 1));
-          release(&empty_k[stage]);
-          rescale |= softmax_second_half(acc_s, j, alpha);
-        } else if constexpr (T::kSpecMax) {
-          wgmma_wait<1>();
-          fence_operands(acc_s);
-          if (!speculate) release(&empty_k[stage]);
-          if (speculate && softmax_speculative(acc_s, j)) {
-            rescale = false;
+          wgmma_fence();
+          my_turn();
+          issue_qk(acc_s, k_tile(first), half_block(0, n_blocks));
+          end_turn();
+          mark(q_iter, kTraceTurn);
+          if constexpr (T::kFlatTiles) {  // nothing pending here (the CTA's first tile, or after one without blocks)
+            start_tile_state();
+          } else if constexpr (T::kDeferEpilogue) {  // the last tile's O goes out while S_0 runs
+            flush_pending();
+            start_tile_state();
+          }
+          if constexpr (T::kSplitS) {  // the first half's softmax while the second half runs
+            wgmma_wait<1>();
+            fence_operands(s_half(acc_s, 0));
+            rescale = softmax_step(acc_s, 0, 0, T::kSRegs / 2, alpha);
+            wgmma_wait<0>();
+            fence_operands(s_half(acc_s, 1));
+            mark(q_iter, kTraceS0Done);
+            release(&empty_k[first]);
+            rescale |= softmax_second_half(acc_s, 0, alpha);
           } else {
-            if (speculate) {  // a maximum moved (or worse): S_j again from K_j, still held, and the full step
-              fence_operands(acc_s);
-              wgmma_fence();
-              issue_qk(acc_s, k_tile(stage));
-              wgmma_wait<0>();  // and P_(j-1) V_(j-1) with it
-              fence_operands(acc_s);
+            wgmma_wait<0>();
+            fence_operands(acc_s);
+            mark(q_iter, kTraceS0Done);
+            release(&empty_k[first]);
+            rescale = softmax(acc_s, 0, alpha);  // alpha is 0 here, and O still zero
+          }
+          pack_p(acc_s, frag_p);
+        }
+        // SPEC_MAX: in every tile, or (SPEC_MIN_BLOCKS, an experiment) in causal ones and non-causal
+        // ones of at least kSpecMinBlocksNonCausal blocks.
+        const bool speculate = T::kCausal || T::kSpecMinBlocksNonCausal == 0 || n_blocks >= T::kSpecMinBlocksNonCausal;
+        for (int j = 1; j < n_blocks; ++j) {
+          const int stage = (kv_iter + j) % T::kStages, prev = (kv_iter + j - 1) % T::kStages;
+          mbarrier_wait(&full_k[stage], ((kv_iter + j) / T::kStages) & 1);
+          mbarrier_wait(&full_v[prev], ((kv_iter + j - 1) / T::kStages) & 1);
+          fence_operands(acc_s);
+          fence_operands(acc_o);
+          fence_operands(frag_p);
+          wgmma_fence();
+          my_turn();
+          issue_qk(acc_s, k_tile(stage), half_block(j, n_blocks));
+          if (rescale) rescale_o(alpha);  // by S_(j-1)'s alpha: O holds up to P_(j-2) V_(j-2), complete
+          fence_operands(acc_o);
+          wgmma_fence();  // O's registers changed since the last fence
+          issue_pv(frag_p, v_tile(prev));
+          end_turn();
+          if constexpr (T::kSplitS) {  // groups: S_j's halves, then P V; each half's softmax once it is in
+            wgmma_wait<2>();
+            fence_operands(s_half(acc_s, 0));
+            rescale = softmax_step(acc_s, j, 0, T::kSRegs / 2, alpha);
+            wgmma_wait<1>();
+            fence_operands(s_half(acc_s, 1));
+            release(&empty_k[stage]);
+            rescale |= softmax_second_half(acc_s, j, alpha);
+          } else if constexpr (T::kSpecMax) {
+            wgmma_wait<1>();
+            fence_operands(acc_s);
+            if (!speculate) release(&empty_k[stage]);
+            if (speculate && softmax_speculative(acc_s, j)) {
+              rescale = false;
+            } else {
+              if (speculate) {  // a maximum moved (or worse): S_j again from K_j, still held, and the full step
+                fence_operands(acc_s);
+                wgmma_fence();
+                issue_qk(acc_s, k_tile(stage));
+                wgmma_wait<0>();  // and P_(j-1) V_(j-1) with it
+                fence_operands(acc_s);
+              }
+              rescale = softmax(acc_s, j, alpha);
             }
+            if (speculate) release(&empty_k[stage]);
+          } else {
+            wgmma_wait<1>();
+            fence_operands(acc_s);
+            release(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
             rescale = softmax(acc_s, j, alpha);
           }
-          if (speculate) release(&empty_k[stage]);
-        } else {
-          wgmma_wait<1>();
-          fence_operands(acc_s);
-          release(&empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
-          rescale = softmax(acc_s, j, alpha);
+          wgmma_wait<0>();
+          fence_operands(acc_o);
+          fence_operands(frag_p);
+          release(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
+          pack_p(acc_s, frag_p);
         }
-        wgmma_wait<0>();
-        fence_operands(acc_o);
-        fence_operands(frag_p);
-        release(&empty_v[prev]);  // P_(j-1) V_(j-1) is done
-        pack_p(acc_s, frag_p);
       }
       mbarrier_arrive(&q_empty[q_buf]);  // every S of the tile is done: the next Q may load under the last P V
       if constexpr (T::kFlatTiles) {  // the last P V goes with the next tile's S_0 (or finish_pending)

@@ -218,6 +218,13 @@
 #define FLASHTUNE_SM90_HALF_DIAGONAL 0
 #endif
 
+// S_AHEAD (experiment, 0 by default): S_(j+1) is issued one block ahead, with P_(j-1) V_(j-1) and
+// before the softmax of S_j, so that it runs under that softmax (fwd_kernel.cuh). Needs a second S
+// buffer: only where S twice, P and O fit the consumer's registers (hdim 64 at 128x128).
+#ifndef FLASHTUNE_SM90_S_AHEAD
+#define FLASHTUNE_SM90_S_AHEAD 0
+#endif
+
 namespace flashtune {
 namespace sm90 {
 
@@ -319,6 +326,12 @@ struct Traits {
   // persistent grid on or off (the A/B's control was measured with this split).
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 || kCtasPerSm == 2 ? 40 : 56);
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : (kCtasPerSm == 2 ? 216 : 240));
+  // S_AHEAD: two S buffers, O and about 64 for the rest (P's registers are free by the softmax); the
+  // plain overlapped loop's features only
+  static constexpr bool kSAhead = FLASHTUNE_SM90_S_AHEAD != 0 && kOverlap && !kSplitS && !kHalfDiagonal &&
+                                  FLASHTUNE_SM90_MUFU_TURN == 0 && FLASHTUNE_SM90_SKIP_MASKED == 0 &&
+                                  kSpecMinBlocksNonCausal == 0 && !kSplitTail && kCluster == 1 &&
+                                  kStages >= 2 && 2 * kSRegs + kORegs + 64 <= kConsumerRegs;  // K_j and K_(j+1) held
 
   // S, P (half of S's count), O and Q's fragments, and about 40 for addresses and the softmax.
   static constexpr bool kQInRegs = FLASHTUNE_SM90_Q_IN_REGS != 0 && !kFp8Qk &&
