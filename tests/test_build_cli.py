@@ -87,6 +87,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ("exp-sm90-cluster", "-DFLASHTUNE_SM90_CLUSTER=1", False),
     ("exp-sm90-cudnn-like", "-DFLASHTUNE_SM90_OVERLAP=0", True),
     ("exp-sm90-half-diagonal", "-DFLASHTUNE_SM90_HALF_DIAGONAL=2", True),  # hdim 128 causal with the half block
+    ("exp-sm90-no-pingpong", "-DFLASHTUNE_SM90_PINGPONG=0", True),
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(experiment, flag, causal):
     """tools/experiments/ (issue 9): the schedule with steps turned off, or the next experiment on,

@@ -372,7 +372,8 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
                                         "exp-sm90-poly-exp2-2", "exp-sm90-lazy-rescale",
                                         "exp-sm90-eager-rescale", "exp-sm90-defer-hdim64", "exp-sm90-no-defer",
                                         "exp-sm90-cluster", "exp-sm90-cluster-all", "exp-sm90-spec-max",
-                                        "exp-sm90-no-spec", "exp-sm90-spec-gate"])
+                                        "exp-sm90-no-spec", "exp-sm90-spec-gate", "exp-sm90-s-ahead",
+                                        "exp-sm90-no-pingpong"])
 def test_experiments_measured_against_h200_take_its_tiles(experiment):
     """These experiments are A/B'd against profile h200 (tools/visit.sh) with `configs_from:
     h200`: after a re-tune they still compare the flag alone, on h200's tiles."""

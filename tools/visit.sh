@@ -15,6 +15,15 @@ run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit'
   local start=$(date +%s); timeout $max "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
   echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
 }
+flag_ab() {  # flag_ab TAG PROFILE ROUNDS: an experiment's hdim 64 kernels built, its hdim 64 causal GPU tests,
+  # then against h200 on hdim 64 causal 512-2k in ROUNDS alternating rounds (hdim 64 kernels built only)
+  local tag=$1 x=$2 rounds=$3
+  run build-$tag 90 python3 -m flashtune build --profile "$x" --hdim 64 --jobs 16
+  FLASHTUNE_PROFILE=$x run test-$tag 90 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_ops_gpu.py \
+    tests/test_fp8_gpu.py -k "64 and causal"
+  BUILD_ARGS="--dtype bfloat16 --hdim 64" ROUNDS=$rounds TAG=$tag run $tag-ab 150 \
+    bash tools/experiment.sh none "$AB --hdims 64 --causal --seqlens 512,1024,2048" profiles/h200.yaml "$x"
+}
 for step in "$@"; do case $step in
   build-h200) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16 ;;
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
@@ -211,14 +220,10 @@ for step in "$@"; do case $step in
         ROUNDS=2 TAG=half-diagonal run half-diagonal-ab 330 bash tools/experiment.sh none \
           "$AB --causal --seqlens 512,1024,2048" profiles/h200.yaml $E/exp-sm90-no-half-diagonal.yaml \
           $E/exp-sm90-half-diagonal.yaml ;;
-  s-ahead) E=tools/experiments  # S one block ahead (exp-sm90-s-ahead: hdim 64 causal below 2k), its hdim 64 causal
-        # GPU tests, then against h200 on hdim 64 causal 512-2k in alternating rounds (hdim 64 kernels built only)
-        X=$E/exp-sm90-s-ahead.yaml
-        run build-s-ahead 90 python3 -m flashtune build --profile $X --hdim 64 --jobs 16
-        FLASHTUNE_PROFILE=$X run test-s-ahead 90 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_ops_gpu.py \
-          tests/test_fp8_gpu.py -k "64 and causal"
-        BUILD_ARGS="--dtype bfloat16 --hdim 64" ROUNDS=${SA_ROUNDS:-2} TAG=s-ahead run s-ahead-ab 150 \
-          bash tools/experiment.sh none "$AB --hdims 64 --causal --seqlens 512,1024,2048" profiles/h200.yaml $X ;;
+  s-ahead) flag_ab s-ahead tools/experiments/exp-sm90-s-ahead.yaml 2 ;;
+        # S one block ahead (exp-sm90-s-ahead: hdim 64 causal below 2k)
+  h64c-pingpong) flag_ab no-pingpong tools/experiments/exp-sm90-no-pingpong.yaml 3 ;;
+        # h200 without the pingpong: hdim 64 causal 512-1k, the 1-4 block tiles, unmeasured without it since the ablation
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)
