@@ -207,8 +207,8 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--max-candidates", type=click.IntRange(min=1), help="Per (hdim, causal); starting tiles always kept.")
 @click.option("--tiles", "shapes", callback=_tile_shapes, metavar="MxN,...",
-              help="Only these block_m x block_n shapes (every stage and warp count of the search grid), "
-              "besides the starting tiles; e.g. --tiles 128x128,128x176.")
+              help="Only these block_m x block_n shapes (every stage and warp count of the search grid, and "
+              "on sm90 each with the pingpong on and off), besides the starting tiles; e.g. --tiles 128x128,128x176.")
 @click.option("--time-budget", type=click.FloatRange(min=1), help="Seconds; stop measuring after this and "
               "write what was found (rerun to resume).")
 @click.option("--max-spill-bytes", type=click.IntRange(min=0), default=64, show_default=True,

@@ -75,6 +75,7 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
         "num_warps": tile.num_warps,
         "num_warpgroups": tile.num_warpgroups,
         "stages": tile.stages,
+        "pingpong": tile.pingpong if profile.family == "sm90" else None,
         "threads": threads_per_cta(profile.family, tile),
         "smem_bytes": smem,
         "smem_limit_bytes": arch.max_smem_per_block,
@@ -117,7 +118,8 @@ def render_details(profile: Profile, console: Console) -> None:
             table.add_column(column, no_wrap=True)
         for entry, row in zip(entries, rows):
             warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
-            table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, f"{row['block_m']}x{row['block_n']}",
+            shape = f"{row['block_m']}x{row['block_n']}" + ("" if row["pingpong"] is not False else ", no pingpong")
+            table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, shape,
                           str(warps), str(row["stages"]), str(row["threads"]),
                           f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
                           str(row["registers"] or "-"), str(row["ctas_per_sm"]))

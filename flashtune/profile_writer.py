@@ -20,7 +20,8 @@ def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int |
     hi_text = "null" if hi is None else str(hi)
     warps = (f"num_warpgroups: {tile.num_warpgroups}" if family == "sm90" else f"num_warps: {tile.num_warps}")
     return (f"{indent}- {{hdim: {hdim}, causal: {causal_text}, seqlen: [{lo}, {hi_text}], block_m: {tile.block_m}, "
-            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}}}")
+            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}" + ("" if tile.pingpong else ", pingpong: false")
+            + "}")
 
 
 def _table_lines(base: Profile, table, indent: str) -> list[str]:

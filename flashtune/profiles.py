@@ -32,7 +32,7 @@ _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arc
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
-                "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages")}
+                "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", "pingpong")}
 _REQUIRED_CONFIG = {"sm80": ("hdim", "block_m", "block_n", "num_warps", "stages"),
                     "sm90": ("hdim", "block_m", "block_n", "stages")}
 
@@ -321,10 +321,12 @@ class _Validator:
         seqlen_min, seqlen_max = self.seqlen(entry.get("seqlen", [0, None]), f"{key}.seqlen")
 
         if family == "sm90":
-            tile = sm90_tile(ints["block_m"], ints["block_n"], ints["stages"])
+            pingpong = self.expect(entry.get("pingpong", True), bool, f"{key}.pingpong",
+                                   "true (the default: consumer warpgroups take turns) or false")
+            tile = sm90_tile(ints["block_m"], ints["block_n"], ints["stages"], pingpong)
             if "num_warpgroups" in ints:  # optional, but when given it must agree
                 tile = TileConfig(tile.block_m, tile.block_n, tile.num_warps, tile.stages,
-                                  ints["num_warpgroups"])
+                                  ints["num_warpgroups"], pingpong)
         else:
             tile = TileConfig(ints["block_m"], ints["block_n"], ints["num_warps"], ints["stages"])
         problems = [p for p in check_tile(family, hdim, tile, arch, fp8, nvcc_flags)

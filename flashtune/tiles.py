@@ -38,19 +38,23 @@ class TileConfig:
     num_warps: int  # total warps of the CTA (sm90: consumers + the producer warpgroup)
     stages: int
     num_warpgroups: int | None = None  # sm90 only: consumer warpgroups
+    # sm90 only: the consumer warpgroups take turns on the tensor cores (named barriers). Off
+    # ("_np" in the label) where tiles are a few blocks long and the hand-overs cost more than they
+    # hide: hdim 64 causal below 2k on the H200, +1-4% (benchmarks/h200/2026-12-03_pingpong-*).
+    pingpong: bool = True
 
     @property
     def label(self) -> str:
         shape = f"{self.block_m}x{self.block_n}"
         if self.num_warpgroups is not None:
-            return f"{shape}_wg{self.num_warpgroups}_s{self.stages}"
+            return f"{shape}_wg{self.num_warpgroups}_s{self.stages}" + ("" if self.pingpong else "_np")
         return f"{shape}_w{self.num_warps}_s{self.stages}"
 
 
-def sm90_tile(block_m: int, block_n: int, stages: int) -> TileConfig:
+def sm90_tile(block_m: int, block_n: int, stages: int, pingpong: bool = True) -> TileConfig:
     """An sm90 config with the warp counts derived from block_m (64 rows per warpgroup)."""
     warpgroups = block_m // 64
-    return TileConfig(block_m, block_n, 4 * (warpgroups + 1), stages, warpgroups)
+    return TileConfig(block_m, block_n, 4 * (warpgroups + 1), stages, warpgroups, pingpong)
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,8 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
+        if not cfg.pingpong:
+            add("pingpong", "is an sm90 schedule switch; sm80 warps do not take turns", "omit it for sm80")
     else:
         problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags))
 
@@ -290,6 +296,9 @@ def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True) -> list[Til
         add("block_n", f"{cfg.block_n} is over the wgmma N limit", f"at most {SM90_MAX_BLOCK_N}")
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
+    if not cfg.pingpong and warpgroups == 1:
+        add("pingpong", f"off with block_m {cfg.block_m}: one consumer warpgroup has no one to take turns with",
+            "omit it (on) for block_m 64; false only with block_m 128 or 192")
     budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
     # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4)
     per_column = 3 / 4 if overlap else 1 / 2

@@ -16,7 +16,10 @@ SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "sm80": {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "stages": (1, 2)},
     # 4 stages: where a block's GEMMs are short (hdim 64, small tiles) the ring must run further
     # ahead to hide a load's latency, and those tiles leave the shared memory for it.
-    "sm90": {"block_m": (64, 128, 192), "block_n": tuple(range(64, 257, 16)), "stages": (2, 3, 4)},
+    # pingpong off (False): where a tile's few blocks make the warpgroups' hand-overs cost more than
+    # they hide (hdim 64 causal below 2k on the H200); tried after the same shape with it on.
+    "sm90": {"block_m": (64, 128, 192), "block_n": tuple(range(64, 257, 16)), "stages": (2, 3, 4),
+             "pingpong": (True, False)},
 }
 
 # The default buckets' edges and the sequence length each is measured at (the articles' advice:
@@ -61,7 +64,8 @@ def profile_buckets(profile, hdim: int, causal: bool, fp8: bool = False) -> tupl
 def _configs(family: str) -> list[TileConfig]:
     space = SEARCH_SPACE[family]
     if family == "sm90":
-        return [sm90_tile(m, n, s) for m, n, s in itertools.product(space["block_m"], space["block_n"], space["stages"])]
+        return [sm90_tile(m, n, s, p) for m, n, s, p in itertools.product(
+            space["block_m"], space["block_n"], space["stages"], space["pingpong"])]
     return [TileConfig(m, n, w, s) for m, n, w, s in itertools.product(
         space["block_m"], space["block_n"], space["num_warps"], space["stages"])]
 
@@ -77,7 +81,8 @@ def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
     valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8, nvcc_flags)]
     if shapes:
         valid = [c for c in valid if (c.block_m, c.block_n) in shapes]
-    rest = sorted((c for c in valid if c not in starting), key=lambda c: (-c.block_m * c.block_n, c.stages))
+    rest = sorted((c for c in valid if c not in starting),
+                  key=lambda c: (-c.block_m * c.block_n, not c.pingpong, c.stages))
     ordered = list(dict.fromkeys([*starting, *rest]))
     return ordered if limit is None else ordered[:max(limit, len(starting))]
 

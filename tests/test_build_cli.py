@@ -127,9 +127,9 @@ def test_only_the_trace_build_exports_the_tile_timeline():
 
 
 def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = True, block_n: int = 128,
-                       max_spill_stores: int = 0) -> str:
-    """The SASS of the bf16 128x128 sm90 kernel (hdim 128, causal and 128 keys a block unless
-    told) built with these nvcc flags (skips the test without cuobjdump)."""
+                       max_spill_stores: int = 0, stages: int = 2, pingpong: bool = True) -> str:
+    """The SASS of the bf16 128x128 sm90 kernel (hdim 128, causal, 128 keys a block, 2 stages and
+    the pingpong on unless told) built with these nvcc flags (skips the test without cuobjdump)."""
     from flashtune.build import build_spec
     from flashtune.spec import KernelSpec
     from flashtune.tiles import sm90_tile
@@ -139,7 +139,8 @@ def _sm90_128x128_sass(flags: tuple[str, ...], hdim: int = 128, causal: bool = T
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
-    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, block_n, 2), causal, nvcc_flags=flags)
+    spec = KernelSpec("sm90", "sm_90a", "bfloat16", hdim, sm90_tile(128, block_n, stages, pingpong), causal,
+                      nvcc_flags=flags)
     result = build_spec(spec)
     assert result.spill_stores <= max_spill_stores
     sass = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, result.library]).stdout
@@ -241,6 +242,26 @@ def test_s_ahead_issues_s_one_block_ahead_in_its_own_copies():
     assert len(s_wgmma.findall(ahead)) == 12 * (64 // 16)
     assert ahead.count("DEPBAR.LE gsb0, 0x1") >= default.count("DEPBAR.LE gsb0, 0x1") + 2
     assert _sm90_128x128_sass(flag).count("HGMMA.") == _sm90_128x128_sass(()).count("HGMMA.")
+
+
+def _instructions(sass: str) -> list[str]:
+    """A kernel's SASS instructions without their addresses (two builds compared line by line)."""
+    import re
+
+    return [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+
+
+def test_a_tiles_pingpong_off_builds_the_kernel_the_flag_measured():
+    """A profile config's `pingpong: false` (h200's hdim 64 causal below 2k) gives exactly the kernel
+    that -DFLASHTUNE_SM90_PINGPONG=0 built for the A/B that chose it (exp-sm90-no-pingpong), and one
+    without the turns' hand-overs (BAR.ARV) that the default tile has."""
+    off = _sm90_128x128_sass((), hdim=64, stages=3, pingpong=False)
+    flag = _sm90_128x128_sass(("-DFLASHTUNE_SM90_PINGPONG=0",), hdim=64, stages=3)
+    on = _sm90_128x128_sass((), hdim=64, stages=3)
+    assert len(_instructions(off)) > 1000
+    assert _instructions(off) == _instructions(flag)
+    assert "BAR.ARV" in on and "BAR.ARV" not in off
 
 
 def test_cluster_multicasts_each_kv_block_and_releases_its_slot_in_both_ctas():

@@ -343,6 +343,26 @@ def test_fp8_configs_are_validated_like_configs_with_the_fp8_resource_model(tmp_
     assert "fp8.configs[1]." in message
 
 
+def test_sm90_pingpong_is_a_per_tile_switch(tmp_path):
+    """`pingpong: false` on an sm90 config (h200's hdim 64 causal below 2k): a bool, only where two
+    or three consumer warpgroups could take turns, and not an sm80 key."""
+    h200 = find_profile("h200")
+    assert h200.tile_for(64, True, 1024, 1024) == sm90_tile(128, 128, 3, pingpong=False)
+    assert h200.tile_for(64, True, 4096, 4096).pingpong and h200.tile_for(64, False, 1024, 1024).pingpong
+    data = copy.deepcopy(BASE)
+    data.update(family="sm90", arch="sm_90a")
+    data["configs"] = [{"hdim": h, "block_m": 128, "block_n": 128, "stages": 2, "pingpong": False} for h in (64, 128)]
+    assert [e.tile.label for e in load_profile(write(tmp_path, data)).configs] == ["128x128_wg2_s2_np"] * 2
+    data["configs"][0]["pingpong"] = "off"
+    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: wrong type str \('off'\); allowed: true"):
+        load_profile(write(tmp_path, data))
+    data["configs"][0].update(pingpong=False, block_m=64)
+    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: \(hdim 64\) off with block_m 64: one consumer"):
+        load_profile(write(tmp_path, data))
+    message = broken(tmp_path, lambda d: d["configs"][0].update(pingpong=False))  # sm80
+    assert "configs[0].pingpong: unknown key" in message
+
+
 def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
     """Hopper, hdim 128: 3 stages of 128x176 need 296 KB with 16-bit Q/K, 215 KB with FP8 Q/K (227 KB
     limit). (128x256, the wider FP8-only tile, is over the overlap schedule's register budget.)"""

@@ -80,6 +80,15 @@ def test_sm90_spec_names_and_source():
     assert spec.threads == 384
     src = spec.source()
     assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true>" in src and "TmaMaps maps" in src
+    # a tile without the pingpong: named (_np) and built apart, the traits' defaulted switches written out
+    off = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, pingpong=False), causal=True, hdim=64)
+    assert off.name == "flashtune_fwd_sm90_bf16_h64_128x128_wg2_s3_np_c_sm90a"
+    assert "Traits<__nv_bfloat16, 64, 128, 128, 3, true, false, false>" in off.source()
+    fp8 = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, pingpong=False), hdim=64, fp8=True)
+    assert fp8.name.endswith("_128x128_wg2_s3_np_fp8qk_sm90a")
+    assert "Traits<__nv_bfloat16, 64, 128, 128, 3, false, true, false>" in fp8.source()
+    assert off.source_hash() != _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3), causal=True,
+                                      hdim=64).source_hash()
 
 
 def test_cache_key_changes_when_a_kernel_header_changes(tmp_path, monkeypatch):

@@ -63,9 +63,15 @@ def test_family_and_fp8_on_wrong_arch():
     (sm90_tile(128, 272, 2), "block_n"),   # over the wgmma N limit
     (sm90_tile(128, 128, 5), "stages"),
     (TileConfig(128, 128, 12, 2, 3), "num_warpgroups"),
+    (sm90_tile(64, 128, 2, pingpong=False), "pingpong"),  # one consumer warpgroup: no turns to give up
 ])
 def test_sm90_problems(cfg, key):
     assert key in _keys("sm90", 64, cfg, SM90A)
+
+
+def test_pingpong_is_sm90_only():
+    assert "pingpong" in _keys("sm80", 64, TileConfig(128, 64, 4, 2, pingpong=False), SM89)
+    assert _keys("sm90", 64, sm90_tile(192, 128, 2, pingpong=False), SM90A) == []
 
 
 def test_problem_text_says_what_is_allowed():

@@ -123,6 +123,16 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
     assert len(lines) == 2  # equal neighbouring buckets merged
 
 
+def test_a_tuned_tile_without_the_pingpong_is_written_and_read_back(tmp_path):
+    base = find_profile("h200")
+    off = sm90_tile(128, 128, 3, pingpong=False)
+    tiles = {(64, True): _default_buckets(off, off, sm90_tile(192, 128, 2), sm90_tile(192, 128, 3))}
+    path = write_profile(base, "h200-tuned", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "out.yaml")
+    assert "stages: 3, pingpong: false}" in path.read_text()
+    tuned = load_profile(path)
+    assert tuned.tile_for(64, True, 1024, 1024) == off and tuned.tile_for(64, True, 4096, 4096).pingpong
+
+
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
     wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
@@ -415,6 +425,10 @@ def test_tiles_keep_only_those_shapes_and_the_starting_tiles():
     assert cands[0] == start[0]
     assert {(c.block_m, c.block_n) for c in cands[1:]} == {(128, 128), (64, 128)}
     assert {c.stages for c in cands if (c.block_m, c.block_n) == (128, 128)} == {2, 3}  # every stage count
+    # and each with the pingpong on, then off (one consumer warpgroup only on)
+    assert [(c.stages, c.pingpong) for c in cands if (c.block_m, c.block_n) == (128, 128)] == \
+        [(2, True), (3, True), (2, False), (3, False)]
+    assert all(c.pingpong for c in cands if c.block_m == 64)
     assert shape_problems("sm90", 128, (128, 128), h200) == []
     assert "not in the sm90 search grid" in shape_problems("sm90", 128, (100, 128), h200)[0]
     # 192-row tiles at hdim 256 exceed the registers (or shared memory) in every variant: the reasons say so

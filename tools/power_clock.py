@@ -1,8 +1,8 @@
 """What the GPU's clock and power do while one kernel runs back to back (issue 9's long cells).
 
-Usage: PYTHONPATH=. python3 tools/power_clock.py [--profile h200] [--seconds 3] [--json FILE]
+Usage: PYTHONPATH=. python3 tools/power_clock.py [--profile h200] [--dtype bfloat16] [--seconds 3] [--json FILE]
 
-For a bf16 matrix product (the ceiling) and the FA-grid cells hdim 128 non-causal 16k and
+For a matrix product of the dtype (the ceiling) and the FA-grid cells hdim 128 non-causal 16k and
 hdim 256 non-causal 8k, through flashtune and SDPA's cuDNN backend: each runs back to back for
 a few seconds while `nvidia-smi` samples the SM clock and the board power every 100 ms. A
 kernel that draws more power per FLOP runs at a lower clock under the power limit, so TFLOPS
@@ -61,6 +61,7 @@ def attention_case(backend: str, shape: Shape):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -69,10 +70,10 @@ def main() -> int:
     ops.use_profile(args.profile)
 
     n = 8192
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    cases = [("matmul 8192^3 bf16", lambda: a @ b, 2.0 * n ** 3)]
+    a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, args.dtype)) for _ in range(2))
+    cases = [(f"matmul 8192^3 {args.dtype}", lambda: a @ b, 2.0 * n ** 3)]
     for hdim, seqlen in ((128, 16384), (256, 8192)):
-        shape = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[False])[0]
+        shape = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[False], dtype=args.dtype)[0]
         for backend in ("flashtune", "sdpa-cudnn"):
             run, flops = attention_case(backend, shape)
             cases.append((f"{backend} hdim {hdim} non-causal {seqlen}", run, flops))
@@ -90,10 +91,10 @@ def main() -> int:
         rows.append(dict(case=name, tflops=tflops, sm_mhz=mhz, watts=watts, max_temp_c=temp,
                          flop_per_sm_clk=per_clk, samples=len(samples), calls=calls))
         print(f"{name:40} {tflops:7.0f} {mhz:6.0f} {watts:5.0f} {temp:3.0f} {per_clk:11.0f}")
-    print("dense bf16 peak: 4096 FLOP per SM per clock (sm_90)")
+    print("dense 16-bit peak: 4096 FLOP per SM per clock (sm_90)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), rows=rows),
+            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), dtype=args.dtype, rows=rows),
                       f, indent=1)
     return 0
 

@@ -35,10 +35,12 @@ for step in "$@"; do case $step in
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
   verify-h200) run verify-h200 120 python3 -m flashtune verify --profile "$P" ;;
   verify-sm80) run verify-sm80 120 python3 -m flashtune verify --profile h200-sm80 ;;
-  bench-h200) run bench-h200 130 python3 -m flashtune bench --profile "$P" --backends flashtune,sdpa-flash,sdpa-cudnn \
-               --json "$OUT/bench_h200_bf16.json" --plot "$OUT/bench_h200_bf16.png" ;;
-  bench-h200-fp16) run bench-h200-fp16 130 python3 -m flashtune bench --profile "$P" --dtype float16 \
-               --backends flashtune,sdpa-flash,sdpa-cudnn --json "$OUT/bench_h200_fp16.json" ;;
+  bench-h200|bench-h200-r2) r=${step#bench-h200}  # -r2: a second run, files of its own
+               run $step 130 python3 -m flashtune bench --profile "$P" --backends flashtune,sdpa-flash,sdpa-cudnn \
+               --json "$OUT/bench_h200${r/-/_}_bf16.json" --plot "$OUT/bench_h200${r/-/_}_bf16.png" ;;
+  bench-h200-fp16|bench-h200-fp16-r2) r=${step#bench-h200-fp16}
+               run $step 130 python3 -m flashtune bench --profile "$P" --dtype float16 \
+               --backends flashtune,sdpa-flash,sdpa-cudnn --json "$OUT/bench_h200${r/-/_}_fp16.json" ;;
   bench-fp8) run bench-fp8 120 python3 -m flashtune bench --profile h200 --backends flashtune,flashtune-fp8,sdpa-cudnn \
                --json "$OUT/bench_fp8.json" ;;
   hf) FLASHTUNE_PROFILE=h200 run hf 120 python3 -m pytest -q -p no:cacheprovider tests/test_hf_gpu.py ;;
@@ -224,6 +226,25 @@ for step in "$@"; do case $step in
         # S one block ahead (exp-sm90-s-ahead: hdim 64 causal below 2k)
   h64c-pingpong) flag_ab no-pingpong tools/experiments/exp-sm90-no-pingpong.yaml 3 ;;
         # h200 without the pingpong: hdim 64 causal 512-1k, the 1-4 block tiles, unmeasured without it since the ablation
+  pingpong-wide) E=tools/experiments  # h200 without the pingpong on every head dim at 512-2k (after h64c-pingpong's
+        # hdim 64 causal gain below 2k): its op GPU tests, then two alternating rounds on the 18 cells at 512-2k
+        run build-no-pingpong 200 python3 -m flashtune build --profile $E/exp-sm90-no-pingpong.yaml --dtype bfloat16 --jobs 16
+        FLASHTUNE_PROFILE=$E/exp-sm90-no-pingpong.yaml run test-no-pingpong 150 python3 -m pytest -q -p no:cacheprovider \
+          -m gpu -x tests/test_ops_gpu.py
+        ROUNDS=2 TAG=pingpong-wide run pingpong-wide-ab 330 bash tools/experiment.sh none "$AB --seqlens 512,1024,2048" \
+          profiles/h200.yaml $E/exp-sm90-no-pingpong.yaml
+        grep -h -E "^[a-z0-9_-]+: geomean vs sdpa-cudnn" "$OUT/pingpong-wide-ab.txt" ;;
+  long-cells)  # issue 9's absolute cells (hdim 128 / 256 non-causal 8k-16k): clock and power back to back
+        # in each dtype, then five bench runs a dtype of those cells, alternating, to see their spread
+        run build-long 150 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
+        for d in bfloat16 float16; do
+          run power-clock-$d 60 python3 tools/power_clock.py --profile "$P" --dtype $d --seconds 2.5 \
+            --json "$OUT/power_clock_$d.json"
+        done
+        for i in 1 2 3 4 5; do for d in bfloat16 float16; do
+          run long-$d-$i 40 python3 -m flashtune bench --profile "$P" --dtype $d --hdims 128,256 --no-causal \
+            --seqlens 8192,16384 --backends flashtune,sdpa-cudnn --json "$OUT/long_${d}_$i.json"
+        done; done ;;
   cluster) E=tools/experiments  # clusters of two CTAs sharing each K/V block by multicast: hdim >= 128 non-causal
         # (exp-sm90-cluster.yaml) and every non-causal kernel (-all); correctness first, then against h200 on the
         # non-causal cells; the winner by more than 0.5% (else h200) for a release right after: PROFILE=$(cat /tmp/ab-winner)

@@ -229,15 +229,18 @@ namespace flashtune {
 namespace sm90 {
 
 // Elem: V, P and O (16-bit). kFp8Qk: Q and K are e4m3 and S = Q K^T runs on FP8 wgmma (k32).
+// kPingpongTile: the tile's own pingpong switch (a profile config's `pingpong: false`), beside the
+// PINGPONG flag that turns it off for a whole profile.
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_,
-          bool kFp8Qk_ = false>
+          bool kFp8Qk_ = false, bool kPingpongTile_ = true>
 struct Traits {
   using Elem = Elem_;
   static constexpr bool kFp8Qk = kFp8Qk_;
   static constexpr bool kOverlap = FLASHTUNE_SM90_OVERLAP != 0;
   static constexpr bool kPersistent = FLASHTUNE_SM90_PERSISTENT != 0;
   static constexpr int kSmemLimit = 227 * 1024;  // per block, opt-in (sm_90)
-  static constexpr bool kPingpong = FLASHTUNE_SM90_PINGPONG != 0 && kOverlap && kBlockM_ > 64;  // 2-3 consumers
+  static constexpr bool kPingpong =
+      FLASHTUNE_SM90_PINGPONG != 0 && kPingpongTile_ && kOverlap && kBlockM_ > 64;  // 2-3 consumers
   using QKElem = std::conditional_t<kFp8Qk, __nv_fp8_e4m3, Elem>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
