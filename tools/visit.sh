@@ -15,14 +15,15 @@ run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit'
   local start=$(date +%s); timeout $max "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
   echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
 }
-flag_ab() {  # flag_ab TAG PROFILE ROUNDS: an experiment's hdim 64 kernels built, its hdim 64 causal GPU tests,
-  # then against h200 on hdim 64 causal 512-2k in ROUNDS alternating rounds (hdim 64 kernels built only)
-  local tag=$1 x=$2 rounds=$3
-  run build-$tag 90 python3 -m flashtune build --profile "$x" --hdim 64 --jobs 16
+flag_ab() {  # flag_ab TAG PROFILE ROUNDS [HDIM [SEQLENS]]: an experiment's kernels of one head dim (default 64)
+  # built, its causal GPU tests at that head dim, then against h200 on its causal cells at SEQLENS (default
+  # 512-2k) in ROUNDS alternating rounds (only that head dim's kernels built)
+  local tag=$1 x=$2 rounds=$3 hdim=${4:-64} seqlens=${5:-512,1024,2048}
+  run build-$tag 90 python3 -m flashtune build --profile "$x" --hdim $hdim --jobs 16
   FLASHTUNE_PROFILE=$x run test-$tag 90 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_ops_gpu.py \
-    tests/test_fp8_gpu.py -k "64 and causal"
-  BUILD_ARGS="--dtype bfloat16 --hdim 64" ROUNDS=$rounds TAG=$tag run $tag-ab 150 \
-    bash tools/experiment.sh none "$AB --hdims 64 --causal --seqlens 512,1024,2048" profiles/h200.yaml "$x"
+    tests/test_fp8_gpu.py -k "$hdim and causal"
+  BUILD_ARGS="--dtype bfloat16 --hdim $hdim" ROUNDS=$rounds TAG=$tag run $tag-ab 150 \
+    bash tools/experiment.sh none "$AB --hdims $hdim --causal --seqlens $seqlens" profiles/h200.yaml "$x"
 }
 for step in "$@"; do case $step in
   build-h200) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16 ;;
@@ -226,6 +227,8 @@ for step in "$@"; do case $step in
         # S one block ahead (exp-sm90-s-ahead: hdim 64 causal below 2k)
   h64c-pingpong) flag_ab no-pingpong tools/experiments/exp-sm90-no-pingpong.yaml 3 ;;
         # h200 without the pingpong: hdim 64 causal 512-1k, the 1-4 block tiles, unmeasured without it since the ablation
+  h256c-pingpong) flag_ab no-pingpong-256 tools/experiments/exp-sm90-no-pingpong.yaml 3 256 1024,2048,4096 ;;
+        # h200 without the pingpong at hdim 256 causal 1k-4k (pingpong-wide: +2 / +5% at 2k), for a split of its bucket
   pingpong-wide) E=tools/experiments  # h200 without the pingpong on every head dim at 512-2k (after h64c-pingpong's
         # hdim 64 causal gain below 2k): its op GPU tests, then two alternating rounds on the 18 cells at 512-2k
         run build-no-pingpong 200 python3 -m flashtune build --profile $E/exp-sm90-no-pingpong.yaml --dtype bfloat16 --jobs 16
