@@ -205,8 +205,6 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
-        if not cfg.pingpong:
-            add("pingpong", "is an sm90 schedule switch; sm80 warps do not take turns", "omit it for sm80")
     else:
         problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags))
 
@@ -232,6 +230,8 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
     if cfg.num_warpgroups is not None:
         add("num_warpgroups", "not used by family sm80", "omit it; set num_warps")
+    if not cfg.pingpong:
+        add("pingpong", "is an sm90 schedule switch; sm80 warps do not take turns", "omit it for sm80")
     if cfg.num_warps not in SM80_NUM_WARPS:
         add("num_warps", f"{cfg.num_warps} warps", ", ".join(map(str, SM80_NUM_WARPS)))
         return problems  # the rules below divide by num_warps
