@@ -229,6 +229,18 @@ for step in "$@"; do case $step in
         # h200 without the pingpong: hdim 64 causal 512-1k, the 1-4 block tiles, unmeasured without it since the ablation
   h256c-pingpong) flag_ab no-pingpong-256 tools/experiments/exp-sm90-no-pingpong.yaml 3 256 1024,2048,4096 ;;
         # h200 without the pingpong at hdim 256 causal 1k-4k (pingpong-wide: +2 / +5% at 2k), for a split of its bucket
+  h256-spec-wide) E=tools/experiments  # speculative maxima at hdim 256 with 240 consumer registers (no consumer spills
+        # at 128x80 non-causal), and h200 without the pingpong: hdim 256 GPU tests, then against h200 in three
+        # alternating rounds at hdim 256 1k-8k (bf16), and the experiment against h200 at the long cells in fp16
+        X=$E/exp-sm90-spec-wide.yaml
+        run build-spec-wide 120 python3 -m flashtune build --profile $X --hdim 256 --jobs 16
+        FLASHTUNE_PROFILE=$X run test-spec-wide 150 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+          tests/test_ops_gpu.py tests/test_fp8_gpu.py -k 256
+        BUILD_ARGS="--dtype bfloat16 --hdim 256" ROUNDS=3 TAG=spec-wide run spec-wide-ab 240 bash tools/experiment.sh none \
+          "$AB --hdims 256 --seqlens 1024,2048,4096,8192" profiles/h200.yaml $X $E/exp-sm90-no-pingpong.yaml
+        BUILD_ARGS="--dtype float16 --hdim 256" ROUNDS=3 TAG=spec-wide-fp16 run spec-wide-fp16-ab 100 bash tools/experiment.sh \
+          none "--dtype float16 --backends flashtune,sdpa-cudnn --hdims 256 --no-causal --seqlens 4096,8192" \
+          profiles/h200.yaml $X ;;
   pingpong-wide) E=tools/experiments  # h200 without the pingpong on every head dim at 512-2k (after h64c-pingpong's
         # hdim 64 causal gain below 2k): its op GPU tests, then two alternating rounds on the 18 cells at 512-2k
         run build-no-pingpong 200 python3 -m flashtune build --profile $E/exp-sm90-no-pingpong.yaml --dtype bfloat16 --jobs 16

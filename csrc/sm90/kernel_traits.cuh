@@ -167,6 +167,14 @@
 // non-causal kernel. Measured on the H200: no gain (1.040x cuDNN against h200's 1.050x over the 18
 // non-causal cells in two rounds, hdim 128 and 256 -7% to +7% a cell); at hdim 64 a loss of up to 30%
 // at 512, where 3 m-blocks of 192 rows make 2 pairs, one CTA of which runs a tile with no rows.
+// WIDE_CONSUMERS (experiment, 0 by default): with two consumer warpgroups, 240 registers each and
+// 24 for the producer (FlashAttention-3's split) instead of 232 and 40. 1: hdim 256 only, where
+// SPEC_MAX (=2) spills 116 bytes of the consumers' loop at 128x80 non-causal with 232 (at 240: none
+// there; the producer's tile loop spills 56 bytes instead); 2: every two-consumer tile.
+#ifndef FLASHTUNE_SM90_WIDE_CONSUMERS
+#define FLASHTUNE_SM90_WIDE_CONSUMERS 0
+#endif
+
 #ifndef FLASHTUNE_SM90_CLUSTER
 #define FLASHTUNE_SM90_CLUSTER 0
 #endif
@@ -327,8 +335,13 @@ struct Traits {
   // Register split (setmaxnreg): the producer issues TMA and walks the tiles; with 2 consumers
   // it keeps 40 (FA3's 24 spills our persistent tile loop), the consumers 232, with the
   // persistent grid on or off (the A/B's control was measured with this split).
-  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : (kConsumers == 2 || kCtasPerSm == 2 ? 40 : 56);
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : (kCtasPerSm == 2 ? 216 : 240));
+  static constexpr bool kWideConsumers =
+      kConsumers == 2 && kCtasPerSm == 1 &&
+      (FLASHTUNE_SM90_WIDE_CONSUMERS == 2 || (FLASHTUNE_SM90_WIDE_CONSUMERS == 1 && kHeadDim_ == 256));
+  static constexpr int kProducerRegs =
+      kConsumers == 3 ? 32 : (kWideConsumers ? 24 : (kConsumers == 2 || kCtasPerSm == 2 ? 40 : 56));
+  static constexpr int kConsumerRegs =
+      kConsumers == 3 ? 160 : (kConsumers == 2 ? (kWideConsumers ? 240 : 232) : (kCtasPerSm == 2 ? 216 : 240));
   // S_AHEAD: two S buffers, O and about 64 for the rest (P's registers are free by the softmax); the
   // plain overlapped loop's features only
   static constexpr bool kSAhead = FLASHTUNE_SM90_S_AHEAD != 0 && kOverlap && !kSplitS && !kHalfDiagonal &&
@@ -367,6 +380,7 @@ struct Traits {
   static_assert(FLASHTUNE_SM90_CTAS_PER_SM == 1 || FLASHTUNE_SM90_CTAS_PER_SM == 2, "CTAS_PER_SM: 1 or 2");
   static_assert(FLASHTUNE_SM90_CLUSTER >= 0 && FLASHTUNE_SM90_CLUSTER <= 2, "CLUSTER: 0, 1 or 2");
   static_assert(FLASHTUNE_SM90_SPEC_MAX >= 0 && FLASHTUNE_SM90_SPEC_MAX <= 2, "SPEC_MAX: 0, 1 or 2");
+  static_assert(FLASHTUNE_SM90_WIDE_CONSUMERS >= 0 && FLASHTUNE_SM90_WIDE_CONSUMERS <= 2, "WIDE_CONSUMERS: 0, 1 or 2");
   static_assert(FLASHTUNE_SM90_HALF_DIAGONAL >= 0 && FLASHTUNE_SM90_HALF_DIAGONAL <= 2, "HALF_DIAGONAL: 0, 1 or 2");
   static_assert(kCluster == 1 || kCtasPerSm == 1, "a cluster CTA fills its SM");
   static_assert(kKvBoxRows % 8 == 0, "a producer's K/V half is whole 8-row swizzle atoms");
