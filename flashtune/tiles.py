@@ -179,6 +179,13 @@ def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:
     return sm90_step_on("OVERLAP", nvcc_flags)
 
 
+def sm90_wide_consumers(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
+    """Whether two consumer warpgroups get 240 registers each (the WIDE_CONSUMERS experiment:
+    1 at hdim 256, 2 everywhere) instead of 232."""
+    wide = sm90_flag_value("WIDE_CONSUMERS", nvcc_flags)
+    return wide == 2 or (wide == 1 and hdim == 256)
+
+
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
                fp8: bool = False, nvcc_flags: Sequence[str] = ()) -> list[TileProblem]:
     """Everything wrong with this config on this arch (empty when it is valid). `nvcc_flags`:
@@ -206,7 +213,7 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
     else:
-        problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags))
+        problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags), sm90_wide_consumers(hdim, nvcc_flags))
 
     if not problems:  # the size model assumes the shape rules above hold
         smem = shared_memory_bytes(family, hdim, cfg, fp8)
@@ -271,12 +278,13 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 # consumer spills (hdim 256 causal: 16 bytes), 192x128 at hdim 64 (160) too (its producer, at 32
 # registers, spills 60 bytes in the persistent loop); 192x128 at hdim 128 (192) spills 272 bytes
 # and 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word (`flashtune tune`
-# rejects spills over --max-spill-bytes).
+# rejects spills over --max-spill-bytes). The WIDE_CONSUMERS experiment gives 2 consumers 240.
 SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
+SM90_WIDE_CONSUMER_REGISTERS = 240
 SM90_REGISTER_OVERHEAD = 32
 
 
-def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True) -> list[TileProblem]:
+def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True, wide: bool = False) -> list[TileProblem]:
     problems: list[TileProblem] = []
 
     def add(key: str, problem: str, allowed: str) -> None:
@@ -299,7 +307,7 @@ def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True) -> list[Til
     if not cfg.pingpong and warpgroups == 1:
         add("pingpong", f"off with block_m {cfg.block_m}: one consumer warpgroup has no one to take turns with",
             "omit it (on) for block_m 64; false only with block_m 128 or 192")
-    budget = SM90_CONSUMER_REGISTERS.get(warpgroups)
+    budget = SM90_WIDE_CONSUMER_REGISTERS if wide and warpgroups == 2 else SM90_CONSUMER_REGISTERS.get(warpgroups)
     # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4)
     per_column = 3 / 4 if overlap else 1 / 2
     needed = int(cfg.block_n * per_column) + hdim // 2 + SM90_REGISTER_OVERHEAD

@@ -1,6 +1,7 @@
 """What the GPU's clock and power do while one kernel runs back to back (issue 9's long cells).
 
 Usage: PYTHONPATH=. python3 tools/power_clock.py [--profile h200] [--dtype bfloat16] [--seconds 3] [--json FILE]
+       PYTHONPATH=. python3 tools/power_clock.py --timer bench [--dtype float16] [--json FILE]
 
 For a matrix product of the dtype (the ceiling) and the FA-grid cells hdim 128 non-causal 16k and
 hdim 256 non-causal 8k, through flashtune and SDPA's cuDNN backend: each runs back to back for
@@ -8,6 +9,10 @@ a few seconds while `nvidia-smi` samples the SM clock and the board power every 
 kernel that draws more power per FLOP runs at a lower clock under the power limit, so TFLOPS
 divided by the median clock (FLOP per SM per cycle) separates the kernel's efficiency from the
 clock it was given. Reads only; the card's settings stay as they are.
+
+With `--timer bench` the same cases are timed instead as `flashtune bench` times a cell (its
+warm-up, rounds that interleave the cases, the median of 30 calls), side by side: each case's
+TFLOPS over the matrix product's is how close it comes to the dtype's ceiling as the bench sees it.
 """
 import argparse
 import json
@@ -18,7 +23,7 @@ import time
 
 import torch
 
-from flashtune.bench import Shape, attention_flops, fa_grid, make_inputs
+from flashtune.bench import Shape, attention_flops, fa_grid, make_inputs, time_interleaved
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 
@@ -58,12 +63,28 @@ def attention_case(backend: str, shape: Shape):
         shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.hdim, shape.causal)
 
 
+def bench_timed(cases) -> list[dict]:
+    """Each case's median TFLOPS under the bench's timer, all side by side in interleaved rounds,
+    and its fraction of the first case's (the matrix product)."""
+    times, _ = time_interleaved({name: [run] for name, run, _ in cases}, warmup=5, repeats=30)
+    rows = []
+    for name, _, flops in cases:
+        tflops = flops / (statistics.median(times[name]) * 1e-3) / 1e12
+        rows.append(dict(case=name, tflops=tflops, of_matmul=tflops / rows[0]["tflops"] if rows else 1.0))
+    print(f"{'case':40} {'TFLOPS':>7} {'of matmul':>9}")
+    for row in rows:
+        print(f"{row['case']:40} {row['tflops']:7.0f} {row['of_matmul']:9.3f}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--timer", choices=["back-to-back", "bench"], default="back-to-back",
+                    help="bench: the bench's timer, the cases side by side (no clock or power samples)")
     args = ap.parse_args()
     from flashtune import ops
 
@@ -77,6 +98,14 @@ def main() -> int:
         for backend in ("flashtune", "sdpa-cudnn"):
             run, flops = attention_case(backend, shape)
             cases.append((f"{backend} hdim {hdim} non-causal {seqlen}", run, flops))
+
+    if args.timer == "bench":
+        rows = bench_timed(cases)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), dtype=args.dtype,
+                               timer="bench", rows=rows), f, indent=1)
+        return 0
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

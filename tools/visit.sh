@@ -241,6 +241,22 @@ for step in "$@"; do case $step in
         BUILD_ARGS="--dtype float16 --hdim 256" ROUNDS=3 TAG=spec-wide-fp16 run spec-wide-fp16-ab 100 bash tools/experiment.sh \
           none "--dtype float16 --backends flashtune,sdpa-cudnn --hdims 256 --no-causal --seqlens 4096,8192" \
           profiles/h200.yaml $X ;;
+  h128-n192) E=tools/experiments  # hdim 128 non-causal in 192-key blocks with 240 consumer registers: its hdim 128 GPU
+        # tests, then against h200 at the long cells in three alternating rounds a dtype; then each dtype's
+        # long cells against its matrix product under the bench's timer (tools/power_clock.py --timer bench), twice
+        X=$E/exp-sm90-h128-n192.yaml
+        run build-n192 120 python3 -m flashtune build --profile $X --hdim 128 --jobs 16
+        FLASHTUNE_PROFILE=$X run test-n192 150 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+          tests/test_ops_gpu.py tests/test_fp8_gpu.py -k 128
+        for d in bfloat16 float16; do
+          BUILD_ARGS="--dtype $d --hdim 128" ROUNDS=3 TAG=n192-$d run n192-$d-ab 120 bash tools/experiment.sh none \
+            "--dtype $d --backends flashtune,sdpa-cudnn --hdims 128 --no-causal --seqlens 8192,16384" profiles/h200.yaml $X
+        done
+        run build-long 100 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
+        for i in 1 2; do for d in bfloat16 float16; do
+          run ceiling-$d-$i 40 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
+            --json "$OUT/ceiling_${d}_$i.json"
+        done; done ;;
   pingpong-wide) E=tools/experiments  # h200 without the pingpong on every head dim at 512-2k (after h64c-pingpong's
         # hdim 64 causal gain below 2k): its op GPU tests, then two alternating rounds on the 18 cells at 512-2k
         run build-no-pingpong 200 python3 -m flashtune build --profile $E/exp-sm90-no-pingpong.yaml --dtype bfloat16 --jobs 16
