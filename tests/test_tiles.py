@@ -115,6 +115,13 @@ def test_sm90_register_budget_keeps_far_over_budget_tiles_out():
     assert not check_tile("sm90", 128, sm90_tile(192, 128, 2), hopper, nvcc_flags=no_overlap)
     problems = check_tile("sm90", 128, sm90_tile(192, 144, 2), hopper, nvcc_flags=no_overlap)
     assert [p.key for p in problems] == ["registers"] and "block_n <= 128" in problems[0].allowed
+    # the WIDE_CONSUMERS experiment gives two consumer warpgroups 240 registers (=2 everywhere, =1 at
+    # hdim 256 only): 128x192 at hdim 128 needs 240, past 232 (ptxas: no consumer spills at 240)
+    wide = sm90_tile(128, 192, 2)
+    assert [p.key for p in check_tile("sm90", 128, wide, hopper)] == ["registers"]
+    assert [p.key for p in check_tile("sm90", 128, wide, hopper,
+                                      nvcc_flags=("-DFLASHTUNE_SM90_WIDE_CONSUMERS=1",))] == ["registers"]
+    assert not check_tile("sm90", 128, wide, hopper, nvcc_flags=("-DFLASHTUNE_SM90_WIDE_CONSUMERS=2",))
 
 
 def test_sm90_second_q_buffer_where_asked_for_and_it_fits_beside_the_o_tile():

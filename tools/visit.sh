@@ -257,6 +257,17 @@ for step in "$@"; do case $step in
           run ceiling-$d-$i 40 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
             --json "$OUT/ceiling_${d}_$i.json"
         done; done ;;
+  ceiling)  # each dtype's long cells against the fastest of three square matrix products (cuBLAS), under the
+        # bench's timer twice a dtype, then back to back with the clock and power sampled
+        run build-long 100 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
+        for i in 1 2; do for d in bfloat16 float16; do
+          run ceiling-$d-$i 60 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
+            --matmuls 4096,8192,16384 --json "$OUT/ceiling_${d}_$i.json"
+        done; done
+        for d in bfloat16 float16; do
+          run power-clock-$d 80 python3 tools/power_clock.py --profile "$P" --dtype $d --seconds 2.5 \
+            --matmuls 4096,8192,16384 --json "$OUT/power_clock_$d.json"
+        done ;;
   pingpong-wide) E=tools/experiments  # h200 without the pingpong on every head dim at 512-2k (after h64c-pingpong's
         # hdim 64 causal gain below 2k): its op GPU tests, then two alternating rounds on the 18 cells at 512-2k
         run build-no-pingpong 200 python3 -m flashtune build --profile $E/exp-sm90-no-pingpong.yaml --dtype bfloat16 --jobs 16
