@@ -80,6 +80,14 @@ def bench_timed(cases) -> list[dict]:
     return rows
 
 
+def write_json(args, rows: list[dict]) -> None:
+    """The rows with the command that made them, where --json asks for them."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), dtype=args.dtype,
+                           timer=args.timer, rows=rows), f, indent=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200")
@@ -106,11 +114,7 @@ def main() -> int:
             cases.append((f"{backend} hdim {hdim} non-causal {seqlen}", run, flops))
 
     if args.timer == "bench":
-        rows = bench_timed(cases)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), dtype=args.dtype,
-                               timer="bench", rows=rows), f, indent=1)
+        write_json(args, bench_timed(cases))
         return 0
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -127,10 +131,7 @@ def main() -> int:
                          flop_per_sm_clk=per_clk, samples=len(samples), calls=calls))
         print(f"{name:40} {tflops:7.0f} {mhz:6.0f} {watts:5.0f} {temp:3.0f} {per_clk:11.0f}")
     print("dense 16-bit peak: 4096 FLOP per SM per clock (sm_90)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(command=" ".join(sys.argv), gpu=torch.cuda.get_device_name(), dtype=args.dtype, rows=rows),
-                      f, indent=1)
+    write_json(args, rows)
     return 0
 
 

@@ -25,6 +25,14 @@ flag_ab() {  # flag_ab TAG PROFILE ROUNDS [HDIM [SEQLENS]]: an experiment's kern
   BUILD_ARGS="--dtype bfloat16 --hdim $hdim" ROUNDS=$rounds TAG=$tag run $tag-ab 150 \
     bash tools/experiment.sh none "$AB --hdims $hdim --causal --seqlens $seqlens" profiles/h200.yaml "$x"
 }
+ceiling_rounds() {  # ceiling_rounds MATMULS: $P's long cells against the fastest of the square products of
+  # those sizes under the bench's timer (tools/power_clock.py --timer bench), two rounds a dtype
+  run build-long 100 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
+  for i in 1 2; do for d in bfloat16 float16; do
+    run ceiling-$d-$i 60 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
+      --matmuls "$1" --json "$OUT/ceiling_${d}_$i.json"
+  done; done
+}
 for step in "$@"; do case $step in
   build-h200) run build-h200 120 python3 -m flashtune build --profile "$P" --jobs 16 ;;
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
@@ -252,18 +260,10 @@ for step in "$@"; do case $step in
           BUILD_ARGS="--dtype $d --hdim 128" ROUNDS=3 TAG=n192-$d run n192-$d-ab 120 bash tools/experiment.sh none \
             "--dtype $d --backends flashtune,sdpa-cudnn --hdims 128 --no-causal --seqlens 8192,16384" profiles/h200.yaml $X
         done
-        run build-long 100 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
-        for i in 1 2; do for d in bfloat16 float16; do
-          run ceiling-$d-$i 40 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
-            --json "$OUT/ceiling_${d}_$i.json"
-        done; done ;;
+        ceiling_rounds 8192 ;;
   ceiling)  # each dtype's long cells against the fastest of three square matrix products (cuBLAS), under the
         # bench's timer twice a dtype, then back to back with the clock and power sampled
-        run build-long 100 python3 -m flashtune build --profile "$P" --hdim 128 --hdim 256 --jobs 16
-        for i in 1 2; do for d in bfloat16 float16; do
-          run ceiling-$d-$i 60 python3 tools/power_clock.py --profile "$P" --dtype $d --timer bench \
-            --matmuls 4096,8192,16384 --json "$OUT/ceiling_${d}_$i.json"
-        done; done
+        ceiling_rounds 4096,8192,16384
         for d in bfloat16 float16; do
           run power-clock-$d 80 python3 tools/power_clock.py --profile "$P" --dtype $d --seconds 2.5 \
             --matmuls 4096,8192,16384 --json "$OUT/power_clock_$d.json"
