@@ -1,7 +1,7 @@
 """The fp32 reference every correctness check compares against, and the error metric.
 
 Plain PyTorch math in float32 with flashtune's conventions: bottom-right causal alignment,
-GQA by head grouping, and rows that see no key give O = 0 and LSE = -inf.
+GQA by head grouping, and rows that see no key give O = 0 and LSE = +inf (flash_attn's convention).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     out = torch.matmul(probs, vf).transpose(1, 2)
     if sk == 0:
         out = torch.zeros_like(out)
-    return out, lse
+    return out, lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None):

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "common/params.h"
+#include "common/row_lse.cuh"
 #include "common/ptx_sm80.cuh"
 #include "sm80/kernel_traits.cuh"
 
@@ -323,7 +324,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       float l = row_sum[mt][r];
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
-      // A row that sees no key (causal with seqlen_k < seqlen_q, or seqlen_k = 0): O = 0, LSE = -inf.
+      // A row that sees no key (causal with seqlen_k < seqlen_q, or seqlen_k = 0): O = 0, LSE = +inf.
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int row = warp_row + mt * 16 + g + 8 * r;
 #pragma unroll
@@ -333,9 +334,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
         *reinterpret_cast<uint32_t*>(sO + swizzled<D>(row, dt * 8 + 2 * t)) = packed;
       }
       if (p.lse != nullptr && t == 0 && m_block * BM + row < seqlen_q) {
-        const float lse =
-            l > 0.f ? row_max[mt][r] * (p.softmax_scale * qk_descale) + logf(l) : -INFINITY;
-        p.lse[lse_off + int64_t(head) * p.lse_head_stride + m_block * BM + row] = lse;
+        p.lse[lse_off + int64_t(head) * p.lse_head_stride + m_block * BM + row] =
+            row_lse(row_max[mt][r], p.softmax_scale * qk_descale, l);
       }
     }
   __syncwarp();  // each warp stores only the rows it wrote

@@ -14,6 +14,7 @@
 
 #include "common/convert.cuh"
 #include "common/params.h"
+#include "common/row_lse.cuh"
 #include "common/ptx_sm80.cuh"  // ldmatrix (Q_IN_REGS)
 #include "sm90/kernel_traits.cuh"
 #include "sm90/ptx_sm90.cuh"
@@ -674,7 +675,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
       float l = sum[r];
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
-      // A row that saw no key: O = 0, LSE = -inf. l >= 1 otherwise (its maximum's own term), so
+      // A row that saw no key: O = 0, LSE = +inf. l >= 1 otherwise (its maximum's own term), so
       // the approximate reciprocal is within 2 ulp and has no slow path to branch around.
       const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
       inv_of[r] = inv;
@@ -733,8 +734,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
               pack2<Elem>(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
       }
       if (p.lse != nullptr && t == 0)
-        p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] =
-            l > 0.f ? mx[r] * lse_scale + logf(l) : -INFINITY;
+        p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] = row_lse(mx[r], lse_scale, l);
     }
     if (tma_store && T::kStmatrix) {
       // Chunks c and c+1 of both rows as four 8x8 matrices per stmatrix (matrix m: row +8 (m & 1),

@@ -1,0 +1,17 @@
+// A softmax row's log-sum-exp, as both kernel families write it (flash_attn's softmax_lse).
+#pragma once
+#include <math.h>
+
+namespace flashtune {
+
+// From the row's running maximum (a raw score), the scale that maps scores to the softmax's
+// natural-log domain and the row's sum of exps l. One fused multiply-add written out: left to
+// the compiler, an epilogue inlined at several call sites (the sm90 deferred epilogue) was
+// contracted at some and not at others, so a row's LSE depended by 1 ulp on which path its tile
+// took, which the persistent scheduler's tile counter decides at run time.
+// A row that saw no key (l = 0): +inf, FlashAttention's convention (its O is 0).
+__device__ __forceinline__ float row_lse(float row_max, float scale, float l) {
+  return l > 0.f ? __fmaf_rn(row_max, scale, logf(l)) : INFINITY;
+}
+
+}  // namespace flashtune
