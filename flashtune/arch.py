@@ -65,16 +65,44 @@ _ARCH_FOR_CC: dict[tuple[int, int], str] = {
     (12, 0): "sm_120",
 }
 
-# GPU name pattern -> compute capability, for `--gpu NAME`. Matching picks the longest
-# pattern contained in the name, so "A100" beats "A10" and "L40S" beats "L4".
-KNOWN_GPUS: dict[str, tuple[int, int]] = {
-    "A100": (8, 0), "A800": (8, 0), "A30": (8, 0),
-    "RTX 3090": (8, 6), "RTX 3080": (8, 6), "RTX A6000": (8, 6), "A40": (8, 6), "A10": (8, 6),
-    "RTX 4090": (8, 9), "RTX 4080": (8, 9), "RTX 6000 Ada": (8, 9), "L40S": (8, 9),
-    "L40": (8, 9), "L4": (8, 9),
-    "H100": (9, 0), "H200": (9, 0), "H800": (9, 0), "GH200": (9, 0),
-    "B200": (10, 0), "GB200": (10, 0),
-    "RTX 5090": (12, 0), "RTX 5080": (12, 0), "RTX PRO 6000": (12, 0),
+@dataclass(frozen=True)
+class KnownGpu:
+    """A GPU `--gpu NAME` can describe: its compute capability and the figures every version of it
+    shares, as the vendor's datasheets give them and torch reports them on the card (SMs, L2,
+    memory as sold); None where its versions differ (`varies` says how) or no source was found."""
+    compute_capability: tuple[int, int]
+    sm_count: int | None = None
+    l2_mb: int | None = None
+    memory_gb: int | None = None
+    varies: str | None = None
+
+
+# GPU name pattern -> what is known of it. Matching picks the longest pattern contained in the
+# name, so "A100" beats "A10" and "L40S" beats "L4".
+KNOWN_GPUS: dict[str, KnownGpu] = {
+    "A100": KnownGpu((8, 0), 108, 40, None, "40 GB or 80 GB of memory"),
+    "A800": KnownGpu((8, 0)),
+    "A30": KnownGpu((8, 0), 56, 24, 24),
+    "RTX 3090": KnownGpu((8, 6), 82, 6, 24),
+    "RTX 3080": KnownGpu((8, 6), None, None, None, "10 GB with 68 SMs or 12 GB with 70 SMs"),
+    "RTX A6000": KnownGpu((8, 6), 84, 6, 48),
+    "A40": KnownGpu((8, 6), 84, 6, 48),
+    "A10": KnownGpu((8, 6), 72, 6, 24),
+    "RTX 4090": KnownGpu((8, 9), 128, 72, 24),
+    "RTX 4080": KnownGpu((8, 9), 76, 64, 16),
+    "RTX 6000 Ada": KnownGpu((8, 9), 142, 96, 48),
+    "L40S": KnownGpu((8, 9), 142, 96, 48),
+    "L40": KnownGpu((8, 9), 142, 96, 48),
+    "L4": KnownGpu((8, 9), 58, 48, 24),
+    "H100": KnownGpu((9, 0), None, 50, None, "SXM 132 SMs and 80 GB, PCIe 114 SMs and 80 GB, NVL 94 GB"),
+    "H200": KnownGpu((9, 0), 132, 60, 141),
+    "H800": KnownGpu((9, 0)),
+    "GH200": KnownGpu((9, 0), 132, 60, None, "96 GB or 144 GB of memory"),
+    "B200": KnownGpu((10, 0), 148, 126, None, "180 GB or 192 GB of memory"),
+    "GB200": KnownGpu((10, 0)),
+    "RTX 5090": KnownGpu((12, 0), 170, 96, 32),
+    "RTX 5080": KnownGpu((12, 0), 84, 64, 16),
+    "RTX PRO 6000": KnownGpu((12, 0), 188, 128, 96),
 }
 
 
@@ -130,8 +158,8 @@ def arch_for_compute_capability(major: int, minor: int) -> ArchFacts:
     return ARCHS[key]
 
 
-def lookup_gpu(name: str) -> tuple[str, tuple[int, int]] | None:
-    """(pattern, compute capability) of the longest KNOWN_GPUS pattern in `name`."""
+def lookup_gpu(name: str) -> tuple[str, KnownGpu] | None:
+    """(pattern, facts) of the longest KNOWN_GPUS pattern in `name`."""
     lowered = name.lower()
     hits = [p for p in KNOWN_GPUS if p.lower() in lowered]
     if not hits:

@@ -32,7 +32,7 @@ from flashtune.arch import ArchFacts, get_arch
 from flashtune.paths import cache_dir, csrc_dir
 from flashtune.spec import KernelSpec
 from flashtune.tiles import shared_memory_bytes
-from flashtune.toolchain import Toolchain, check_build_toolchain
+from flashtune.toolchain import Toolchain, check_build_toolchain, torch_versions
 
 BINDING_NAME = "flashtune_C"
 # ptxas messages meaning wgmma was serialised (C7511, C7515, C7518, C7519, or any other code with
@@ -43,7 +43,30 @@ MANIFEST = "manifest.json"
 
 
 class BuildError(RuntimeError):
-    """A compile or link failed; the message carries the end of the log and its path."""
+    """A compile or link failed: `cause` is the first error line of its log (one line, what a
+    person needs to see), `log` the full log's path in the kernel's cache entry."""
+
+    def __init__(self, cause: str, kernel: str | None = None, log: str | Path | None = None):
+        self.cause, self.kernel, self.log = cause, kernel, None if log is None else str(log)
+        super().__init__((f"{kernel}: " if kernel else "") + cause + (f" (full log: {log})" if log else ""))
+
+
+# A log line that names why a build failed: nvcc's and ptxas' fatal errors, a compiler diagnostic
+# (`file.cu(12): error: ...`, `file.cpp:3:1: error: ...`, `fatal error: x.h: No such file`), a link
+# error. The Python tracebacks that follow in the log (torch's cpp_extension re-raising ninja's
+# failure) are not it.
+_ERROR_LINE = re.compile(r"\bnvcc fatal\b|\bptxas (?:fatal|error)\b|(?<![A-Za-z])error\s*:|undefined reference|"
+                         r"\bcannot find -l", re.IGNORECASE)
+_TRACEBACK_LINE = re.compile(r"^(Traceback|File \"|[A-Za-z_.]*(Error|Exception)\b|The above exception|\s*\^)")
+
+
+def first_compiler_error(log: str) -> str | None:
+    """The first line of a build log that says what went wrong (None if none does)."""
+    for line in log.splitlines():
+        line = line.strip()
+        if line and _ERROR_LINE.search(line) and not _TRACEBACK_LINE.match(line):
+            return line
+    return None
 
 
 @dataclass
@@ -67,24 +90,8 @@ class BuildResult:
 
 # ---------------------------------------------------------------------------- cache paths
 
-def _torch_versions() -> tuple[str, str | None]:
-    """torch's version and CUDA, read from torch/version.py without importing torch (slow):
-    a cache hit should not pay for the import."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    namespace: dict = {}
-    try:
-        exec((Path(spec.origin).parent / "version.py").read_text(), namespace)  # noqa: S102
-        return namespace["__version__"], namespace.get("cuda")
-    except (OSError, KeyError, TypeError, AttributeError, SyntaxError):
-        import torch
-
-        return torch.__version__, torch.version.cuda
-
-
 def _torch_tag() -> str:
-    version, cuda = _torch_versions()
+    version, cuda = torch_versions(import_torch=False)
     return f"torch{version.split('+')[0]}-cu{cuda or 'none'}"
 
 
@@ -193,8 +200,8 @@ def _run_worker(name: str, sources: list[str], directory: Path, torch_arch_list:
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     text = log_path.read_text(errors="replace")
     if proc.returncode != 0:
-        tail = "\n".join(text.splitlines()[-40:])
-        raise BuildError(f"building {name} failed (exit {proc.returncode}); log: {log_path}\n{tail}")
+        cause = first_compiler_error(text) or f"the build exited with {proc.returncode} and no compiler error in its log"
+        raise BuildError(cause, name, log_path)
     return text
 
 
@@ -227,7 +234,7 @@ def _build_entry(directory: Path, name: str, source_hash: str, force: bool, arch
         extra = compile_fn(toolchain)
         library = _library_path(directory, name)
         if not library.is_file():
-            raise BuildError(f"building {name} produced no library; log: {directory / 'build.log'}")
+            raise BuildError("the build produced no library", name, directory / "build.log")
         result = BuildResult(name=name, library=str(library), cache_hit=False,
                              seconds=time.perf_counter() - start, log=str(directory / "build.log"), **extra)
         _write_manifest(directory, {"name": name, "source_hash": source_hash, "library": str(library),
@@ -246,8 +253,8 @@ def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
                           spec.nvcc_flags_all(), toolchain.cuda_home)
         if spec.family == "sm90" and (found := sorted(set(SERIALISING_WARNINGS.findall(log)))):
             _library_path(directory, spec.name).unlink(missing_ok=True)
-            raise BuildError(f"building {spec.name}: ptxas warned {', '.join(found)}: wgmma was serialised or "
-                             f"setmaxnreg ignored, which makes the kernel slow; log: {directory / 'build.log'}")
+            raise BuildError(f"ptxas warned {', '.join(found)}: wgmma was serialised or setmaxnreg ignored, "
+                             "which makes the kernel slow", spec.name, directory / "build.log")
         return {"arch": spec.arch, **parse_ptxas(log, spec.name),
                 "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8, spec.nvcc_flags)}
 

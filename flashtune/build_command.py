@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,7 +33,13 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
               console: Console | None, with_binding: bool = True) -> dict:
     """Build every spec of the profile (narrowed by the options); returns the report dict."""
     specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
-    check_build_toolchain(get_arch(arch or profile.arch.name))  # once, before any compile: exit 2
+    target = get_arch(arch or profile.arch.name)
+    check_build_toolchain(target)  # once, before any compile: exit 2
+    notes = []
+    if profile.fp8_qk and not target.fp8:  # the profile's FP8 twins need FP8 tensor cores
+        dropped = len(specs_for_profile(profile, dtypes=dtypes or None, hdims=hdims or None)) - len(specs)
+        notes.append(f"{dropped} FP8 Q/K kernels of profile {profile.name} are not built: {target.name} has no FP8 "
+                     "tensor cores (they exist on sm_89, sm_90 and sm_120)")
     start = time.perf_counter()
     results: list[BuildResult] = []
     failures: list[dict] = []
@@ -45,7 +52,7 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
             try:
                 results.append(build_binding(force=force))
             except BuildError as err:
-                failures.append({"kernel": "flashtune_C", "error": str(err)})
+                failures.append(_failure("flashtune_C", err))
             progress.advance(task)
 
         def done(spec: KernelSpec, result: BuildResult | None) -> None:
@@ -53,16 +60,28 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
 
         built, failed = build_specs(specs, jobs=jobs, force=force, on_done=done)
         results += built
-        failures += [{"kernel": spec.name, "error": str(err)} for spec, err in failed]
+        failures += [_failure(spec.name, err) for spec, err in failed]
+    modules = len(specs) + int(with_binding)
     return {
         "profile": profile.name,
-        "arch": arch or profile.arch.name,
+        "arch": target.name,
         "family": profile.family,
         "cache": str(cache_root()),
         "seconds": round(time.perf_counter() - start, 2),
         "kernels": [asdict(r) for r in results],
         "failures": failures,
+        "notes": notes,
+        "error": f"{len(failures)} of {modules} modules failed to compile" if failures else None,
+        "exit_code": EXIT_BUILD_FAILED if failures else 0,
     }
+
+
+def _failure(kernel: str, err: Exception) -> dict:
+    """One failed module: its first compiler error and where the full log is (BuildError), or the
+    error itself (a cache entry that could not be written, say)."""
+    if isinstance(err, BuildError):
+        return {"kernel": kernel, "error": err.cause, "log": err.log}
+    return {"kernel": kernel, "error": str(err).splitlines()[0] if str(err) else type(err).__name__, "log": None}
 
 
 def render(report: dict, console: Console) -> None:
@@ -83,6 +102,11 @@ def render(report: dict, console: Console) -> None:
     if any(k["spill_stores"] or k["spill_loads"] for k in report["kernels"]):
         console.print("[yellow]warning: some kernels spill registers to local memory (slower); "
                       "`flashtune tune` finds configs that do not[/]")
-    for failure in report["failures"]:
-        console.print(f"[red]{failure['error']}[/]")
+    for note in report["notes"]:
+        console.print(f"note: {escape(note)}")
+    for failure in report["failures"]:  # one line each: the kernel, its first compiler error, the full log
+        log = f" [dim](full log: {escape(failure['log'])})[/]" if failure["log"] else ""
+        console.print(f"[red]failed[/] {failure['kernel']}: {escape(failure['error'])}{log}", soft_wrap=True)
+    if report["failures"]:
+        console.print(f"[red]error: {report['error']}[/]")
 

@@ -15,22 +15,87 @@ from flashtune import __version__, build_command, detect as detect_report, profi
 from flashtune.profiles import ProfileError, find_profile, list_profiles
 from flashtune.backends import BACKENDS, DEFAULT_BACKENDS
 from flashtune.gpu import detect_gpus
+from flashtune.paths import CacheDirError
 from flashtune.spec import SpecError
 from flashtune.toolchain import ToolchainError
 
 EXIT_INPUT_ERROR = 2  # bad profile, bad option value, unusable toolchain (click uses 2 for usage too)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command it stopped
 
 # What a person did wrong (or must fix on the machine): one red line, no traceback.
-USER_ERRORS = (ProfileError, SpecError, ToolchainError, ValueError)
+USER_ERRORS = (ProfileError, SpecError, ToolchainError, CacheDirError, ValueError)
+
+
+class CliError(Exception):
+    """A command's own failure, said in one line, with the exit code it means."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_INPUT_ERROR):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class FlashtuneGroup(click.Group):
-    def invoke(self, ctx: click.Context):
+    """Every failure reads alike: click's usage errors, flashtune's input errors, a command's own
+    and Ctrl-C are one red `error:` line on stderr, with an exit code that says which (README);
+    with --json, also a JSON object {"error", "exit_code"} where the command's JSON would go."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
         try:
-            return super().invoke(ctx)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort:  # click's name for KeyboardInterrupt (and EOF at a prompt)
+            code = _report_error("interrupted", EXIT_INTERRUPTED, self._json_destination(args))
+        except click.ClickException as err:
+            message = err.format_message()
+            if isinstance(err, click.UsageError) and err.ctx is not None:
+                message += f" (`{err.ctx.command_path} --help` lists the options)"
+            code = _report_error(message, err.exit_code, self._json_destination(args))
+        except CliError as err:
+            code = _report_error(str(err), err.exit_code, self._json_destination(args))
         except USER_ERRORS as err:
-            click.secho(f"error: {err}", fg="red", err=True)
-            ctx.exit(EXIT_INPUT_ERROR)
+            code = _report_error(str(err), EXIT_INPUT_ERROR, self._json_destination(args))
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def _json_destination(self, args: list[str]) -> str | None:
+        """Where this command line sends its JSON: '-' (stdout) for a --json switch, the file
+        for bench's --json FILE, None without --json. Read off the arguments, so that it is
+        known also when parsing them failed."""
+        command, rest = self, args
+        while isinstance(command, click.Group):
+            names = [a for a in rest if not a.startswith("-")]
+            sub = command.get_command(click.Context(command), names[0]) if names else None
+            if sub is None:
+                break
+            command, rest = sub, rest[rest.index(names[0]) + 1:]
+        option = next((p for p in command.params if "--json" in getattr(p, "opts", ())), None)
+        if option is None:
+            return None
+        for i, arg in enumerate(rest):
+            if arg == "--json":
+                return "-" if option.is_flag else (rest[i + 1] if i + 1 < len(rest) else None)
+            if arg.startswith("--json="):
+                return arg.split("=", 1)[1]
+        return None
+
+
+def _report_error(message: str, exit_code: int, json_destination: str | None) -> int:
+    click.secho(f"error: {message}", fg="red", err=True)
+    if json_destination:
+        text = json.dumps({"error": message, "exit_code": exit_code}, indent=2)
+        try:
+            _write(json_destination, text)
+        except OSError:
+            pass  # the red line above still says it
+    return exit_code
+
+
+def _require_gpu(command: str) -> list:
+    gpus = detect_gpus()
+    if not gpus:
+        raise CliError(f"no GPU is visible; {command} needs one (see `flashtune detect`)", detect_report.EXIT_NO_GPU)
+    return gpus
 
 
 def make_console() -> Console:
@@ -130,9 +195,10 @@ def build(profile_name, arch, hdims, dtypes, force, jobs, verbose, as_json) -> N
     One kernel per (dtype, head dim, causal, tile) of the profile, each with its exact,
     config-named symbol; plus the torch binding. Example:
 
+    \b
         flashtune build --profile rtx5090 --arch sm_120
 
-    Exit codes: 0 built or cached, 1 a compile failed, 2 bad input or toolchain.
+    Exit codes: 0 built or cached, 1 a compile failed, 2 bad input or toolchain, 130 interrupted.
     """
     profile, reason = build_command.resolve_profile(profile_name)
     console = None if as_json else make_console()
@@ -168,16 +234,15 @@ def verify(profile_name, expect_kernel, sdpa, hdim, seqlen, dtype, causal, as_js
     the exact kernel name in the profiler and no other attention kernel; HMMA/LDSM/LDGSTS
     (sm80 family) in the SASS and no LDL/STL without ptxas-reported spills. Examples:
 
+    \b
         flashtune verify --profile h200-sm80
         flashtune verify --sdpa --hdim 128 --seqlen 8192 --causal
 
-    Exit codes: 0 all passed, 1 a check failed, 2 bad input, 3 no GPU visible.
+    Exit codes: 0 all passed, 1 a check failed, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
     from flashtune import verify as verify_mod, verify_report
 
-    if not detect_gpus():
-        click.secho("error: no GPU is visible; verify needs one (see `flashtune detect`)", fg="red", err=True)
-        sys.exit(detect_report.EXIT_NO_GPU)
+    _require_gpu("verify")
     console = make_console()
     if sdpa:
         report = verify_mod.sdpa_report(dtype, hdim, seqlen, causal)
@@ -237,16 +302,14 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget
     fastest few and the starting tile are timed again side by side, which decides. Failures
     are recorded with their reason and never retried; an interrupted tune resumes. Example:
 
+    \b
         flashtune tune --profile h200-sm80 --hdims 128 --out profiles/h200-sm80.yaml
 
-    Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible.
+    Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
     from flashtune import tune as tune_mod, tune_command, tune_space
 
-    gpus_seen = detect_gpus()
-    if not gpus_seen:
-        click.secho("error: no GPU is visible; tune needs one (see `flashtune detect`)", fg="red", err=True)
-        sys.exit(detect_report.EXIT_NO_GPU)
+    gpus_seen = _require_gpu("tune")
     if gpus > len(gpus_seen):
         raise click.BadParameter(f"{gpus} GPUs asked for, {len(gpus_seen)} visible", param_hint="--gpus")
     profile, _ = build_command.resolve_profile(profile_name)
@@ -288,8 +351,7 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget
         result = tune_mod.run_tune(profile, gpus_seen[0].name, opts, cache_path, on_event)
     if not result.winners:
         tune_command.render(result, console)
-        click.secho("error: no candidate could be measured; nothing written", fg="red", err=True)
-        sys.exit(1)
+        raise CliError("no candidate could be measured; nothing written", 1)
     name = name or f"{profile.name}-tuned"
     written, prov = tune_command.write_tuned(profile, result, opts, gpus_seen[0].name, name, out or f"{name}.yaml")
     if as_json:
@@ -328,6 +390,7 @@ def memory(model_name, layers, heads, kv_heads, hdim, hidden, intermediate, voca
     score matrix that a non-flash kernel materialises (quadratic in seqlen, one layer at a
     time), plus one layer's activations; then a verdict against the GPU and what helps.
 
+    \b
         flashtune memory --model llama3-8b-like --batch 4 --seqlen 32768
         flashtune memory --layers 32 --heads 32 --kv-heads 8 --hdim 128 --seqlen 131072 --gpu-memory 24
     """
@@ -383,15 +446,14 @@ def bench(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtype, b
     GPU times (calls queued behind a spin kernel, so launch overhead is not in them), TFLOPS,
     peak memory, error against fp32, and the kernel that ran. Example:
 
+    \b
         flashtune bench --hdims 128 --seqlens 1024,4096 --json out.json --plot out.png
 
-    Exit codes: 0 done, 2 bad input, 3 no GPU visible.
+    Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
     from flashtune import bench as bench_mod, bench_report
 
-    if not detect_gpus():
-        click.secho("error: no GPU is visible; bench needs one (see `flashtune detect`)", fg="red", err=True)
-        sys.exit(detect_report.EXIT_NO_GPU)
+    _require_gpu("bench")
     if profile_name:
         from flashtune import ops
 

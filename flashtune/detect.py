@@ -17,7 +17,7 @@ from flashtune.arch import KERNEL_FAMILIES, default_family
 from flashtune.format import human_bytes, yes_no
 from flashtune.gpu import GpuInfo, describe_target, detect_gpus
 from flashtune.profiles import ProfileError, list_profiles, select_profile_with_reason
-from flashtune.toolchain import Toolchain, detect_toolchain
+from flashtune.toolchain import Toolchain, cuda_home_problem, detect_toolchain
 
 EXIT_OK = 0
 EXIT_NO_GPU = 3
@@ -30,6 +30,8 @@ NO_GPU_MESSAGE = ("No NVIDIA GPU is visible to torch (torch.cuda.is_available() 
 def toolchain_warnings(tc: Toolchain) -> list[str]:
     """Warnings about the toolchain that hold whatever the GPU."""
     warnings = []
+    if (problem := cuda_home_problem(tc)) is not None:
+        warnings.append(problem)
     if tc.torch_version == "unknown":
         warnings.append("torch cannot be imported: install torch (a CUDA build)")
     elif tc.torch_cuda is None:
@@ -89,6 +91,10 @@ def _gpu_entry(gpu: GpuInfo, tc: Toolchain, profiles: list) -> dict:
         "smem_per_block_optin": gpu.smem_per_block_optin,
         "l2_bytes": gpu.l2_bytes,
         "memory_bytes": gpu.memory_bytes,
+        # where SMs, L2 and memory come from: the card ("device"), flashtune's table of datasheet
+        # figures for a named target ("datasheet"), or nowhere (an --arch target: "unknown")
+        "figures_from": "device" if not gpu.is_target else ("datasheet" if gpu.datasheet else "unknown"),
+        "figures_vary": gpu.varies,
         "driver": gpu.driver,
         "capabilities": ({"mma_sync": arch.mma_sync, "fp8": arch.fp8, "tma": arch.tma, "wgmma": arch.wgmma}
                          if arch else None),
@@ -150,14 +156,21 @@ def render_report(report: dict, console: Console) -> None:
                  else f"GPU {gpu['index']}: {gpu['name']}")
         table = _kv_table(escape(title))
         caps = gpu["capabilities"] or {}
+
+        def card(value):  # a described target's SMs, L2 and memory: say where they come from
+            if gpu["figures_from"] != "datasheet":
+                return value
+            if value is not None:
+                return f"{value} (datasheet)"
+            return f"unknown (varies: {gpu['figures_vary']})" if gpu["figures_vary"] else None
         rows = [
             ("compute capability", gpu["compute_capability"]),
             ("arch", gpu["arch"] or "unknown"),
-            ("SMs", gpu["sm_count"]),
+            ("SMs", card(gpu["sm_count"])),
             ("shared memory / SM", human_bytes(gpu["smem_per_sm"])),
             ("shared memory / block (opt-in)", human_bytes(gpu["smem_per_block_optin"])),
-            ("L2", human_bytes(gpu["l2_bytes"])),
-            ("memory", human_bytes(gpu["memory_bytes"])),
+            ("L2", card(human_bytes(gpu["l2_bytes"]))),
+            ("memory", card(human_bytes(gpu["memory_bytes"]))),
             ("driver", gpu["driver"]),
             ("mma.sync (f16/bf16)", yes_no(caps.get("mma_sync"))),
             ("FP8 tensor cores", yes_no(caps.get("fp8"))),

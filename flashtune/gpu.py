@@ -20,6 +20,10 @@ class GpuInfo:
     l2_bytes: int | None
     memory_bytes: int | None
     driver: str | None
+    # A described target's SMs, L2 and memory come from flashtune's table of datasheet figures
+    # (arch.KNOWN_GPUS), not from a card; `varies` says why one is unknown (its versions differ).
+    datasheet: bool = False
+    varies: str | None = None
 
     @property
     def is_target(self) -> bool:
@@ -91,18 +95,20 @@ def detect_gpus(props_provider: PropsProvider | None = None,
 def describe_target(arch: str | None = None, gpu_name: str | None = None) -> GpuInfo:
     """A GpuInfo for a GPU we do not have, from --arch and/or --gpu.
 
-    Limits come from the arch table; what the table cannot know (SM count, L2,
-    memory, driver) is None.
+    Limits come from the arch table; a named GPU's SM count, L2 and memory from its datasheet
+    figures where every version of it shares them; the rest (and the driver) is None.
     """
     if arch is None and gpu_name is None:
         raise ValueError("describe a target with an arch (e.g. sm_89) or a GPU name (e.g. 'RTX 4090')")
     facts = get_arch(arch) if arch is not None else None
+    known = None
     if gpu_name is not None:
         hit = lookup_gpu(gpu_name)
         if hit is None:
             raise ValueError(f"unknown GPU {gpu_name!r}; known: {', '.join(KNOWN_GPUS)} "
                              "(or pass --arch sm_XX)")
-        gpu_facts = arch_for_compute_capability(*hit[1])
+        known = hit[1]
+        gpu_facts = arch_for_compute_capability(*known.compute_capability)
         if facts is not None and facts.compute_capability != gpu_facts.compute_capability:
             raise ValueError(f"--gpu {gpu_name!r} is {gpu_facts.name} "
                              f"(compute capability {gpu_facts.compute_capability_str}), "
@@ -114,10 +120,12 @@ def describe_target(arch: str | None = None, gpu_name: str | None = None) -> Gpu
         name=gpu_name or f"{facts.name} target",
         compute_capability=facts.compute_capability,
         arch=facts,
-        sm_count=None,
+        sm_count=known.sm_count if known else None,
         smem_per_sm=facts.smem_per_sm,
         smem_per_block_optin=facts.max_smem_per_block,
-        l2_bytes=None,
-        memory_bytes=None,
+        l2_bytes=known.l2_mb * 2**20 if known and known.l2_mb else None,
+        memory_bytes=known.memory_gb * 2**30 if known and known.memory_gb else None,
         driver=None,
+        datasheet=known is not None,
+        varies=known.varies if known else None,
     )

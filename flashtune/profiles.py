@@ -16,14 +16,17 @@ import yaml
 
 from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch, known_arch_names
 from flashtune.gpu import GpuInfo
-from flashtune.paths import profiles_dir
-from flashtune.spec import DTYPES as KERNEL_DTYPES
+from flashtune.paths import profiles_dir, profiles_doc
+from flashtune.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
 from flashtune.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
 FP8_FORMATS = {"qk": ("e4m3",)}
-HOW_TO_WRITE = ("copy a shipped profile (`flashtune profiles show NAME` prints its path), "
-                "edit it as docs/profiles.md describes, and pass --profile PATH")
+
+
+def how_to_write() -> str:
+    return (f"copy a shipped profile (`flashtune profiles show NAME` prints its path), edit it as "
+            f"{profiles_doc()} describes, and pass --profile PATH")
 
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
@@ -400,7 +403,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ProfileError(f"{path}: {where}: malformed YAML ({problem}); allowed: "
-                           "a YAML mapping as docs/profiles.md describes") from None
+                           f"a YAML mapping as {profiles_doc()} describes") from None
     return _Validator(path).profile(data)
 
 
@@ -465,13 +468,26 @@ def match_profile(gpu: GpuInfo, profiles: list[Profile] | None = None) -> Select
 
 
 def closest_profile(gpu: GpuInfo, profiles: list[Profile]) -> Profile | None:
-    """The profile nearest in compute capability (same arch first) to base a new one on."""
+    """The profile to base a new one on: the nearest in compute capability (same arch first) among
+    those whose kernels build for the GPU's arch (an sm90 profile's do not on sm_100a)."""
     def distance(p: Profile) -> tuple:
         same_arch = gpu.arch is not None and p.arch.name == gpu.arch.name
         major, minor = gpu.compute_capability
         pm, pn = p.arch.compute_capability
         return (not same_arch, abs(pm - major), abs(pn - minor), p.name)
-    return min(profiles, key=distance) if profiles else None
+    return next((p for p in sorted(profiles, key=distance) if gpu.arch is None or builds_for(p, gpu.arch)), None)
+
+
+def builds_for(profile: Profile, arch: ArchFacts) -> bool:
+    """Whether `flashtune build --profile P --arch A` compiles: P's family runs on A and every tile
+    fits A's limits."""
+    if not family_runs_on(profile.family, arch):
+        return False
+    try:
+        specs_for_profile(profile, arch=arch.name)
+    except SpecError:
+        return False
+    return True
 
 
 def select_profile(name_or_path: str | os.PathLike | None = None, gpu: GpuInfo | None = None,
@@ -493,6 +509,14 @@ def select_profile_with_reason(name_or_path: str | os.PathLike | None = None, gp
         return selection
     cc = "{}.{}".format(*gpu.compute_capability)
     closest = closest_profile(gpu, profiles)
-    near = f"the closest is {closest.name} ({closest.arch.name}, {closest.path}); " if closest else ""
+    target = gpu.arch.name if gpu.arch else None
+    if closest is None:
+        near = f"no shipped profile builds for {target}; " if target else ""
+    elif target and closest.arch.name != target:  # a profile for another arch: retargeted, and copied to run
+        near = (f"none ships for {target}; the closest whose kernels build for it is {closest.name} "
+                f"({closest.arch.name}, {closest.path}: `flashtune build --profile {closest.name} --arch {target}`; "
+                f"to run it on this GPU, copy it with `arch: {target}`); ")
+    else:
+        near = f"the closest is {closest.name} ({closest.arch.name}, {closest.path}); "
     raise ProfileError(f"profile: no profile matches GPU {gpu.name!r} (compute capability {cc}); "
-                       f"{near}allowed: --profile NAME or PATH; to write one, {HOW_TO_WRITE}")
+                       f"{near}allowed: --profile NAME or PATH; to write one, {how_to_write()}")

@@ -32,6 +32,9 @@ class Toolchain:
     cuda_home: str | None  # the toolkit that builds will use
     ninja_version: str | None
     cuobjdump_path: str | None
+    # whether cuda_home holds bin/nvcc (None: not looked at). A $CUDA_HOME naming no toolkit is
+    # still the one builds use, while nvcc above may be one found on PATH.
+    cuda_home_has_nvcc: bool | None = None
 
     @property
     def torch_cuda_major(self) -> int | None:
@@ -134,7 +137,18 @@ def find_cuobjdump(cuda_home: str | None) -> str | None:
     return None
 
 
-def _torch_versions() -> tuple[str, str | None]:
+def torch_versions(import_torch: bool = True) -> tuple[str, str | None]:
+    """torch's version and CUDA ("unknown", None when torch is missing or broken). Without
+    import_torch, read from torch/version.py (a second or more of import saved: a build whose
+    kernels are all cached should not pay it), importing only if that file cannot be read."""
+    if not import_torch:
+        namespace: dict = {}
+        try:
+            spec = importlib.util.find_spec("torch")
+            exec((Path(spec.origin).parent / "version.py").read_text(), namespace)  # noqa: S102
+            return namespace["__version__"], namespace.get("cuda")
+        except (OSError, KeyError, TypeError, AttributeError, SyntaxError, ImportError, ValueError):
+            pass
     try:
         import torch
 
@@ -143,9 +157,10 @@ def _torch_versions() -> tuple[str, str | None]:
         return "unknown", None
 
 
-def detect_toolchain() -> Toolchain:
-    """What this machine would build with. Never raises."""
-    torch_version, torch_cuda = _torch_versions()
+def detect_toolchain(import_torch: bool = True) -> Toolchain:
+    """What this machine would build with. Never raises. `import_torch=False`: torch's versions
+    read without importing it (torch_versions)."""
+    torch_version, torch_cuda = torch_versions(import_torch)
     cuda_home = resolve_cuda_home()
     nvcc = _find_nvcc(cuda_home)
     return Toolchain(
@@ -156,11 +171,26 @@ def detect_toolchain() -> Toolchain:
         cuda_home=cuda_home,
         ninja_version=_ninja_version(),
         cuobjdump_path=find_cuobjdump(cuda_home),
+        cuda_home_has_nvcc=None if cuda_home is None else (Path(cuda_home) / "bin" / "nvcc").exists(),
     )
+
+
+def cuda_home_problem(tc: Toolchain) -> str | None:
+    """Why the toolkit that builds would use is none: $CUDA_HOME (or $CUDA_PATH) naming a directory
+    without nvcc. The nvcc on PATH may still answer --version, so without this check the toolchain
+    looked fine and every compile failed later on the missing headers."""
+    if tc.cuda_home is None or tc.cuda_home_has_nvcc is not False:
+        return None
+    var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v) == tc.cuda_home), "CUDA_HOME")
+    what = "does not exist" if not Path(tc.cuda_home).exists() else "has no bin/nvcc"
+    return (f"{var}={tc.cuda_home} {what}, and builds would use it: set {var} to the CUDA toolkit (the "
+            "directory holding bin/nvcc, e.g. /usr/local/cuda) or unset it")
 
 
 def toolchain_problems(arch: ArchFacts, tc: Toolchain) -> list[str]:
     """Why a build for `arch` would fail with this toolchain (empty when it can work)."""
+    if (problem := cuda_home_problem(tc)) is not None:
+        return [problem]  # the rest would be judged on an nvcc that builds do not use
     problems = []
     min_nvcc = "{}.{}".format(*arch.min_nvcc)
     if tc.torch_cuda is None:
@@ -186,7 +216,7 @@ def toolchain_problems(arch: ArchFacts, tc: Toolchain) -> list[str]:
 
 def check_build_toolchain(arch: ArchFacts, tc: Toolchain | None = None) -> Toolchain:
     """Raise ToolchainError when a build for `arch` cannot work; return the toolchain."""
-    tc = tc or detect_toolchain()
+    tc = tc or detect_toolchain(import_torch=False)
     problems = toolchain_problems(arch, tc)
     if problems:
         raise ToolchainError(problems[0] if len(problems) == 1 else "; ".join(problems))

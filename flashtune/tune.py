@@ -291,10 +291,8 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
         if spec.name in by_name:
             cache.put(key(spec, "build"), **build_facts(by_name[spec.name]))
     for spec, err in failures:
-        lines = str(err).splitlines() or [type(err).__name__]
-        first = next((line for line in lines if "error" in line.lower()), lines[0])
         if isinstance(err, BuildError):
-            cache.put(key(spec, "build"), status="failed", reason=f"compile error: {first[:200]}")
+            cache.put(key(spec, "build"), status="failed", reason=f"compile error: {err.cause[:200]}")
 
     # 2. Check and time the survivors that have no measurement yet.
     def verdict(spec):

@@ -25,7 +25,8 @@ def test_only_sm90a_has_wgmma():
 
 def test_rtx5090_is_sm120_not_sm89():
     assert arch_for_compute_capability(12, 0).name == "sm_120"
-    assert lookup_gpu("NVIDIA GeForce RTX 5090") == ("RTX 5090", (12, 0))
+    pattern, known = lookup_gpu("NVIDIA GeForce RTX 5090")
+    assert pattern == "RTX 5090" and known.compute_capability == (12, 0)
 
 
 def test_limits():

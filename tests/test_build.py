@@ -97,7 +97,7 @@ def test_compile_errors_surface_with_the_log(monkeypatch):
 def test_missing_nvcc_says_what_to_install(monkeypatch):
     fake = Toolchain(torch_version="2.14.1", torch_cuda="13.0", nvcc_path=None, nvcc_version=None,
                      cuda_home=None, ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda: fake)
+    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: fake)
     with pytest.raises(ToolchainError, match="install the CUDA toolkit"):
         build.build_spec(KernelSpec("sm80", "sm_120", "float16", 64, TileConfig(64, 64, 4, 1), False))
 
@@ -105,7 +105,7 @@ def test_missing_nvcc_says_what_to_install(monkeypatch):
 def test_old_nvcc_cannot_target_sm120(monkeypatch):
     fake = Toolchain(torch_version="2.14.1", torch_cuda="12.4", nvcc_path="/opt/cuda-12.4/bin/nvcc",
                      nvcc_version=(12, 4), cuda_home="/opt/cuda-12.4", ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda: fake)
+    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: fake)
     with pytest.raises(ToolchainError, match=r"nvcc 12.4 .*cannot target sm_120.*>= 12.8"):
         build.build_spec(KernelSpec("sm80", "sm_120", "float16", 64, TileConfig(64, 64, 4, 1), False))
 

@@ -471,7 +471,7 @@ def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):
 
     old = Toolchain(torch_version="2.14.1", torch_cuda="12.4", nvcc_path="/opt/cuda-12.4/bin/nvcc",
                     nvcc_version=(12, 4), cuda_home="/opt/cuda-12.4", ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda: old)
+    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: old)
     result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_120"])
     assert result.exit_code == 2
     assert result.output.count("cannot target sm_120") == 1 and ">= 12.8" in result.output

@@ -80,7 +80,7 @@ def test_detect_old_nvcc_warns(monkeypatch):
     from flashtune.toolchain import Toolchain
 
     old = Toolchain("2.5.0+cu124", "12.4", "/opt/cuda/bin/nvcc", (12, 4), "/opt/cuda", "1.11", None)
-    monkeypatch.setattr(detect, "detect_toolchain", lambda: old)
+    monkeypatch.setattr(detect, "detect_toolchain", lambda **_: old)
     report = json.loads(run("detect", "--arch", "sm_120", "--json").output)
     assert any("older than 12.8 and cannot target sm_120" in w for w in report["warnings"])
     assert any("too old for sm_120" in w for w in report["gpus"][0]["warnings"])
@@ -90,10 +90,10 @@ def test_detect_cpu_torch_and_mismatch_warn(monkeypatch):
     from flashtune.toolchain import Toolchain
 
     cpu = Toolchain("2.14.1+cpu", None, "/opt/cuda/bin/nvcc", (13, 0), "/opt/cuda", "1.13", None)
-    monkeypatch.setattr(detect, "detect_toolchain", lambda: cpu)
+    monkeypatch.setattr(detect, "detect_toolchain", lambda **_: cpu)
     assert any("CPU-only" in w for w in json.loads(run("detect", "--arch", "sm_89", "--json").output)["warnings"])
     mismatch = Toolchain("2.14.1+cu130", "13.0", "/opt/cuda/bin/nvcc", (12, 9), "/opt/cuda", "1.13", None)
-    monkeypatch.setattr(detect, "detect_toolchain", lambda: mismatch)
+    monkeypatch.setattr(detect, "detect_toolchain", lambda **_: mismatch)
     assert any("major versions must match" in w
                for w in json.loads(run("detect", "--arch", "sm_89", "--json").output)["warnings"])
 

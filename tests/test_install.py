@@ -1,4 +1,5 @@
-"""A non-editable install must still find profiles/ and csrc/ (shipped as flashtune/_data)."""
+"""A non-editable install must still find profiles/, csrc/ and docs/profiles.md (shipped as
+flashtune/_data), and carries its licence and every dependency its commands import."""
 import json
 import os
 import subprocess
@@ -28,7 +29,8 @@ def installed(tmp_path_factory) -> Path:
 def test_installed_package_finds_profiles_and_csrc(installed, tmp_path):
     probe = ("import json, flashtune, flashtune.paths as p, flashtune.profiles as pr; "
              "print(json.dumps({'pkg': flashtune.__file__, 'profiles': str(p.profiles_dir()), "
-             "'csrc': str(p.csrc_dir()), 'names': [x.name for x in pr.list_profiles()]}))")
+             "'csrc': str(p.csrc_dir()), 'doc': str(p.profiles_doc()), "
+             "'names': [x.name for x in pr.list_profiles()]}))")
     # Run from an unrelated directory so the checkout is not on sys.path.
     env = {**os.environ, "PYTHONPATH": str(installed)}
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
@@ -40,6 +42,20 @@ def test_installed_package_finds_profiles_and_csrc(installed, tmp_path):
         load.stem for load in (REPO / "profiles").glob("*.yaml"))
     assert Path(found["csrc"]) == installed / "flashtune" / "_data" / "csrc"
     assert _cuda_sources(Path(found["csrc"])) == _cuda_sources(REPO / "csrc")
+    # the profile format that every profile error points to is there to read
+    assert Path(found["doc"]) == installed / "flashtune" / "_data" / "docs" / "profiles.md"
+    assert Path(found["doc"]).read_text() == (REPO / "docs" / "profiles.md").read_text()
+
+
+def test_licence_and_dependencies(installed):
+    (info,) = installed.glob("flashtune-*.dist-info")
+    assert (info / "licenses" / "LICENSE").read_text() == (REPO / "LICENSE").read_text()
+    metadata = (info / "METADATA").read_text()
+    assert "License-Expression: BSD-3-Clause" in metadata
+    # torch imports numpy when it can and warns on every command when it cannot
+    requires = {line.split(":", 1)[1].split(";")[0].strip() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line}
+    assert {"click>=8", "torch", "ninja", "numpy", "pyyaml>=6", "rich>=13"} <= requires
 
 
 def test_console_script_installed(installed):

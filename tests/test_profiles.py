@@ -288,7 +288,10 @@ def test_no_match_names_closest_and_how_to_write_one():
         select_profile(gpu=gpu("NVIDIA B200", (10, 0)))
     message = str(info.value)
     assert "no profile matches GPU 'NVIDIA B200' (compute capability 10.0)" in message
-    assert "the closest is" in message and "docs/profiles.md" in message and "flashtune profiles show" in message
+    assert "docs/profiles.md" in message and "flashtune profiles show" in message
+    # the closest profile named is one whose kernels build for sm_100a: not h100 (sm90 needs wgmma)
+    assert "none ships for sm_100a; the closest whose kernels build for it is h200-sm80" in message
+    assert "--profile h200-sm80 --arch sm_100a" in message and "h100" not in message
 
 
 def test_plain_sm90_target_suggests_h200_sm80():

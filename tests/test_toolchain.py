@@ -112,3 +112,16 @@ def test_nvcc_version_parse(tmp_path):
     _write_exe(nvcc, "#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
     assert tcmod.nvcc_version(str(nvcc)) == (12, 8)
     assert tcmod.nvcc_version(str(tmp_path / "missing")) is None
+
+
+def test_a_cuda_home_without_nvcc_is_the_one_problem_named(tmp_path, monkeypatch):
+    """$CUDA_HOME naming no toolkit is what builds would use, whatever nvcc PATH offers: said first,
+    alone, before a compile fails on its missing headers (issue 30)."""
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "gone"))
+    tc = detect_toolchain()
+    assert tc.cuda_home == str(tmp_path / "gone") and tc.cuda_home_has_nvcc is False
+    with pytest.raises(ToolchainError, match=r"^CUDA_HOME=.*gone does not exist, and builds would use it"):
+        check_build_toolchain(get_arch("sm_89"), tc)
+    (tmp_path / "gone").mkdir()
+    with pytest.raises(ToolchainError, match=r"gone has no bin/nvcc"):
+        check_build_toolchain(get_arch("sm_89"), detect_toolchain())

@@ -1,0 +1,196 @@
+"""How the command line fails (issue 30): one line a person can act on, no traceback, an exit code
+that says what happened, the same error as JSON with --json, and nothing dropped without a word."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flashtune import build_command, detect
+from flashtune.build import BuildResult
+from flashtune.cli import cli
+
+
+def run(*args, **kwargs):
+    return CliRunner().invoke(cli, list(args), prog_name="flashtune", **kwargs)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [])
+    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+
+
+@pytest.fixture
+def no_binding_build(monkeypatch):
+    """The torch binding (a 10 s compile) stands as built: these tests are about the kernels."""
+    monkeypatch.setattr(build_command, "build_binding",
+                        lambda force=False: BuildResult("flashtune_C", "host", "lib.so", True, 0.0))
+
+
+def _one_line_error(result, *parts):
+    """stderr is one `error:` line holding every part, and no traceback anywhere."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(part in lines[0] for part in parts), lines[0]
+    assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- a failed compile
+
+def test_first_compiler_error_finds_the_cause_not_the_traceback():
+    from flashtune.build import first_compiler_error
+
+    log = "\n".join([
+        "[1/2] /usr/local/cuda/bin/nvcc -Werror -c k.cu -o k.o",
+        "FAILED: k.o",
+        "nvcc fatal   : Unknown option '--bogus'",
+        "Traceback (most recent call last):",
+        '  File "cpp_extension.py", line 2906, in _run_ninja_build',
+        "RuntimeError: Error building extension 'k'",
+    ])
+    assert first_compiler_error(log) == "nvcc fatal   : Unknown option '--bogus'"
+    assert first_compiler_error("k.cu(12): warning: x\nk.cu(13): error: identifier \"y\" is undefined") == \
+        'k.cu(13): error: identifier "y" is undefined'
+    assert first_compiler_error("ptxas fatal   : Unresolved extern function 'f'") is not None
+    assert first_compiler_error("binding.cpp:3:10: fatal error: x.h: No such file or directory").endswith("directory")
+    assert first_compiler_error("RuntimeError: Error building extension 'k'") is None
+
+
+def test_a_failed_compile_is_one_line_per_kernel_and_a_summary(tmp_path, no_binding_build):
+    profile = tmp_path / "bad.yaml"
+    profile.write_text("name: bad-flags\ndescription: a bad nvcc flag\nmatch: {}\nfamily: sm80\narch: sm_89\n"
+                       "dtypes: [bfloat16]\nhead_dims: [64, 128, 256]\nnvcc_flags: ['--no-such-nvcc-flag']\n"
+                       "configs_from: rtx4090\n")
+    result = run("build", "--profile", str(profile), "--hdim", "64")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    failed = [line for line in result.stdout.splitlines() if line.startswith("failed ")]
+    assert len(failed) == 2  # causal and not, each one line: kernel, first compiler error, full log
+    for line in failed:
+        assert "nvcc fatal" in line and "--no-such-nvcc-flag" in line and "(full log: " in line
+        log = Path(line.split("(full log: ")[1].rstrip(")"))
+        assert log.is_file() and "Traceback" in log.read_text()  # the whole story stays in the cache entry
+    assert result.stdout.strip().splitlines()[-1] == "error: 2 of 3 modules failed to compile"
+    report = json.loads(run("build", "--profile", str(profile), "--hdim", "64", "--json").stdout)
+    assert report["exit_code"] == 1 and report["error"] == "2 of 3 modules failed to compile"
+    assert all("nvcc fatal" in f["error"] and Path(f["log"]).is_file() for f in report["failures"])
+
+
+# ---------------------------------------------------------------- the environment
+
+def test_cuda_home_naming_a_missing_directory(monkeypatch, no_gpu):
+    monkeypatch.setenv("CUDA_HOME", "/no/such/cuda")
+    report = json.loads(run("detect", "--json").stdout)
+    assert any("CUDA_HOME=/no/such/cuda does not exist" in w for w in report["warnings"])
+    result = run("build", "--profile", "rtx5090", "--arch", "sm_120")
+    assert result.exit_code == 2
+    _one_line_error(result, "CUDA_HOME=/no/such/cuda does not exist", "set CUDA_HOME")
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_cache_dir_that_is_a_file(monkeypatch, tmp_path, under):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / under if under else blocker
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(path))
+    result = run("build", "--profile", "rtx5090", "--arch", "sm_120")
+    assert result.exit_code == 2
+    _one_line_error(result, str(path), "FLASHTUNE_CACHE_DIR", "not a directory")
+
+
+# ---------------------------------------------------------------- --json, exit codes, Ctrl-C
+
+def test_errors_with_json_are_json_on_stdout_too(monkeypatch, tmp_path, no_gpu):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(blocker))
+    cases = [(["build", "--profile", "rtx5090", "--arch", "sm_120", "--json"], 2, "a-file"),
+             (["build", "--jobs", "0", "--json"], 2, "--jobs"),  # a click usage error
+             (["profiles", "show", "rtx9999", "--json"], 2, "rtx9999"),
+             (["verify", "--json"], 3, "no GPU is visible"),
+             (["detect", "--arch", "sm_42", "--json"], 2, "sm_42")]
+    for args, code, part in cases:
+        result = run(*args)
+        assert result.exit_code == code, (args, result.output)
+        error = json.loads(result.stdout)
+        assert error["exit_code"] == code and part in error["error"], (args, error)
+        _one_line_error(result, part)
+    out = tmp_path / "bench.json"  # bench's --json takes a file: the error goes there
+    result = run("bench", "--json", str(out))
+    assert result.exit_code == 3 and json.loads(out.read_text())["exit_code"] == 3
+
+
+def test_usage_errors_and_flashtunes_own_read_alike():
+    usage = run("build", "--jobs", "0")
+    own = run("build", "--profile", "rtx9999")
+    assert usage.exit_code == own.exit_code == 2
+    _one_line_error(usage, "--jobs", "`flashtune build --help` lists the options")
+    _one_line_error(own, "rtx9999")
+
+
+def test_ctrl_c_exits_130(monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_command, "run_build", interrupted)
+    result = run("build", "--profile", "rtx5090", "--arch", "sm_120")
+    assert result.exit_code == 130
+    _one_line_error(result, "interrupted")
+
+
+# ---------------------------------------------------------------- nothing dropped silently
+
+def test_fp8_kernels_left_out_for_an_arch_without_fp8_are_named(monkeypatch, no_binding_build):
+    built = []
+
+    def fake_build_specs(specs, jobs=None, force=False, on_done=None):
+        built.extend(specs)
+        return [BuildResult(s.name, s.arch, "k.so", True, 0.0) for s in specs], []
+
+    monkeypatch.setattr(build_command, "build_specs", fake_build_specs)
+    report = json.loads(run("build", "--profile", "rtx5090", "--arch", "sm_80", "--json").stdout)
+    assert len(built) == 12 and not any(s.fp8 for s in built)
+    assert report["notes"] == ["12 FP8 Q/K kernels of profile rtx5090 are not built: sm_80 has no FP8 tensor "
+                               "cores (they exist on sm_89, sm_90 and sm_120)"]
+    assert "note: 12 FP8 Q/K kernels of profile rtx5090 are not built" in run(
+        "build", "--profile", "rtx5090", "--arch", "sm_80").stdout
+    assert json.loads(run("build", "--profile", "rtx5090", "--arch", "sm_120", "--json").stdout)["notes"] == []
+
+
+def test_detect_suggests_only_a_profile_that_builds_for_the_arch():
+    from flashtune.profiles import builds_for, find_profile
+    from flashtune.arch import get_arch
+
+    error = json.loads(run("detect", "--arch", "sm_100a", "--json").stdout)["gpus"][0]["profile_error"]
+    assert "closest whose kernels build for it is h200-sm80" in error and "h100" not in error
+    assert builds_for(find_profile("h200-sm80"), get_arch("sm_100a"))
+    assert not builds_for(find_profile("h100"), get_arch("sm_100a"))  # what detect used to suggest
+
+
+# ---------------------------------------------------------------- help and described GPUs
+
+@pytest.mark.parametrize("command", ["build", "verify", "tune", "bench", "memory"])
+def test_help_keeps_each_example_on_its_own_line(command):
+    examples = [line.strip() for line in cli.commands[command].help.splitlines()
+                if line.strip().startswith("flashtune ")]
+    shown = [line.strip() for line in run(command, "--help").stdout.splitlines()]
+    assert examples and all(example in shown for example in examples)
+
+
+def test_a_described_gpu_carries_its_datasheet_figures():
+    entry = json.loads(run("detect", "--gpu", "RTX 4090", "--json").stdout)["gpus"][0]
+    assert (entry["sm_count"], entry["l2_bytes"], entry["memory_bytes"]) == (128, 72 * 2**20, 24 * 2**30)
+    assert entry["figures_from"] == "datasheet"
+    text = run("detect", "--gpu", "RTX 4090").stdout
+    assert "128 (datasheet)" in text and "72 MB (datasheet)" in text and "24 GB (datasheet)" in text
+    h100 = json.loads(run("detect", "--gpu", "H100", "--json").stdout)["gpus"][0]
+    assert h100["sm_count"] is None and "PCIe 114 SMs" in h100["figures_vary"]  # versions differ: not a guess
+    assert json.loads(run("detect", "--arch", "sm_89", "--json").stdout)["gpus"][0]["figures_from"] == "unknown"
+
+
+def test_readme_says_how_to_run_the_fast_tests():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "pytest -q -m \"not slow\"" in readme and "about 0.3 s" in readme and "85 s" not in readme
