@@ -13,7 +13,6 @@
 #include <map>
 #include <mutex>
 #include <utility>
-#include <vector>
 
 #include "common/params.h"
 
@@ -28,38 +27,24 @@ int64_t stride_of(const at::Tensor& t, int d) {
   return dense;
 }
 
-// The tile counter of the kernels that hand out tiles from one (FwdParams::tile_counter), and
-// the split tail's counters after it: kScratchCounters int32 per (device, stream), zeroed once,
-// which every kernel that uses them leaves at 0 when it ends.
-// Kernels on one stream run one after another, so no two share a count, and a call needs no
-// memset (a kernel of its own, 1-2 us of a 130 us call). Under CUDA graph capture a replay may
-// run on another stream: then a fresh pair, zeroed on the stream as part of the graph.
+// The tile counter of the kernels that hand out tiles from one (FwdParams::tile_counter): two
+// int32 per (device, stream), zeroed once, which every kernel that uses them leaves at 0 when it
+// ends. Kernels on one stream run one after another, so no two share a count, and a call needs no
+// memset (a kernel of its own, 1-2 us of a 130 us call). Under CUDA graph capture a replay may run
+// on another stream: then a fresh pair, zeroed on the stream as part of the graph.
 // Returns the tensor and whether it is already zero.
 std::pair<at::Tensor, bool> tile_counter_for(const at::Tensor& like, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TORCH_CHECK(cudaStreamIsCapturing(stream, &capture) == cudaSuccess, "flashtune: cudaStreamIsCapturing failed");
   const auto options = like.options().dtype(at::kInt);
-  constexpr int64_t n = flashtune::FwdParams::kScratchCounters;
-  if (capture != cudaStreamCaptureStatusNone) return {at::empty({n}, options), false};
+  if (capture != cudaStreamCaptureStatusNone) return {at::empty({2}, options), false};
   static std::mutex mutex;
   // Never destroyed: freeing CUDA memory during static destruction can outlive the driver.
   static auto* counters = new std::map<std::pair<int, uintptr_t>, at::Tensor>();
   const std::lock_guard<std::mutex> lock(mutex);
   at::Tensor& counter = (*counters)[{like.get_device(), reinterpret_cast<uintptr_t>(stream)}];
-  if (!counter.defined()) counter = at::zeros({n}, options);  // on the current stream: before any use
+  if (!counter.defined()) counter = at::zeros({2}, options);  // on the current stream: before any use
   return {counter, true};
-}
-
-// FwdParams::scratch: a byte tensor from PyTorch's caching allocator on the current stream, kept
-// alive (in *ctx) until fwd returns, after the launch is enqueued.
-void* scratch_bytes(void* ctx, int64_t bytes) {
-  auto* held = static_cast<std::pair<at::Tensor, std::vector<at::Tensor>>*>(ctx);
-  try {
-    held->second.push_back(at::empty({bytes}, held->first.options().dtype(at::kByte)));
-  } catch (const c10::Error&) {
-    return nullptr;  // out of memory: the launcher does without
-  }
-  return held->second.back().data_ptr();
 }
 
 // Python validates every input with a clear message first; these checks only keep a bad
@@ -143,9 +128,6 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   const auto [tile_counter, zeroed] = tile_counter_for(q, stream);
   p.tile_counter = tile_counter.data_ptr<int32_t>();
   p.tile_counter_zeroed = zeroed ? 1 : 0;
-  std::pair<at::Tensor, std::vector<at::Tensor>> scratch{q, {}};
-  p.scratch = &scratch_bytes;
-  p.scratch_ctx = &scratch;
   auto fn = reinterpret_cast<flashtune::FwdLaunchFn>(launcher);
   const int err = fn(&p, stream);
   TORCH_CHECK(err == 0, "flashtune: kernel launch failed: ",

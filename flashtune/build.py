@@ -200,7 +200,9 @@ def _run_worker(name: str, sources: list[str], directory: Path, torch_arch_list:
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     text = log_path.read_text(errors="replace")
     if proc.returncode != 0:
-        cause = first_compiler_error(text) or f"the build exited with {proc.returncode} and no compiler error in its log"
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        cause = first_compiler_error(text) or (
+            f"the build exited with {proc.returncode} and no compiler error in its log; its last line: {last[:200]}")
         raise BuildError(cause, name, log_path)
     return text
 

@@ -326,7 +326,7 @@ def tune(profile_name, hdims, causal, dtype, max_candidates, shapes, time_budget
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
                                  param_hint="--hdims")
     for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
-        problems = {h: tune_space.shape_problems(profile.family, h, shape, profile.arch, fp8, profile.nvcc_flags)
+        problems = {h: tune_space.shape_problems(profile.family, h, shape, profile.arch, fp8)
                     for h in hdims or profile.head_dims}
         said = "; ".join(f"hdim {h}: {', '.join(p)}" for h, p in problems.items() if p)
         if all(problems.values()):

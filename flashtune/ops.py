@@ -18,7 +18,7 @@ import torch
 from flashtune.build import load_binding, load_kernel
 from flashtune.gpu import GpuInfo, detect_gpus
 from flashtune.profiles import Profile, ProfileError, find_profile, select_profile
-from flashtune.spec import KernelSpec
+from flashtune.spec import KernelSpec, spec_for
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
            "select_spec", "quantise_qk", "FlashtuneInputError"]
@@ -51,7 +51,7 @@ _state_lock = threading.Lock()
 
 def use_profile(name_or_path: str | os.PathLike | Profile | None) -> Profile | None:
     """Choose the profile every later call uses (None: back to auto-matching the GPU); a name, a
-    YAML path, or a Profile already loaded (e.g. with extra nvcc_flags, as tools/tile_trace.py).
+    YAML path, or a Profile already loaded.
 
     The environment variable FLASHTUNE_PROFILE does the same without code changes.
     """
@@ -136,7 +136,7 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
     key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags)
     spec = _spec_cache.get(key)
     if spec is None:
-        spec = _spec_cache[key] = KernelSpec(*key)
+        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8)
     return spec
 
 

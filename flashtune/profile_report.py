@@ -1,12 +1,16 @@
 """`flashtune profiles` and `profiles show`: the shipped profiles and their derived numbers."""
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from flashtune.format import human_bytes
 from flashtune.profiles import Profile
+from flashtune.schedule import suffix_words
+from flashtune.spec import spec_for
 from flashtune.tiles import ctas_per_sm, shared_memory_bytes, threads_per_cta
 
 
@@ -37,14 +41,13 @@ def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
     import json
 
     from flashtune.build import MANIFEST, spec_dir
-    from flashtune.spec import KernelSpec, SpecError
+    from flashtune.spec import SpecError
 
     found = []
     for dtype in profile.dtypes:
         for causal in ((False, True) if entry.causal is None else (entry.causal,)):
             try:
-                spec = KernelSpec(profile.family, profile.arch.name, dtype, entry.hdim, entry.tile, causal,
-                                  fp8=fp8, nvcc_flags=profile.nvcc_flags)
+                spec = spec_for(profile, entry.tile, dtype, entry.hdim, causal, fp8)
                 manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
                 found.append(manifest["result"]["registers"])
             except (SpecError, OSError, ValueError, KeyError):
@@ -65,7 +68,8 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
     arch = profile.arch
     tile = entry.tile
     registers = built_registers(profile, entry, fp8)
-    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, profile.nvcc_flags)
+    causal_values = (False, True) if entry.causal is None else (entry.causal,)
+    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, causal_values[0])
     return {
         "hdim": entry.hdim,
         "causal": entry.causal_label,
@@ -75,7 +79,10 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
         "num_warps": tile.num_warps,
         "num_warpgroups": tile.num_warpgroups,
         "stages": tile.stages,
-        "pingpong": tile.pingpong if profile.family == "sm90" else None,
+        # sm90: the schedule each causal value's kernel runs (the row's keys over the family's
+        # defaults), and its kernel-name suffix ("" for the default schedule)
+        "schedule": {("causal" if c else "non-causal"): _schedule(profile, entry, c, fp8) for c in causal_values}
+        if profile.family == "sm90" else None,
         "threads": threads_per_cta(profile.family, tile),
         "smem_bytes": smem,
         "smem_limit_bytes": arch.max_smem_per_block,
@@ -83,6 +90,11 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
         "registers": registers,  # None until built (`flashtune build`)
         "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, fp8, registers=registers),
     }
+
+
+def _schedule(profile: Profile, entry, causal: bool, fp8: bool) -> dict:
+    spec = spec_for(profile, entry.tile, profile.dtypes[0], entry.hdim, causal, fp8)
+    return {**asdict(spec.schedule), "name_suffix": spec.schedule_suffix}
 
 
 def render_list(profiles: list[Profile], console: Console) -> None:
@@ -118,7 +130,8 @@ def render_details(profile: Profile, console: Console) -> None:
             table.add_column(column, no_wrap=True)
         for entry, row in zip(entries, rows):
             warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
-            shape = f"{row['block_m']}x{row['block_n']}" + ("" if row["pingpong"] is not False else ", no pingpong")
+            suffixes = sorted({sched["name_suffix"] for sched in (row["schedule"] or {}).values()} - {""})
+            shape = f"{row['block_m']}x{row['block_n']}" + "".join(f", {suffix_words(s)}" for s in suffixes)
             table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, shape,
                           str(warps), str(row["stages"]), str(row["threads"]),
                           f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",

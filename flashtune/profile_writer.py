@@ -19,9 +19,9 @@ def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int |
     causal_text = "any" if causal is None else ("true" if causal else "false")
     hi_text = "null" if hi is None else str(hi)
     warps = (f"num_warpgroups: {tile.num_warpgroups}" if family == "sm90" else f"num_warps: {tile.num_warps}")
+    keys = "".join(f", {name}: {'true' if value else 'false'}" for name, value in tile.schedule)  # sm90's own
     return (f"{indent}- {{hdim: {hdim}, causal: {causal_text}, seqlen: [{lo}, {hi_text}], block_m: {tile.block_m}, "
-            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}" + ("" if tile.pingpong else ", pingpong: false")
-            + "}")
+            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}{keys}}}")
 
 
 def _table_lines(base: Profile, table, indent: str) -> list[str]:

@@ -18,6 +18,7 @@ from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch,
 from flashtune.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
+from flashtune.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_of
 from flashtune.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
@@ -30,12 +31,12 @@ def how_to_write() -> str:
 
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
-             "nvcc_flags": list, "configs": list, "configs_from": str, "configs_replace": list,
-             "provenance": dict}
+             "nvcc_flags": list, "schedule": dict, "configs": list, "configs_from": str,
+             "configs_replace": list, "provenance": dict}
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
-                "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", "pingpong")}
+                "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", *SCHEDULE_KEYS)}
 _REQUIRED_CONFIG = {"sm80": ("hdim", "block_m", "block_n", "num_warps", "stages"),
                     "sm90": ("hdim", "block_m", "block_n", "stages")}
 
@@ -190,19 +191,40 @@ class _Validator:
         head_dims = self.head_dims(data["head_dims"])
         fp8 = self.fp8(data.get("fp8"), arch)
         match_names, match_ccs = self.match(data["match"])
-        nvcc_flags = self.str_list(data.get("nvcc_flags", []), "nvcc_flags", "a list of strings")
+        nvcc_flags = self.nvcc_flags(data.get("nvcc_flags", []))
+        schedule = self.schedule(data.get("schedule", {}), "schedule", family)
         # `configs` serve the 16-bit kernels (and the FP8 twins unless fp8.configs exist), so
         # they are checked against the 16-bit resource model; fp8.configs against the FP8 one.
-        configs = self.configs(self.tile_table(data, family), family, arch, head_dims, False, nvcc_flags)
+        configs = self.configs(self.tile_table(data, family), family, arch, head_dims, False, schedule)
         fp8_configs = ()
         if fp8 is not None and "configs" in data["fp8"]:
-            fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, nvcc_flags,
+            fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, schedule,
                                        "fp8.configs")
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
                        nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
                        provenance=data.get("provenance"))
+
+    def nvcc_flags(self, value: Any) -> tuple[str, ...]:
+        flags = self.str_list(value, "nvcc_flags", "a list of strings")
+        for i, flag in enumerate(flags):  # the schedule was once chosen by -D switches
+            if flag.startswith("-DFLASHTUNE_SM90_"):
+                raise self.fail(f"nvcc_flags[{i}]", f"{flag} chooses nothing any more: the sm90 schedule is data",
+                                "schedule keys (" + ", ".join(SCHEDULE_KEYS) + ") per config or in `schedule:` "
+                                f"for every config ({profiles_doc()}); the experiments behind other "
+                                "FLASHTUNE_SM90_* flags were removed (docs/experiments.md)")
+        return flags
+
+    def schedule(self, value: Any, key: str, family: str) -> dict[str, bool]:
+        """Schedule keys (flashtune/schedule.py): the profile's `schedule:` mapping, for every config, or
+        a config's own, which win over it. sm90 only."""
+        if not value:
+            return {}
+        if family != "sm90":
+            raise self.fail(key, "a schedule is the sm90 family's", "omit it for sm80")
+        self.check_keys(value, key, SCHEDULE_KEYS, ())
+        return {name: self.expect(flag, bool, f"{key}.{name}", "true or false") for name, flag in value.items()}
 
     def tile_table(self, data: dict, family: str) -> list:
         """The raw `configs` list: this file's, or, with `configs_from: NAME`, the shipped
@@ -299,17 +321,17 @@ class _Validator:
         return names, tuple(ccs)
 
     def configs(self, value: list, family: str, arch: ArchFacts, head_dims: tuple[int, ...],
-                fp8: bool, nvcc_flags: tuple[str, ...], key: str = "configs") -> tuple[ProfileConfig, ...]:
+                fp8: bool, schedule: dict[str, bool], key: str = "configs") -> tuple[ProfileConfig, ...]:
         self.expect(value, list, key, "a list of configs")
         if not value:
             raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
-        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, nvcc_flags)
+        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, schedule)
                         for i, entry in enumerate(value))
         self.check_buckets(entries, head_dims, key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,
-               head_dims: tuple[int, ...], fp8: bool, nvcc_flags: tuple[str, ...]) -> ProfileConfig:
+               head_dims: tuple[int, ...], fp8: bool, schedule: dict[str, bool]) -> ProfileConfig:
         self.expect(entry, dict, key, "a mapping with keys " + ", ".join(_CONFIG_KEYS[family]))
         self.check_keys(entry, key, _CONFIG_KEYS[family], _REQUIRED_CONFIG[family])
         ints = {}
@@ -324,19 +346,21 @@ class _Validator:
         seqlen_min, seqlen_max = self.seqlen(entry.get("seqlen", [0, None]), f"{key}.seqlen")
 
         if family == "sm90":
-            pingpong = self.expect(entry.get("pingpong", True), bool, f"{key}.pingpong",
-                                   "true (the default: consumer warpgroups take turns) or false")
-            tile = sm90_tile(ints["block_m"], ints["block_n"], ints["stages"], pingpong)
+            own = {name: self.expect(entry[name], bool, f"{key}.{name}", "true or false")
+                   for name in SCHEDULE_KEYS if name in entry}
+            keys = overrides_of({**schedule, **own})
+            tile = sm90_tile(ints["block_m"], ints["block_n"], ints["stages"], keys)
             if "num_warpgroups" in ints:  # optional, but when given it must agree
                 tile = TileConfig(tile.block_m, tile.block_n, tile.num_warps, tile.stages,
-                                  ints["num_warpgroups"], pingpong)
+                                  ints["num_warpgroups"], keys)
         else:
             tile = TileConfig(ints["block_m"], ints["block_n"], ints["num_warps"], ints["stages"])
-        problems = [p for p in check_tile(family, hdim, tile, arch, fp8, nvcc_flags)
-                    if p.key not in ("family", "fp8")]
-        if problems:  # family/arch and fp8/arch were already checked at the top level
-            p = problems[0]
-            raise self.fail(f"{key}.{p.key}", f"(hdim {hdim}) {p.problem}", p.allowed)
+        for is_causal in ((False, True) if causal is None else (causal,)):
+            problems = [p for p in check_tile(family, hdim, tile, arch, fp8, is_causal)
+                        if p.key not in ("family", "fp8")]
+            if problems:  # family/arch and fp8/arch were already checked at the top level
+                p = problems[0]
+                raise self.fail(f"{key}.{p.key}", f"(hdim {hdim}) {p.problem}", p.allowed)
         return ProfileConfig(hdim, causal, seqlen_min, seqlen_max, tile)
 
     def causal(self, value: Any, key: str) -> bool | None:

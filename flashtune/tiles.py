@@ -5,13 +5,10 @@ config that passes here is one the kernels are written to accept.
 """
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flashtune.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
-from flashtune.paths import csrc_dir
+from flashtune.schedule import Overrides, Schedule, overrides_label, resolve, rule_problems
 
 HEAD_DIMS = (64, 128, 256)
 
@@ -25,7 +22,7 @@ SM90_WARPGROUPS = (1, 2, 3)  # consumer warpgroups = block_m / 64
 # (hdim 256 on the H200: -31 to -39%); valid, and left out of the tuner's search (tune_space.py).
 SM90_STAGES = (1, 2, 3, 4)
 SM90_MAX_BLOCK_N = 256  # wgmma N limit
-SM90_BARRIER_BYTES = 1024  # mbarriers + alignment slack
+SM90_BARRIER_BYTES = 1024  # kernel_traits.cuh's kRingBytes slack: the 1024-byte alignment of the tiles
 SM90_SMEM_LIMIT = 227 * 1024  # kernel_traits.cuh's kSmemLimit: what the kernel sizes itself against
 
 RESERVED_SMEM_PER_CTA = 1024  # the driver keeps 1 KB of each CTA's shared memory
@@ -38,23 +35,29 @@ class TileConfig:
     num_warps: int  # total warps of the CTA (sm90: consumers + the producer warpgroup)
     stages: int
     num_warpgroups: int | None = None  # sm90 only: consumer warpgroups
-    # sm90 only: the consumer warpgroups take turns on the tensor cores (named barriers). Off
-    # ("_np" in the label) where tiles are a few blocks long and the hand-overs cost more than they
-    # hide: hdim 64 causal below 2k on the H200, +1-4% (benchmarks/h200/2026-12-03_pingpong-*).
-    pingpong: bool = True
+    # sm90 only: the row's own schedule keys (flashtune/schedule.py), over the family's defaults
+    # for the tile; e.g. (("pingpong", False),) where tiles are a few blocks long and the
+    # hand-overs cost more than they hide (hdim 64 causal below 2k on the H200, +1-4%).
+    schedule: Overrides = ()
+
+    @property
+    def shape_label(self) -> str:
+        """The tile without its schedule keys: 128x176_wg2_s2 (sm90), 128x64_w4_s2 (sm80)."""
+        shape = f"{self.block_m}x{self.block_n}"
+        if self.num_warpgroups is not None:
+            return f"{shape}_wg{self.num_warpgroups}_s{self.stages}"
+        return f"{shape}_w{self.num_warps}_s{self.stages}"
 
     @property
     def label(self) -> str:
-        shape = f"{self.block_m}x{self.block_n}"
-        if self.num_warpgroups is not None:
-            return f"{shape}_wg{self.num_warpgroups}_s{self.stages}" + ("" if self.pingpong else "_np")
-        return f"{shape}_w{self.num_warps}_s{self.stages}"
+        """The shape and the row's schedule keys (128x128_wg2_s3_np): one label per config."""
+        return self.shape_label + overrides_label(self.schedule)
 
 
-def sm90_tile(block_m: int, block_n: int, stages: int, pingpong: bool = True) -> TileConfig:
+def sm90_tile(block_m: int, block_n: int, stages: int, schedule: Overrides = ()) -> TileConfig:
     """An sm90 config with the warp counts derived from block_m (64 rows per warpgroup)."""
     warpgroups = block_m // 64
-    return TileConfig(block_m, block_n, 4 * (warpgroups + 1), stages, warpgroups, pingpong)
+    return TileConfig(block_m, block_n, 4 * (warpgroups + 1), stages, warpgroups, schedule)
 
 
 @dataclass(frozen=True)
@@ -79,31 +82,43 @@ def threads_per_cta(family: str, cfg: TileConfig) -> int:
     return 32 * cfg.num_warps
 
 
-def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False,
-                        nvcc_flags: Sequence[str] = ()) -> int:
-    """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90, plus the
-    TMA-store epilogue's O tile where it fits (kernel_traits.cuh: on unless the flags say
-    -DFLASHTUNE_SM90_TMA_STORE=0), and a second Q tile where one is asked for and fits beside
-    the rest (sm90_second_q_buffer).
+def _sm90_parts(hdim: int, cfg: TileConfig, fp8: bool) -> tuple[int, int, int]:
+    """Bytes of one Q tile, of the K/V rings with their alignment slack, and of the O tile."""
+    qk_elem = 1 if fp8 else 2
+    return (qk_elem * cfg.block_m * hdim, cfg.stages * cfg.block_n * hdim * (qk_elem + 2) + SM90_BARRIER_BYTES,
+            2 * cfg.block_m * hdim)
+
+
+def sm90_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False) -> Schedule:
+    """The schedule an sm90 kernel of this tile runs: the family's defaults, where the O tile and a
+    second Q tile fit in shared memory, with the config's own keys over them (schedule.resolve)."""
+    q, ring, o = _sm90_parts(hdim, cfg, fp8)
+    return resolve(cfg.schedule, hdim, causal, cfg.block_m // 64, q + ring + o <= SM90_SMEM_LIMIT,
+                   lambda tma_store: 2 * q + ring + (o if tma_store else 0) <= SM90_SMEM_LIMIT)
+
+
+def sm90_default_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False) -> Schedule:
+    """What the tile's kernel runs without schedule keys: the base its name's suffix is against."""
+    return sm90_schedule(hdim, TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages, cfg.num_warpgroups),
+                         causal, fp8)
+
+
+def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False, causal: bool = False) -> int:
+    """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90 also the O tile of
+    the TMA-store epilogue and a second Q tile for the deferred one, where its schedule has them
+    (kernel_traits.cuh's kSmemBytes).
 
     With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit.
     """
     _check_family(family)
-    qk_elem = 1 if fp8 else 2
-    v_elem = 2
-    q_bytes = qk_elem * cfg.block_m * hdim
-    kv_bytes_per_stage = cfg.block_n * hdim * (qk_elem + v_elem)
-    total = q_bytes + cfg.stages * kv_bytes_per_stage
     if family == "sm90":
-        total += SM90_BARRIER_BYTES
-        o_bytes = v_elem * cfg.block_m * hdim
-        if sm90_step_on("TMA_STORE", nvcc_flags) and total + o_bytes <= SM90_SMEM_LIMIT:
-            total += o_bytes
-        if sm90_second_q_buffer(hdim, nvcc_flags) and total + q_bytes <= SM90_SMEM_LIMIT:
-            total += q_bytes
-    else:  # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
-        total = max(total, v_elem * cfg.block_m * hdim)
-    return total
+        q, ring, o = _sm90_parts(hdim, cfg, fp8)
+        schedule = sm90_schedule(hdim, cfg, causal, fp8)
+        return q * (2 if schedule.defer else 1) + ring + (o if schedule.tma_store else 0)
+    qk_elem = 1 if fp8 else 2
+    total = qk_elem * cfg.block_m * hdim + cfg.stages * cfg.block_n * hdim * (qk_elem + 2)
+    # the epilogue stages the 16-bit O over Q (and, with FP8 Q, on into the idle ring)
+    return max(total, 2 * cfg.block_m * hdim)
 
 
 REGISTERS_PER_SM = 65536
@@ -121,75 +136,11 @@ def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: b
     return min(limits)
 
 
-def sm90_step_on(step: str, nvcc_flags: Sequence[str] = ()) -> bool:
-    """Whether an sm90 schedule step (OVERLAP, TMA_STORE, ...) is on with these flags:
-    kernel_traits.cuh's default unless a profile sets -DFLASHTUNE_SM90_<step>=0 or =1."""
-    return sm90_flag_value(step, nvcc_flags) != 0
-
-
-@functools.lru_cache(maxsize=None)
-def sm90_flag_defaults() -> dict[str, int]:
-    """kernel_traits.cuh's defaults for its -DFLASHTUNE_SM90_<step> flags (`#ifndef` / `#define`
-    pairs), read from the header itself so the resource model cannot drift from the kernel."""
-    text = (csrc_dir() / "sm90" / "kernel_traits.cuh").read_text()
-    pairs = re.finditer(r"#ifndef FLASHTUNE_SM90_(\w+)\s+#define FLASHTUNE_SM90_\1 (\d+)", text)
-    return {m[1]: int(m[2]) for m in pairs}
-
-
-def sm90_flag_value(step: str, nvcc_flags: Sequence[str] = ()) -> int:
-    """The value a profile's flags give -DFLASHTUNE_SM90_<step> (the last one wins, as with
-    nvcc), or kernel_traits.cuh's default."""
-    value = sm90_flag_defaults()[step]
-    for flag in nvcc_flags:
-        if flag.startswith(f"-DFLASHTUNE_SM90_{step}="):
-            value = int(flag.split("=", 1)[1])
-    return value
-
-
-def sm90_second_q_buffer(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
-    """Whether an sm90 kernel asks for a second Q tile (kernel_traits.cuh's kQBuffers, before
-    the fit): the persistent grid with -DFLASHTUNE_SM90_Q_BUFFERS=2, or with the deferred
-    epilogue (by default at every head dim, =1 at hdim 64 only), which needs the next Q early."""
-    if not sm90_step_on("PERSISTENT", nvcc_flags):
-        return False
-    defer = sm90_flag_value("DEFER_EPILOGUE", nvcc_flags)
-    deferred = sm90_overlap(nvcc_flags) and (defer == 2 or (defer == 1 and hdim == 64))
-    return sm90_flag_value("Q_BUFFERS", nvcc_flags) == 2 or deferred
-
-
-def sm90_split_tail_tiles(tiles: int, ctas: int, tile_blocks: int, consumers: int) -> int:
-    """How many of a non-causal call's `tiles` (the last ones) an sm90 kernel built with
-    SPLIT_TAIL shares out over its `ctas` CTAs by their K/V blocks, or 0: the rule of
-    csrc/sm90/launch.cuh's split_tail_tiles (GPU tests use it to choose shapes that split).
-    A last wave of tiles % ctas after the whole ones leaves the other SMs idle for a tile's
-    time; it is split where that saves at least 2% of the call, each CTA's share is at least one
-    K/V block, a tile at least 8, and the counters (1024) suffice."""
-    rest, waves = tiles % ctas, -(-tiles // ctas)
-    if rest == 0 or tile_blocks < 8 or rest * tile_blocks < ctas:
-        return 0
-    if (ctas - rest) * 50 < ctas * waves or rest * consumers > 1024:
-        return 0
-    if ctas * (rest * tile_blocks + 1) >= 2**31:
-        return 0
-    return rest
-
-
-def sm90_overlap(nvcc_flags: Sequence[str] = ()) -> bool:
-    """Whether sm90 kernels built with these flags use the softmax/GEMM overlap (the default)."""
-    return sm90_step_on("OVERLAP", nvcc_flags)
-
-
-def sm90_wide_consumers(hdim: int, nvcc_flags: Sequence[str] = ()) -> bool:
-    """Whether two consumer warpgroups get 240 registers each (the WIDE_CONSUMERS experiment:
-    1 at hdim 256, 2 everywhere) instead of 232."""
-    wide = sm90_flag_value("WIDE_CONSUMERS", nvcc_flags)
-    return wide == 2 or (wide == 1 and hdim == 256)
-
-
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-               fp8: bool = False, nvcc_flags: Sequence[str] = ()) -> list[TileProblem]:
-    """Everything wrong with this config on this arch (empty when it is valid). `nvcc_flags`:
-    the profile's, which can turn off the sm90 overlap and with it the registers P takes."""
+               fp8: bool = False, causal: bool = False) -> list[TileProblem]:
+    """Everything wrong with this config on this arch (empty when it is valid): its shape, and on
+    sm90 its schedule (whose rules and whose fit in shared memory; without the overlap P takes no
+    registers of its own)."""
     _check_family(family)
     problems: list[TileProblem] = []
 
@@ -213,7 +164,7 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
     else:
-        problems += _sm90_problems(hdim, cfg, sm90_overlap(nvcc_flags), sm90_wide_consumers(hdim, nvcc_flags))
+        problems += _sm90_problems(hdim, cfg, fp8, causal)
 
     if not problems:  # the size model assumes the shape rules above hold
         smem = shared_memory_bytes(family, hdim, cfg, fp8)
@@ -224,9 +175,9 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
 
 def tile_problems(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-                  fp8: bool = False, nvcc_flags: Sequence[str] = ()) -> list[str]:
+                  fp8: bool = False, causal: bool = False) -> list[str]:
     """`check_tile` as readable strings: "key: what is wrong; allowed: ..."."""
-    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8, nvcc_flags)]
+    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8, causal)]
 
 
 def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
@@ -237,8 +188,8 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
 
     if cfg.num_warpgroups is not None:
         add("num_warpgroups", "not used by family sm80", "omit it; set num_warps")
-    if not cfg.pingpong:
-        add("pingpong", "is an sm90 schedule switch; sm80 warps do not take turns", "omit it for sm80")
+    for key, _ in cfg.schedule:
+        add(key, "is an sm90 schedule key; the sm80 family has no such step", "omit it for sm80")
     if cfg.num_warps not in SM80_NUM_WARPS:
         add("num_warps", f"{cfg.num_warps} warps", ", ".join(map(str, SM80_NUM_WARPS)))
         return problems  # the rules below divide by num_warps
@@ -268,23 +219,20 @@ def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
     return problems
 
 
-# Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh): 160 with 3 consumer
-# warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1 (216 with the
-# CTAS_PER_SM=2 experiment, two CTAs an SM). With the softmax/GEMM overlap (on by default; a
-# profile's -DFLASHTUNE_SM90_OVERLAP=0 turns it off) a
-# thread holds S (block_n/2 fp32), O (hdim/2) and the previous block's P (block_n/4 packed
-# pairs) at once, plus about 32 for addresses and softmax state. Measured on 2026-12-02 (H200
-# tiles, ptxas): 128x176 at hdim 128 (228 needed) and 128x80 at hdim 256 (220) build without
-# consumer spills (hdim 256 causal: 16 bytes), 192x128 at hdim 64 (160) too (its producer, at 32
-# registers, spills 60 bytes in the persistent loop); 192x128 at hdim 128 (192) spills 272 bytes
-# and 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word (`flashtune tune`
-# rejects spills over --max-spill-bytes). The WIDE_CONSUMERS experiment gives 2 consumers 240.
+# Registers a consumer thread gets from setmaxnreg (kernel_traits.cuh's kConsumerRegs): 160 with 3
+# consumer warpgroups, 232 with 2 (the producer keeps 40 for its tile loop), 240 with 1. With the
+# softmax/GEMM overlap a thread holds S (block_n/2 fp32), O (hdim/2) and the previous block's P
+# (block_n/4 packed pairs) at once, plus about 32 for addresses and softmax state. Measured on
+# 2026-12-02 (H200 tiles, ptxas): 128x176 at hdim 128 (228 needed) and 128x80 at hdim 256 (220)
+# build without consumer spills (hdim 256 causal: 16 bytes), 192x128 at hdim 64 (160) too (its
+# producer, at 32 registers, spills 60 bytes in the persistent loop); 192x128 at hdim 128 (192)
+# spills 272 bytes and 192x192 at hdim 64 (208) 400. An estimate: ptxas has the last word
+# (`flashtune tune` rejects spills over --max-spill-bytes).
 SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
-SM90_WIDE_CONSUMER_REGISTERS = 240
 SM90_REGISTER_OVERHEAD = 32
 
 
-def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True, wide: bool = False) -> list[TileProblem]:
+def _sm90_problems(hdim: int, cfg: TileConfig, fp8: bool, causal: bool) -> list[TileProblem]:
     problems: list[TileProblem] = []
 
     def add(key: str, problem: str, allowed: str) -> None:
@@ -294,7 +242,8 @@ def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True, wide: bool 
     if rest or warpgroups not in SM90_WARPGROUPS:
         add("block_m", f"{cfg.block_m} is not 64 rows per consumer warpgroup x 1-3 warpgroups",
             "64, 128, 192")
-    elif cfg.num_warpgroups is not None and cfg.num_warpgroups != warpgroups:
+        return problems  # the rules below count consumer warpgroups
+    if cfg.num_warpgroups is not None and cfg.num_warpgroups != warpgroups:
         add("num_warpgroups", f"{cfg.num_warpgroups} does not match block_m/64 = {warpgroups}",
             f"{warpgroups} for block_m {cfg.block_m}")
     elif cfg.num_warps != 4 * (warpgroups + 1):
@@ -304,16 +253,17 @@ def _sm90_problems(hdim: int, cfg: TileConfig, overlap: bool = True, wide: bool 
         add("block_n", f"{cfg.block_n} is over the wgmma N limit", f"at most {SM90_MAX_BLOCK_N}")
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
-    if not cfg.pingpong and warpgroups == 1:
-        add("pingpong", f"off with block_m {cfg.block_m}: one consumer warpgroup has no one to take turns with",
-            "omit it (on) for block_m 64; false only with block_m 128 or 192")
-    budget = SM90_WIDE_CONSUMER_REGISTERS if wide and warpgroups == 2 else SM90_CONSUMER_REGISTERS.get(warpgroups)
+    schedule = sm90_schedule(hdim, cfg, causal, fp8)
+    q, ring, o = _sm90_parts(hdim, cfg, fp8)
+    second_q = 2 * q + ring + (o if schedule.tma_store else 0) <= SM90_SMEM_LIMIT
+    problems += [TileProblem(*p) for p in rule_problems(schedule, warpgroups, q + ring + o <= SM90_SMEM_LIMIT, second_q)]
+    budget = SM90_CONSUMER_REGISTERS[warpgroups]
     # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4)
-    per_column = 3 / 4 if overlap else 1 / 2
+    per_column = 3 / 4 if schedule.overlap else 1 / 2
     needed = int(cfg.block_n * per_column) + hdim // 2 + SM90_REGISTER_OVERHEAD
-    if budget and needed > budget:
+    if needed > budget:
         max_n = int((budget - hdim // 2 - SM90_REGISTER_OVERHEAD) / per_column) // 16 * 16
-        held = "S, O and P" if overlap else "S and O"
+        held = "S, O and P" if schedule.overlap else "S and O"
         add("registers", f"{held} need about {needed} registers per consumer thread, over the "
             f"{budget} that {warpgroups} consumer warpgroups get",
             f"block_n <= {max_n} at hdim {hdim} with block_m {cfg.block_m}" if max_n >= 16 else

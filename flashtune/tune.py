@@ -22,7 +22,7 @@ from typing import Callable
 from flashtune import __version__
 from flashtune.build import SERIALISING_WARNINGS
 from flashtune.profiles import Profile
-from flashtune.spec import KernelSpec, family_source_files
+from flashtune.spec import KernelSpec, family_source_files, spec_for
 from flashtune.tune_cache import TuneCache
 from flashtune.tune_space import LEGACY_BUCKET_SEQLENS, candidates, profile_buckets
 
@@ -260,9 +260,8 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
             start_tiles = tuple(dict.fromkeys(
                 profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8) for b in result.buckets[(hdim, causal)]))
             for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
-                                   opts.max_candidates, profile.nvcc_flags, opts.shapes):
-                specs.append(KernelSpec(profile.family, profile.arch.name, opts.dtype, hdim, tile, causal,
-                                        fp8=opts.fp8, nvcc_flags=profile.nvcc_flags))
+                                   opts.max_candidates, opts.shapes):
+                specs.append(spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8))
     hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec
 
     def key(spec: KernelSpec, what) -> str:
@@ -334,7 +333,8 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
             slot = (spec.hdim, spec.causal, o["seqlen"])
             if slot not in result.winners or o["tflops"] > result.winners[slot]["tflops"]:
                 result.winners[slot] = record
-            if spec.tile == profile.tile_for(spec.hdim, spec.causal, o["seqlen"], o["seqlen"], fp8=spec.fp8):
+            start = profile.tile_for(spec.hdim, spec.causal, o["seqlen"], o["seqlen"], fp8=spec.fp8)
+            if spec == spec_for(profile, start, spec.dtype, spec.hdim, spec.causal, spec.fp8):
                 result.starting[slot] = record
 
     # 4. The final round. Each candidate was timed alone, minutes apart from the others, and

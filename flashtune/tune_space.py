@@ -7,19 +7,20 @@ is never compiled; this file only says which values are worth trying.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flashtune.arch import ArchFacts
-from flashtune.tiles import TileConfig, check_tile, sm90_tile
+from flashtune.tiles import TileConfig, check_tile, sm90_schedule, sm90_tile
 
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "sm80": {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "stages": (1, 2)},
     # 4 stages: where a block's GEMMs are short (hdim 64, small tiles) the ring must run further
     # ahead to hide a load's latency, and those tiles leave the shared memory for it.
-    # pingpong off (False): where a tile's few blocks make the warpgroups' hand-overs cost more than
-    # they hide (hdim 64 causal below 2k on the H200); tried after the same shape with it on.
+    # schedules: a tile's own schedule keys (flashtune/schedule.py) besides the family's defaults;
+    # the pingpong off where a tile's few blocks make the warpgroups' hand-overs cost more than they
+    # hide (hdim 64 causal below 2k on the H200), tried after the same shape with it on.
     "sm90": {"block_m": (64, 128, 192), "block_n": tuple(range(64, 257, 16)), "stages": (2, 3, 4),
-             "pingpong": (True, False)},
+             "schedules": ((), (("pingpong", False),))},
 }
 
 # The default buckets' edges and the sequence length each is measured at (the articles' advice:
@@ -64,31 +65,39 @@ def profile_buckets(profile, hdim: int, causal: bool, fp8: bool = False) -> tupl
 def _configs(family: str) -> list[TileConfig]:
     space = SEARCH_SPACE[family]
     if family == "sm90":
-        return [sm90_tile(m, n, s, p) for m, n, s, p in itertools.product(
-            space["block_m"], space["block_n"], space["stages"], space["pingpong"])]
+        return [sm90_tile(m, n, s, keys) for m, n, s, keys in itertools.product(
+            space["block_m"], space["block_n"], space["stages"], space["schedules"])]
     return [TileConfig(m, n, w, s) for m, n, w, s in itertools.product(
         space["block_m"], space["block_n"], space["num_warps"], space["stages"])]
 
 
 def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
                starting: tuple[TileConfig, ...] = (), limit: int | None = None,
-               nvcc_flags: tuple[str, ...] = (), shapes: tuple[tuple[int, int], ...] = ()) -> list[TileConfig]:
+               shapes: tuple[tuple[int, int], ...] = ()) -> list[TileConfig]:
     """Every config of the family's grid that the arch can run, starting configs first.
 
     `shapes` ((block_m, block_n), ...) keeps only configs of those tile shapes besides the
     starting ones (every stage and warp count the grid has for them). `limit` keeps the
     starting configs and the largest tiles (most work per iteration)."""
-    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8, nvcc_flags)]
+    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8) and not _redundant(hdim, c, fp8)]
     if shapes:
         valid = [c for c in valid if (c.block_m, c.block_n) in shapes]
     rest = sorted((c for c in valid if c not in starting),
-                  key=lambda c: (-c.block_m * c.block_n, not c.pingpong, c.stages))
+                  key=lambda c: (-c.block_m * c.block_n, len(c.schedule), c.stages))
     ordered = list(dict.fromkeys([*starting, *rest]))
     return ordered if limit is None else ordered[:max(limit, len(starting))]
 
 
-def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False,
-                   nvcc_flags: tuple[str, ...] = ()) -> list[str]:
+def _redundant(hdim: int, cfg: TileConfig, fp8: bool) -> bool:
+    """Whether a config's schedule keys change nothing (the pingpong off with one consumer
+    warpgroup): the same kernel as the config without them, which the grid has already."""
+    if not cfg.schedule:
+        return False
+    bare = replace(cfg, schedule=())
+    return all(sm90_schedule(hdim, cfg, causal, fp8) == sm90_schedule(hdim, bare, causal, fp8) for causal in (False, True))
+
+
+def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False) -> list[str]:
     """Why no config of this (block_m, block_n) can be tried at this head dim (empty when one
     can): outside the family's grid, or every variant fails the arch's limits (their reasons)."""
     variants = [c for c in _configs(family) if (c.block_m, c.block_n) == shape]
@@ -98,7 +107,7 @@ def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFac
                 f"block_n {list(space['block_n'])})"]
     reasons = []
     for c in variants:
-        problems = check_tile(family, hdim, c, arch, fp8, nvcc_flags)
+        problems = check_tile(family, hdim, c, arch, fp8)
         if not problems:
             return []
         reasons += [str(p) for p in problems]

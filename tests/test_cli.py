@@ -156,15 +156,18 @@ def test_profiles_show_json_derived_numbers():
     d128 = next(c for c in data["configs"] if c["hdim"] == 128 and c["causal"] == "no")
     assert (d128["block_m"], d128["block_n"], d128["num_warpgroups"], d128["threads"]) == (128, 176, 2, 384)
     assert d128["smem_bytes"] == 214016 and d128["smem_limit_bytes"] == 232448 and d128["ctas_per_sm"] == 1
-    assert d128["pingpong"] is True
+    schedule = d128["schedule"]["non-causal"]  # no room for an O tile or a second Q: stored directly
+    assert schedule["pingpong"] and schedule["spec_max"] and not schedule["tma_store"] and not schedule["defer"]
+    assert schedule["name_suffix"] == ""
 
 
-def test_profiles_show_says_which_sm90_tiles_run_without_the_pingpong():
+def test_profiles_show_says_which_sm90_tiles_run_off_the_default_schedule():
     data = json.loads(run("profiles", "show", "h200", "--json").output)
-    off = [(c["hdim"], c["causal"], c["seqlen"]) for c in data["configs"] if c["pingpong"] is False]
-    assert off == [(64, "yes", [0, 2048])]
+    off = [(c["hdim"], c["causal"], c["seqlen"], s["name_suffix"]) for c in data["configs"]
+           for s in c["schedule"].values() if s["name_suffix"]]
+    assert off == [(64, "yes", [0, 2048], "_np")]
     assert "128x128, no pingpong" in run("profiles", "show", "h200").output
-    assert all(c["pingpong"] is None for c in json.loads(run("profiles", "show", "rtx4090", "--json").output)["configs"])
+    assert all(c["schedule"] is None for c in json.loads(run("profiles", "show", "rtx4090", "--json").output)["configs"])
 
 
 def test_detect_picks_the_sm90_profile_for_hopper_without_warnings():

@@ -346,24 +346,41 @@ def test_fp8_configs_are_validated_like_configs_with_the_fp8_resource_model(tmp_
     assert "fp8.configs[1]." in message
 
 
-def test_sm90_pingpong_is_a_per_tile_switch(tmp_path):
-    """`pingpong: false` on an sm90 config (h200's hdim 64 causal below 2k): a bool, only where two
-    or three consumer warpgroups could take turns, and not an sm80 key."""
+def test_sm90_schedule_keys_per_config_and_for_the_whole_profile(tmp_path):
+    """Schedule keys (flashtune/schedule.py) on an sm90 config (h200's `pingpong: false` for hdim 64
+    causal below 2k) or in the profile's `schedule:` for every config, a config's own winning: bools,
+    checked against the schedule's rules, and not sm80 keys."""
     h200 = find_profile("h200")
-    assert h200.tile_for(64, True, 1024, 1024) == sm90_tile(128, 128, 3, pingpong=False)
-    assert h200.tile_for(64, True, 4096, 4096).pingpong and h200.tile_for(64, False, 1024, 1024).pingpong
+    assert h200.tile_for(64, True, 1024, 1024) == sm90_tile(128, 128, 3, (("pingpong", False),))
+    assert h200.tile_for(64, True, 4096, 4096).schedule == () and h200.tile_for(64, False, 1024, 1024).schedule == ()
     data = copy.deepcopy(BASE)
     data.update(family="sm90", arch="sm_90a")
     data["configs"] = [{"hdim": h, "block_m": 128, "block_n": 128, "stages": 2, "pingpong": False} for h in (64, 128)]
     assert [e.tile.label for e in load_profile(write(tmp_path, data)).configs] == ["128x128_wg2_s2_np"] * 2
+    data["schedule"] = {"defer": False, "pingpong": True}
+    assert [e.tile.label for e in load_profile(write(tmp_path, data)).configs] == ["128x128_wg2_s2_np_nodefer"] * 2
     data["configs"][0]["pingpong"] = "off"
-    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: wrong type str \('off'\); allowed: true"):
+    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: wrong type str \('off'\); allowed: true or false"):
         load_profile(write(tmp_path, data))
-    data["configs"][0].update(pingpong=False, block_m=64)
-    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: \(hdim 64\) off with block_m 64: one consumer"):
+    data["configs"][0].update(pingpong=True, block_m=64)
+    with pytest.raises(ProfileError, match=r"configs\[0\]\.pingpong: \(hdim 64\) on without the overlap or with one"):
+        load_profile(write(tmp_path, data))
+    data["configs"][0].update(block_m=128, flat=True)  # flat needs the deferred epilogue the profile turned off
+    with pytest.raises(ProfileError, match=r"configs\[0\]\.flat: \(hdim 64\) on without the deferred epilogue"):
         load_profile(write(tmp_path, data))
     message = broken(tmp_path, lambda d: d["configs"][0].update(pingpong=False))  # sm80
     assert "configs[0].pingpong: unknown key" in message
+    assert "schedule: a schedule is the sm90 family's" in broken(tmp_path, lambda d: d.update(schedule={"defer": False}))
+
+
+def test_the_old_schedule_switches_say_where_the_schedule_went(tmp_path):
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    data["nvcc_flags"] = ["-O3", "-DFLASHTUNE_SM90_OVERLAP=0"]
+    with pytest.raises(ProfileError) as info:
+        load_profile(write(tmp_path, data, "old.yaml"))
+    message = str(info.value)
+    assert "nvcc_flags[1]: -DFLASHTUNE_SM90_OVERLAP=0 chooses nothing any more" in message
+    assert "overlap, pingpong" in message and "docs/experiments.md" in message
 
 
 def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
@@ -379,7 +396,7 @@ def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
         load_profile(write(tmp_path, data, "h200-wide16.yaml"))
 
 
-def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
+def test_register_budget_follows_the_schedules_overlap(tmp_path):
     """192x128 with 3 warpgroups at hdim 128 (the tune before the overlap schedule) fits only a
     profile that turns the overlap off."""
     data = yaml.safe_load(find_profile("h200").path.read_text())
@@ -387,33 +404,8 @@ def test_register_budget_follows_the_profiles_overlap_flag(tmp_path):
         {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 192, "block_n": 128, "stages": 2}]
     with pytest.raises(ProfileError, match=r"configs\[\d+\]\.registers: .*S, O and P"):
         load_profile(write(tmp_path, data, "h200-3wg.yaml"))
-    data["nvcc_flags"] = ["-DFLASHTUNE_SM90_OVERLAP=0"]
+    data["schedule"] = {"overlap": False}
     assert load_profile(write(tmp_path, data, "h200-3wg-no-overlap.yaml")).tile_for(128, False, 1, 1).block_m == 192
-
-
-@pytest.mark.parametrize("experiment", ["exp-sm90-qbuf2", "exp-sm90-tree-max", "exp-sm90-poly-exp2-1",
-                                        "exp-sm90-poly-exp2-2", "exp-sm90-lazy-rescale",
-                                        "exp-sm90-eager-rescale", "exp-sm90-defer-hdim64", "exp-sm90-no-defer",
-                                        "exp-sm90-cluster", "exp-sm90-cluster-all", "exp-sm90-spec-max",
-                                        "exp-sm90-no-spec", "exp-sm90-spec-gate", "exp-sm90-s-ahead",
-                                        "exp-sm90-no-pingpong"])
-def test_experiments_measured_against_h200_take_its_tiles(experiment):
-    """These experiments are A/B'd against profile h200 (tools/visit.sh) with `configs_from:
-    h200`: after a re-tune they still compare the flag alone, on h200's tiles."""
-    path = Path(__file__).parents[1] / "tools" / "experiments" / f"{experiment}.yaml"
-    assert yaml.safe_load(path.read_text())["configs_from"] == "h200"
-    assert load_profile(path).configs == find_profile("h200").configs
-
-
-def test_two_ctas_experiment_changes_only_hdim_64_below_2k():
-    """exp-sm90-two-ctas.yaml: 64x128 tiles (two CTAs an SM) for hdim 64 below 2k, h200's elsewhere,
-    so its A/B against h200 compares just those buckets."""
-    path = Path(__file__).parents[1] / "tools" / "experiments" / "exp-sm90-two-ctas.yaml"
-    two, h200 = load_profile(path), find_profile("h200")
-    assert "-DFLASHTUNE_SM90_CTAS_PER_SM=2" in two.nvcc_flags
-    changed = [(a, b) for a, b in zip(two.configs, h200.configs) if a != b]
-    assert len(two.configs) == len(h200.configs) and len(changed) == 2
-    assert all(a.hdim == 64 and (a.seqlen_min, a.seqlen_max) == (0, 2048) and a.tile.block_m == 64 for a, _ in changed)
 
 
 @pytest.mark.parametrize("change, problem", [

@@ -79,16 +79,34 @@ def test_sm90_spec_names_and_source():
     assert spec.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"  # DESIGN.md's example
     assert spec.threads == 384
     src = spec.source()
-    assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true>" in src and "TmaMaps maps" in src
-    # a tile without the pingpong: named (_np) and built apart, the traits' defaulted switches written out
-    off = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, pingpong=False), causal=True, hdim=64)
+    assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true, false, KernelSchedule>" in src and "TmaMaps maps" in src
+    # the schedule as the kernel's template argument: this tile has room for neither the O tile nor a second Q
+    assert ("static constexpr bool overlap = true, pingpong = true, persistent = true, lazy_rescale = true, "
+            "spec_max = true, tma_store = false, defer = false, flat = false;") in src
+    # a tile without the pingpong: named (_np) and built apart
+    off = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, (("pingpong", False),)), causal=True, hdim=64)
     assert off.name == "flashtune_fwd_sm90_bf16_h64_128x128_wg2_s3_np_c_sm90a"
-    assert "Traits<__nv_bfloat16, 64, 128, 128, 3, true, false, false>" in off.source()
-    fp8 = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, pingpong=False), hdim=64, fp8=True)
+    assert "pingpong = false" in off.source() and "flat = true" in off.source()
+    fp8 = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3, (("pingpong", False),)), hdim=64, fp8=True)
     assert fp8.name.endswith("_128x128_wg2_s3_np_fp8qk_sm90a")
-    assert "Traits<__nv_bfloat16, 64, 128, 128, 3, false, true, false>" in fp8.source()
+    assert "Traits<__nv_bfloat16, 64, 128, 128, 3, false, true, KernelSchedule>" in fp8.source()
     assert off.source_hash() != _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 3), causal=True,
                                       hdim=64).source_hash()
+
+
+def test_a_kernels_name_spells_each_schedule_field_off_its_default():
+    """The name determines the code: every field that differs from the family's default for the tile
+    has its code after the tile, in the Schedule's order; a key equal to the default adds nothing."""
+    tile = sm90_tile(128, 128, 2, (("defer", False), ("tma_store", False), ("lazy_rescale", False),
+                                   ("spec_max", False)))
+    spec = _spec(family="sm90", arch="sm_90a", tile=tile, causal=True, hdim=64)
+    # flat is on by default in causal kernels at hdim 64, with the deferred epilogue: off with it, and
+    # spelled, since the tile's default has it
+    assert spec.name == "flashtune_fwd_sm90_bf16_h64_128x128_wg2_s2_eager_nospec_direct_nodefer_noflat_c_sm90a"
+    assert spec.schedule.flat is False
+    same = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2, (("pingpong", True),)), hdim=64)
+    assert same.name == "flashtune_fwd_sm90_bf16_h64_128x128_wg2_s2_sm90a"
+    assert same.source() == _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2), hdim=64).source()
 
 
 def test_cache_key_changes_when_a_kernel_header_changes(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 import pytest
 
 from flashtune.arch import get_arch
-from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_flag_defaults, sm90_flag_value,
-                             sm90_step_on, sm90_tile, threads_per_cta, tile_problems)
+from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_schedule, sm90_tile, threads_per_cta,
+                             tile_problems)
 
 SM89, SM80, SM90A = get_arch("sm_89"), get_arch("sm_80"), get_arch("sm_90a")
 
@@ -63,15 +63,15 @@ def test_family_and_fp8_on_wrong_arch():
     (sm90_tile(128, 272, 2), "block_n"),   # over the wgmma N limit
     (sm90_tile(128, 128, 5), "stages"),
     (TileConfig(128, 128, 12, 2, 3), "num_warpgroups"),
-    (sm90_tile(64, 128, 2, pingpong=False), "pingpong"),  # one consumer warpgroup: no turns to give up
+    (sm90_tile(64, 128, 2, (("pingpong", True),)), "pingpong"),  # one consumer warpgroup: no one to take turns with
 ])
 def test_sm90_problems(cfg, key):
     assert key in _keys("sm90", 64, cfg, SM90A)
 
 
-def test_pingpong_is_sm90_only():
-    assert "pingpong" in _keys("sm80", 64, TileConfig(128, 64, 4, 2, pingpong=False), SM89)
-    assert _keys("sm90", 64, sm90_tile(192, 128, 2, pingpong=False), SM90A) == []
+def test_schedule_keys_are_sm90_only():
+    assert "pingpong" in _keys("sm80", 64, TileConfig(128, 64, 4, 2, schedule=(("pingpong", False),)), SM89)
+    assert _keys("sm90", 64, sm90_tile(192, 128, 2, (("pingpong", False),)), SM90A) == []
 
 
 def test_problem_text_says_what_is_allowed():
@@ -110,51 +110,62 @@ def test_sm90_register_budget_keeps_far_over_budget_tiles_out():
                                 (256, 192, 64, "block_m <= 128")):
         problems = check_tile("sm90", hdim, sm90_tile(m, n, 2), hopper)
         assert [p.key for p in problems] == ["registers"] and allowed in problems[0].allowed
-    # a profile that turns the overlap off gets the registers of P back: the tile tuned without it fits
-    no_overlap = ("-DFLASHTUNE_SM90_OVERLAP=0",)
-    assert not check_tile("sm90", 128, sm90_tile(192, 128, 2), hopper, nvcc_flags=no_overlap)
-    problems = check_tile("sm90", 128, sm90_tile(192, 144, 2), hopper, nvcc_flags=no_overlap)
+    # a config that turns the overlap off gets the registers of P back: the tile tuned without it fits
+    no_overlap = (("overlap", False),)
+    assert not check_tile("sm90", 128, sm90_tile(192, 128, 2, no_overlap), hopper)
+    problems = check_tile("sm90", 128, sm90_tile(192, 144, 2, no_overlap), hopper)
     assert [p.key for p in problems] == ["registers"] and "block_n <= 128" in problems[0].allowed
-    # the WIDE_CONSUMERS experiment gives two consumer warpgroups 240 registers (=2 everywhere, =1 at
-    # hdim 256 only): 128x192 at hdim 128 needs 240, past 232 (ptxas: no consumer spills at 240)
-    wide = sm90_tile(128, 192, 2)
-    assert [p.key for p in check_tile("sm90", 128, wide, hopper)] == ["registers"]
-    assert [p.key for p in check_tile("sm90", 128, wide, hopper,
-                                      nvcc_flags=("-DFLASHTUNE_SM90_WIDE_CONSUMERS=1",))] == ["registers"]
-    assert not check_tile("sm90", 128, wide, hopper, nvcc_flags=("-DFLASHTUNE_SM90_WIDE_CONSUMERS=2",))
 
 
-def test_sm90_second_q_buffer_where_asked_for_and_it_fits_beside_the_o_tile():
-    """kernel_traits.cuh: a second Q tile comes with the deferred epilogue (by default at every head
-    dim, =1 at hdim 64 only) or -DFLASHTUNE_SM90_Q_BUFFERS=2, on the persistent grid only, and only
-    where it fits beside the rings and the TMA-store O tile."""
+def test_sm90_o_tile_and_second_q_where_the_schedule_has_them_and_they_fit():
+    """kernel_traits.cuh's kSmemBytes: the TMA store's O tile where it fits beside one Q and the rings,
+    a second Q tile for the deferred epilogue where it fits too (the O tile first), as the family's
+    defaults; a config's keys can leave either out, and not ask for one that does not fit."""
     q64 = 192 * 64 * 2
     hdim64 = sm90_tile(192, 128, 2)
-    off = ("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0",)
-    one_q = shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=off)
+    one_q = shared_memory_bytes("sm90", 64, sm90_tile(192, 128, 2, (("defer", False),)))
     assert one_q == q64 + 2 * 2 * 128 * 64 * 2 + 1024 + q64  # Q, rings, slack, O tile
     assert shared_memory_bytes("sm90", 64, hdim64) == one_q + q64  # deferred by default
-    assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=1",)) == one_q + q64
-    assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_OVERLAP=0",)) == one_q
-    assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=("-DFLASHTUNE_SM90_PERSISTENT=0",)) == one_q
-    assert shared_memory_bytes("sm90", 64, hdim64, nvcc_flags=off + ("-DFLASHTUNE_SM90_Q_BUFFERS=2",)) == one_q + q64
+    # without the overlap or the persistent grid there is nothing to defer under: no second Q
+    assert shared_memory_bytes("sm90", 64, sm90_tile(192, 128, 2, (("overlap", False),))) == one_q
+    assert shared_memory_bytes("sm90", 64, sm90_tile(192, 128, 2, (("persistent", False),))) == one_q
+    no_o = sm90_tile(192, 128, 2, (("tma_store", False),))  # direct stores: two Q tiles and no O tile
+    assert shared_memory_bytes("sm90", 64, no_o) == 2 * q64 + 2 * 2 * 128 * 64 * 2 + 1024
 
     both = sm90_tile(128, 128, 2)  # hdim 128: 32 KB Q, 128 KB of rings, 32 KB O: room for 32 KB more Q
     two_q = 2 * 32768 + 4 * 32768 + 1024 + 32768
-    assert shared_memory_bytes("sm90", 128, both) == two_q  # deferred by default
-    assert shared_memory_bytes("sm90", 128, both, nvcc_flags=("-DFLASHTUNE_SM90_DEFER_EPILOGUE=1",)) == two_q - 32768
-    assert shared_memory_bytes("sm90", 128, both, nvcc_flags=off + ("-DFLASHTUNE_SM90_Q_BUFFERS=2",)) == two_q
+    assert shared_memory_bytes("sm90", 128, both) == two_q
     neither = sm90_tile(128, 176, 2)  # 209 KB with one Q: room for neither an O tile nor a second Q
-    assert (shared_memory_bytes("sm90", 128, neither, nvcc_flags=off)
-            == shared_memory_bytes("sm90", 128, neither) == 32768 + 2 * 2 * 176 * 128 * 2 + 1024)  # Q, 2 stages of K and V, slack
+    assert shared_memory_bytes("sm90", 128, neither) == 32768 + 2 * 2 * 176 * 128 * 2 + 1024
+    schedule = sm90_schedule(128, neither)
+    assert not schedule.tma_store and not schedule.defer
+    asked = [str(p) for p in check_tile_keys(128, neither, (("tma_store", True),))]
+    assert asked == ["tma_store: the O tile does not fit beside Q and the rings; allowed: tma_store: false here "
+                     "(fewer stages or a smaller tile make room)"]
+    assert "a second Q tile does not fit" in str(check_tile_keys(128, neither, (("defer", True),))[0])
 
 
-def test_sm90_flag_defaults_come_from_kernel_traits():
-    """The resource model reads kernel_traits.cuh's flag defaults from the header (one source):
-    every step it asks about is there, and a profile's flag overrides it (the last one wins)."""
-    defaults = sm90_flag_defaults()
-    assert {"OVERLAP", "PERSISTENT", "TMA_STORE", "Q_BUFFERS", "DEFER_EPILOGUE"} <= defaults.keys()
-    assert sm90_flag_value("DEFER_EPILOGUE") == defaults["DEFER_EPILOGUE"]
-    flags = ("-DFLASHTUNE_SM90_DEFER_EPILOGUE=0", "-DFLASHTUNE_SM90_DEFER_EPILOGUE=1")
-    assert sm90_flag_value("DEFER_EPILOGUE", flags) == 1
-    assert not sm90_step_on("OVERLAP", ("-DFLASHTUNE_SM90_OVERLAP=0",)) and sm90_step_on("OVERLAP")
+def check_tile_keys(hdim, tile, keys):
+    from flashtune.tiles import check_tile
+
+    return check_tile("sm90", hdim, sm90_tile(tile.block_m, tile.block_n, tile.stages, keys), SM90A)
+
+
+def test_sm90_schedule_defaults_follow_the_fields_they_need():
+    """Each default follows from the fields before it: a row that turns the overlap off gets no
+    pingpong, speculative maxima or deferred epilogue; flat tiles only where the epilogue is deferred,
+    and by default only in causal kernels at hdim 64; speculative maxima at hdim 64 and 128."""
+    tile = sm90_tile(128, 128, 2)
+    causal64 = sm90_schedule(64, tile, causal=True)
+    assert causal64.flat and causal64.defer and causal64.spec_max and causal64.pingpong
+    assert not sm90_schedule(64, tile, causal=False).flat
+    assert not sm90_schedule(256, sm90_tile(128, 64, 2), causal=True).spec_max
+    off = sm90_schedule(64, sm90_tile(128, 128, 2, (("overlap", False),)), causal=True)
+    assert (off.pingpong, off.spec_max, off.defer, off.flat) == (False, False, False, False)
+    assert not sm90_schedule(64, sm90_tile(128, 128, 2, (("defer", False),)), causal=True).flat
+    assert not sm90_schedule(64, sm90_tile(64, 128, 2)).pingpong  # one consumer warpgroup
+    # what a config says against the rules is an error, not silently changed
+    problems = check_tile_keys(64, tile, (("overlap", False), ("pingpong", True)))
+    assert [p.key for p in problems] == ["pingpong"]
+    assert [p.key for p in check_tile_keys(64, tile, (("defer", False), ("flat", True)))] == ["flat"]
+    assert [p.key for p in check_tile_keys(64, tile, (("lazy_rescale", False), ("spec_max", True)))] == ["spec_max"]

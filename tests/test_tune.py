@@ -125,12 +125,12 @@ def test_written_profile_loads_validates_and_keeps_untuned_parts(tmp_path):
 
 def test_a_tuned_tile_without_the_pingpong_is_written_and_read_back(tmp_path):
     base = find_profile("h200")
-    off = sm90_tile(128, 128, 3, pingpong=False)
+    off = sm90_tile(128, 128, 3, (("pingpong", False),))
     tiles = {(64, True): _default_buckets(off, off, sm90_tile(192, 128, 2), sm90_tile(192, 128, 3))}
     path = write_profile(base, "h200-tuned", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "out.yaml")
     assert "stages: 3, pingpong: false}" in path.read_text()
     tuned = load_profile(path)
-    assert tuned.tile_for(64, True, 1024, 1024) == off and tuned.tile_for(64, True, 4096, 4096).pingpong
+    assert tuned.tile_for(64, True, 1024, 1024) == off and tuned.tile_for(64, True, 4096, 4096).schedule == ()
 
 
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
@@ -425,10 +425,10 @@ def test_tiles_keep_only_those_shapes_and_the_starting_tiles():
     assert cands[0] == start[0]
     assert {(c.block_m, c.block_n) for c in cands[1:]} == {(128, 128), (64, 128)}
     assert {c.stages for c in cands if (c.block_m, c.block_n) == (128, 128)} == {2, 3}  # every stage count
-    # and each with the pingpong on, then off (one consumer warpgroup only on)
-    assert [(c.stages, c.pingpong) for c in cands if (c.block_m, c.block_n) == (128, 128)] == \
-        [(2, True), (3, True), (2, False), (3, False)]
-    assert all(c.pingpong for c in cands if c.block_m == 64)
+    # and each with the pingpong on (the default), then off (one consumer warpgroup: only the default)
+    assert [(c.stages, c.schedule) for c in cands if (c.block_m, c.block_n) == (128, 128)] == \
+        [(2, ()), (3, ()), (2, (("pingpong", False),)), (3, (("pingpong", False),))]
+    assert all(c.schedule == () for c in cands if c.block_m == 64)
     assert shape_problems("sm90", 128, (128, 128), h200) == []
     assert "not in the sm90 search grid" in shape_problems("sm90", 128, (100, 128), h200)[0]
     # 192-row tiles at hdim 256 exceed the registers (or shared memory) in every variant: the reasons say so
@@ -472,14 +472,12 @@ def test_side_by_side_times_every_candidate_on_the_gpu():
     """The final round's timer on real kernels: two candidates of the active profile's family,
     one shape, interleaved rounds; a median per candidate, each a plausible GPU time."""
     from flashtune import ops
-    from flashtune.spec import KernelSpec
+    from flashtune.spec import spec_for
 
     profile = ops.active_profile()
     start = profile.tile_for(128, False, 1024, 1024)
-    tiles = candidates(profile.family, 128, profile.arch, starting=(start,), limit=2,
-                       nvcc_flags=profile.nvcc_flags)
-    specs = [KernelSpec(profile.family, profile.arch.name, "bfloat16", 128, t, False, nvcc_flags=profile.nvcc_flags)
-             for t in tiles]
+    tiles = candidates(profile.family, 128, profile.arch, starting=(start,), limit=2)
+    specs = [spec_for(profile, t, "bfloat16", 128, False) for t in tiles]
     ms = tune.time_side_by_side(specs, 1024, repeats=6)
     assert sorted(ms) == sorted(s.name for s in specs) and all(0.01 < m < 100 for m in ms.values()), ms
 

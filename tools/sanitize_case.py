@@ -33,8 +33,8 @@ for hdim in (64, 128, 256):
     q = torch.randn(2, 1000, 40, hdim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 300, 8, hdim, device="cuda", dtype=torch.bfloat16)
     flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=True, return_lse=True)
-# Non-causal calls whose last wave is split (profiles with SPLIT_TAIL): 1500 keys (8 or more blocks,
-# a masked tail block), heads for a last wave of about a third, and a half, of the SMs.
+# Non-causal calls with a partial last wave of tiles on the persistent grid: 1500 keys (8 or more
+# blocks, a masked tail block), heads for a last wave of about a third, and a half, of the SMs.
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 for hdim, block_m in ((64, 192), (128, 128), (256, 128)):
     for share in (1.33, 1.5):
@@ -42,7 +42,7 @@ for hdim, block_m in ((64, 192), (128, 128), (256, 128)):
         q, k, v = (torch.randn(1, 1500, heads, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flashtune.flash_attn_func(q, k, v, return_lse=True)
 # Scores that grow along the keys, with a jump that overflows exps against the old maxima: rows'
-# maxima move (the rescale, and SPEC_MAX's second S of a block), in some warps of a warpgroup only.
+# maxima move (the rescale, and spec_max's second S of a block), in some warps of a warpgroup only.
 for hdim in (64, 128, 256):
     for causal in (False, True):
         q = torch.randn(1, 700, 4, hdim, device="cuda", dtype=torch.bfloat16)

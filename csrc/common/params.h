@@ -37,7 +37,7 @@ struct FwdParams {
   const float* k_descale;
   int64_t descale_batch_stride;
 
-  // Scratch for kernels that hand out work tiles from a counter (the sm90 family's persistent
+  // The tile counter of kernels that hand out work tiles from it (the sm90 family's persistent
   // grid, for causal and varlen calls): two int32 on the device, [0] the tiles handed out, [1]
   // the CTAs done; the last CTA out sets both back to 0. tile_counter_zeroed = 1: they are 0
   // already (a per-stream pair that every such kernel leaves at 0), so the launcher does not
@@ -45,21 +45,6 @@ struct FwdParams {
   // take tiles by a fixed stride.
   int32_t* tile_counter;
   int32_t tile_counter_zeroed;
-  // tile_counter is the first 2 of kScratchCounters int32; the rest are the split tail's counters
-  // (sm90 SPLIT_TAIL: one per split tile and consumer warpgroup), left at 0 by the kernels too.
-  static constexpr int kScratchCounters = 2 + 1024;
-
-  // Device scratch a launcher asks for (the sm90 split tail's partial results): `bytes` on the
-  // call's stream, alive until the launch is enqueued (the allocator orders its reuse on the
-  // stream); returns null if none could be had (the launcher then does without).
-  void* (*scratch)(void* ctx, int64_t bytes);
-  void* scratch_ctx;
-
-  // Filled by the sm90 launcher for its kernel (SPLIT_TAIL): the last split_tail tiles' K/V blocks
-  // are shared out evenly over every CTA; 0: no split. split_ws holds the pieces' partial O.
-  int32_t split_tail;
-  int32_t* split_counters;
-  float* split_ws;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

@@ -1,5 +1,6 @@
 // Thin wrappers over the Hopper (sm_90a) PTX the sm90 family is built from: shared-memory
-// matrix descriptors, wgmma, TMA bulk tensor loads and mbarriers. See HOPPER_NOTES.md.
+// matrix descriptors, wgmma, TMA bulk tensor loads and stores, mbarriers and named barriers.
+// docs/design-sm90.md says how the kernel uses them.
 #pragma once
 #include <cuda.h>  // CUtensorMap (a plain struct; nothing links against libcuda)
 #include <stdint.h>
@@ -116,24 +117,15 @@ __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool x) {
   return any != 0;
 }
 
-// The same barriers as fences that ptxas cannot move arithmetic across (it moves register-only
-// instructions past bar.sync and bar.arrive freely): `x` comes back through a load from shared
-// memory ordered after the barrier (`zero_addr` holds 0.f: add it to what must wait), and the
-// arrive follows a store of `x` (lane 0 of each warp, to its own `sink_addr`), so whatever x
-// depends on is done before it.
-__device__ __forceinline__ float named_barrier_sync_fenced(int id, int threads, uint32_t zero_addr) {
-  float zero;
-  asm volatile("bar.sync %1, %2;\n\tld.shared.f32 %0, [%3];\n" : "=f"(zero) : "r"(id), "r"(threads), "r"(zero_addr) : "memory");
-  return zero;
-}
-__device__ __forceinline__ void named_barrier_arrive_fenced(int id, int threads, uint32_t sink_addr, float x, bool store) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p st.shared.f32 [%2], %3;\n\tbar.arrive %0, %1;\n\t}\n" ::"r"(id),
-      "r"(threads), "r"(sink_addr), "f"(x), "r"(uint32_t(store))
-      : "memory");
+// `x` as a value the compiler cannot trace to how it was made, so it is not kept from an earlier
+// use: computed again where it is used.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
 }
 
-// ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, CTAs per SM)).
+// ---- Register reallocation between warpgroups (needs __launch_bounds__(threads, 1)).
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -150,48 +142,6 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::
           "r"(smem_u32(smem)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
-
-// ---- Clusters (CLUSTER, kernel_traits.cuh): two CTAs on neighbouring SMs share each K/V block.
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t id;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(id));
-  return id;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(n));
-  return n;
-}
-// Every thread of every CTA of the cluster: barrier inits are visible cluster-wide after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrive on the mbarrier at `bar`'s offset in CTA `rank` of the cluster (this CTA's own included).
-// The default .release.cta semantics, as CUTLASS's ClusterBarrier: what the arrive publishes is
-// that this warp's wgmmas have finished reading a slot, not memory another CTA reads; the
-// .release.cluster form costs a MEMBAR.ALL.GPU per arrive (SASS).
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "\tmbarrier.arrive.shared::cluster.b64 _, [remote];\n\t}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-// A 4-D box written to `smem`'s offset in every CTA of `cta_mask`, each completing its bytes on
-// the mbarrier at `bar`'s offset in that CTA.
-__device__ __forceinline__ void tma_load_4d_multicast(void* smem, const CUtensorMap* map, uint64_t* bar, int c0,
-                                                      int c1, int c2, int c3, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
       : "memory");
 }
 
@@ -229,10 +179,6 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
                : "memory");
-}
-
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
 }
 
 }  // namespace sm90

@@ -1,0 +1,124 @@
+// The online softmax of one consumer warpgroup, on S's accumulators in place: the masks, each
+// row's running maximum and sum of exps, and the factor O must be rescaled by. Owns the rescale
+// policy (lazy: a row keeps its maximum until a block's exceeds it by more than 2^8) and the
+// speculative step (spec_max). Waits on no mbarrier; the speculative step's vote is named
+// barrier 13 + cw (the warpgroup's 128 threads).
+//
+// Accumulator layout (wgmma m64nN, fp32): thread (warp w, lane l) holds rows 16 w + l / 4 and +8
+// of the warpgroup's 64; accumulator i is row +8 ((i >> 1) & 1), column 8 (i / 4) + 2 (l % 4) +
+// i % 2. A row lives in one quad, so its maximum and sum take two shuffles.
+#pragma once
+#include <math.h>
+
+#include "common/convert.cuh"
+#include "sm90/ptx_sm90.cuh"
+
+namespace flashtune {
+namespace sm90 {
+
+template <class T>
+struct OnlineSoftmax {
+  static constexpr int BN = T::kBlockN;
+  float row_max[2], row_sum[2];  // this thread's two rows: raw-score maxima, sums of exps
+  // The tile's masks: its first row, the keys it sees, and the bottom-right causal shift (key j is
+  // visible to row i iff j <= i + causal_shift); the scale from scores to exp2's domain.
+  int m_row0 = 0, seqlen_k = 0, causal_shift = 0;
+  float scale_log2 = 0.f;
+  int row_in_tile = 0, t = 0;  // this thread's first row in the tile; its column pair in a quad
+
+  __device__ __forceinline__ void start() {
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  }
+
+  // -inf where a row does not see the key: in the tail block and, causal, in blocks that cross the
+  // diagonal. Per row, how many of the columns from this thread's first one on are visible;
+  // accumulator i sits at the constant offset 8 (i / 4) + i % 2 from it: one compare and one
+  // select per element.
+  __device__ __forceinline__ void mask(float (&acc_s)[T::kSRegs], int j) const {
+    const int key0 = j * BN;
+    const bool tail = key0 + BN > seqlen_k;
+    const bool diagonal = T::kCausal && key0 + BN - 1 > m_row0 + causal_shift;
+    if (tail || diagonal) {
+      int visible[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = m_row0 + row_in_tile + 8 * r;
+        visible[r] = (T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k) - (key0 + 2 * t);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (8 * (i >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
+    }
+  }
+
+  // Block j's step: masks, then P in place of S, new row maxima and sums, and alpha, the factor O
+  // must be rescaled by. Returns whether O needs the rescale (the same for the whole warp); with
+  // lazy rescaling, false while every row of the warp keeps its maximum (alpha = 1).
+  __device__ __forceinline__ bool step(float (&acc_s)[T::kSRegs], int j, float (&alpha)[2]) {
+    mask(acc_s, j);
+    bool moved = false;
+    float m_scaled[2];  // each row's maximum, scaled: the exps' offset
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) m = fmaxf(m, acc_s[i]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      // Lazy: keep the old maximum unless this one is more than 2^kRescaleLog2 above it (from
+      // -inf it always moves; -inf to -inf gives NaN, which keeps it). The quad agrees.
+      if (T::kLazyRescale && !((m - row_max[r]) * scale_log2 > T::kRescaleLog2)) m = row_max[r];
+      m_scaled[r] = m == -INFINITY ? 0.f : m * scale_log2;  // no (-inf) - (-inf)
+      alpha[r] = T::kLazyRescale && m == row_max[r] ? 1.f : fast_exp2(row_max[r] * scale_log2 - m_scaled[r]);
+      moved |= m != row_max[r];
+      row_max[r] = m;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) {
+          acc_s[i] = fast_exp2(fmaf(acc_s[i], scale_log2, -m_scaled[r]));
+          sum += acc_s[i];
+        }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+    return !T::kLazyRescale || __any_sync(0xffffffff, moved);
+  }
+
+  // spec_max: block j's exps against the rows' maxima as they stand (no block maximum). They
+  // stand (true) if every thread's sum of a row's exps is at most 2^kRescaleLog2 throughout the
+  // warpgroup: then every P is within lazy rescaling's bound and no maximum moves (alpha = 1).
+  // Overflow and NaN fail the test, and so does a row without a maximum yet that sees a key (none
+  // can from block 1 on: every row that sees a key sees key 0). The caller then computes S_j
+  // again for the full step, which is a wgmma: the vote is the warpgroup's (named barrier
+  // vote_barrier: 13 + cw).
+  __device__ __forceinline__ bool speculative(float (&acc_s)[T::kSRegs], int j, int vote_barrier) {
+    mask(acc_s, j);
+    float sums[2];
+    bool small = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool no_max = row_max[r] == -INFINITY;
+      const float m_scaled = no_max ? 0.f : row_max[r] * scale_log2;  // no (-inf) - (-inf)
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i)
+        if (((i >> 1) & 1) == r) {
+          acc_s[i] = fast_exp2(fmaf(acc_s[i], scale_log2, -m_scaled));
+          sum += acc_s[i];
+        }
+      small &= sum <= float(1 << int(T::kRescaleLog2)) && (!no_max || sum == 0.f);
+      sums[r] = sum;
+    }
+    if (named_barrier_any(vote_barrier, 128, !small)) return false;
+    row_sum[0] += sums[0], row_sum[1] += sums[1];
+    return true;
+  }
+};
+
+}  // namespace sm90
+}  // namespace flashtune

@@ -1,0 +1,96 @@
+// The tile scheduler: which work tile a CTA runs next. Owns the order of the tiles (m-blocks
+// fastest, the heaviest causal rows first), the persistent grid's walk over them (by a fixed
+// stride, or from the launch's tile counter for causal and varlen calls, whose tiles differ in
+// cost) and leaving that counter at 0 for the next launch. Only the producer thread calls it; it
+// waits on no barrier and arrives at none (the counter is global memory, by atomics).
+#pragma once
+#include "common/params.h"
+
+namespace flashtune {
+namespace sm90 {
+
+// One work tile: BM query rows of one head of one sequence, and the K/V blocks they see.
+struct Tile {
+  int m_block, head, batch, kv_head;
+  int seqlen_q, seqlen_k, q_row0, k_row0, tma_batch;
+  int n_blocks;  // K/V blocks of BN keys this tile reads (0: every row is masked out; -1: no more tiles)
+};
+
+// The tile of m-block m_block of one head of one sequence. Returns false for an m-block past the
+// sequence's end (varlen: a sequence shorter than the tile's first row); the fields are set anyway.
+template <class T>
+__device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int head, int batch, Tile& tile) {
+  tile.m_block = m_block;
+  tile.head = head;
+  tile.batch = batch;
+  tile.kv_head = tile.head / p.head_ratio;
+  tile.seqlen_q = p.seqlen_q, tile.seqlen_k = p.seqlen_k, tile.q_row0 = 0, tile.k_row0 = 0;
+  tile.tma_batch = tile.batch;
+  if (p.cu_seqlens_q != nullptr) {  // varlen: one TMA "batch entry" of total rows
+    tile.q_row0 = p.cu_seqlens_q[tile.batch];
+    tile.k_row0 = p.cu_seqlens_k[tile.batch];
+    tile.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - tile.q_row0;
+    tile.seqlen_k = p.cu_seqlens_k[tile.batch + 1] - tile.k_row0;
+    tile.tma_batch = 0;
+  }
+  tile.n_blocks = (tile.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  if (T::kCausal) {  // bottom-right: key j visible to row i iff j <= i + seqlen_k - seqlen_q
+    const int last_visible = (tile.m_block + 1) * T::kBlockM - 1 + tile.seqlen_k - tile.seqlen_q;
+    tile.n_blocks = min(tile.n_blocks, last_visible < 0 ? 0 : last_visible / T::kBlockN + 1);
+  }
+  return tile.m_block * T::kBlockM < tile.seqlen_q;
+}
+
+// Tile t of batch x heads x m-blocks, m-blocks fastest (the tiles of one head run side by side
+// and share its K/V in L2), the heaviest causal rows first. Returns false for a varlen
+// sequence shorter than the tile's first row (the tile has no rows).
+template <class T>
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
+  const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  return tile_of<T>(p, num_m - 1 - t % num_m, (t / num_m) % p.heads_q, t / num_m / p.heads_q, tile);
+}
+
+// Tiles per launch: m-blocks x heads x batch (the launcher's grid is this, or fewer CTAs that loop).
+template <class T>
+__device__ __forceinline__ int num_tiles(const FwdParams& p) {
+  return (p.seqlen_q + T::kBlockM - 1) / T::kBlockM * p.heads_q * p.batch;
+}
+
+// The walk of one CTA (its producer thread) over the tiles: CTA c starts at tile c; the
+// persistent grid goes on from the counter when the launcher gave one (the next free CTA takes
+// the next tile), else by a stride of the grid; a one-tile CTA stops after its first.
+template <class T>
+struct TileScheduler {
+  const FwdParams& p;
+  int t = int(blockIdx.x);
+
+  // The current tile, or the next one with rows, into `tile` (false once there is none): varlen
+  // tiles past their sequence's end are skipped here, so no CTA waits for one.
+  __device__ __forceinline__ bool get(Tile& tile) {
+    if constexpr (!T::kPersistent) {
+      tile_at<T>(p, t, tile);  // valid: the kernel's entry checked it
+      return true;
+    }
+    const int tiles = num_tiles<T>(p);
+    while (t < tiles && !tile_at<T>(p, t, tile)) advance();  // varlen: no rows there
+    return t < tiles;
+  }
+  // On to the next tile (only the persistent grid has one).
+  __device__ __forceinline__ void advance() {
+    t = p.tile_counter != nullptr ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : t + int(gridDim.x);
+  }
+  // Leave the counter at 0 for the next launch on the stream (the launcher then needs no
+  // memset): every CTA has taken its last tile once all have counted themselves done.
+  __device__ __forceinline__ void finish() {
+    if (T::kPersistent && p.tile_counter != nullptr) {
+      __threadfence();
+      if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+        atomicExch(p.tile_counter, 0);
+        atomicExch(p.tile_counter + 1, 0);
+      }
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace flashtune

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A device visit in named steps, each bounded by what is left of a total budget; logs under
+# $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
+# Usage: bash lab/visit.sh SECONDS STEP...   (from the repository root, on the device)
+#   build         kernels of h200 and h200-sm80 (16 parallel compiles)
+#   build-release the kernels of lab/release-src (lab/make_release.sh COMMIT made it)
+#   gpu-h200, gpu-sm80   every GPU test under that profile
+#   verify-h200   flashtune verify --profile h200
+#   sanitize      compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200
+#   ab-bf16, ab-fp16     the FA grid: today's h200 kernels, the release's and SDPA's cuDNN in one
+#                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
+set -uo pipefail
+BUDGET=$1; shift
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftc FLASHTUNE_TEST_CACHE_DIR=/tmp/ftc \
+  FLASHTUNE_RELEASE_CACHE_DIR=/tmp/ftc-release
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; END=$(( $(date +%s) + BUDGET ))
+run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit's end
+  local name=$1 max=$2; shift 2
+  local left=$(( END - $(date +%s) )); [ $left -lt $max ] && max=$left
+  if [ $max -le 5 ]; then echo "== $name: skipped (out of time)"; return; fi
+  local start=$(date +%s); timeout $max "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - start )) s | $(grep -v '^\s*$' "$OUT/$name.txt" | tail -1 | cut -c1-150)"
+}
+ab() {  # ab DTYPE [ROUND]
+  local tag=$1${2:+_$2}
+  run ab-$tag 240 python3 lab/release_ab.py h200 bench --profile h200 --dtype $1 \
+    --backends flashtune,release,sdpa-cudnn --json "$OUT/ab_$tag.json"
+}
+for step in "$@"; do case $step in
+  build) run build-h200 150 python3 -m flashtune build --profile h200 --jobs 16
+         run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
+  build-release) run build-release 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
+                   --profile h200 --jobs 16 ;;
+  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+              --deselect tests/test_sm90_probe_gpu.py ;;
+  gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+              --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
+  verify-h200) run verify-h200 150 python3 -m flashtune verify --profile h200 ;;
+  sanitize) for tool in memcheck racecheck synccheck; do
+              run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200
+            done ;;
+  ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
+  ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;
+  *) echo "== $step: unknown step" ;;
+esac; done
