@@ -117,8 +117,9 @@ __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool x) {
   return any != 0;
 }
 
-// `x` as a value the compiler cannot trace to how it was made, so it is not kept from an earlier
-// use: computed again where it is used.
+// `x` through an asm the compiler cannot see into: it neither recomputes the value from what it was
+// made of nor merges it with an equal one made elsewhere (mainloop.cuh: a barrier id held once, a
+// slot address made anew where its first copy would otherwise stay live).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   uint32_t y;
   asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
