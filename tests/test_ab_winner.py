@@ -1,4 +1,4 @@
-"""tools/ab_winner.py picks the profile of an A/B that a release visit then runs on: the best
+"""lab/ab_winner.py picks the profile of an A/B that a release visit then runs on: the best
 geomean against the reference over its rounds, and the control unless that beats it by the margin."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOL = Path(__file__).parents[1] / "tools" / "ab_winner.py"
+TOOL = Path(__file__).parents[1] / "lab" / "ab_winner.py"
 
 
 def _bench(path: Path, ratios: list[float]) -> str:
@@ -40,7 +40,7 @@ def test_the_control_stays_within_the_margin(tmp_path):
 
 
 def test_an_experiment_folder_names_its_rounds(tmp_path):
-    """--dir: tools/experiment.sh's folder, bench_<profile name>_<round>.json (bench_<name>.json for
+    """--dir: lab/experiment.sh's folder, bench_<profile name>_<round>.json (bench_<name>.json for
     one round); the same choice as with the files listed, and a profile without files is an error."""
     for name, runs in {"h200": [[1.0, 1.0, 1.0], [0.99, 1.0, 1.0]], "exp-a": [[1.06, 1.04, 1.05], [1.05, 1.05, 1.04]]}.items():
         for i, r in enumerate(runs, 1):
@@ -51,8 +51,8 @@ def test_an_experiment_folder_names_its_rounds(tmp_path):
         return subprocess.run([sys.executable, str(TOOL), "sdpa-cudnn", "0.005", "--dir", str(tmp_path), *profiles],
                               capture_output=True, text=True, cwd=TOOL.parents[1])
 
-    out = run("profiles/h200.yaml", "tools/experiments/exp-a.yaml", "x/exp-b.yaml")
-    assert out.returncode == 0 and out.stdout.strip() == "tools/experiments/exp-a.yaml"
+    out = run("profiles/h200.yaml", "lab/exp-a.yaml", "x/exp-b.yaml")
+    assert out.returncode == 0 and out.stdout.strip() == "lab/exp-a.yaml"
     assert "exp-b.yaml: 0.9000" in out.stderr
     missing = run("profiles/h200.yaml", "exp-c.yaml")
     assert missing.returncode != 0 and "no bench files of exp-c" in missing.stderr

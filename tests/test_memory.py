@@ -81,7 +81,7 @@ def test_score_account_matches_the_peak_measured_on_the_h200():
     H200) is within 10% of the account wherever the quadratic term dominates (seqlen >= 8k)."""
     from pathlib import Path
 
-    bench = Path(__file__).parent.parent / "benchmarks/h200/2026-12-02_sm80-family_h200-sm80_fa-grid.json"
+    bench = Path(__file__).parent / "data" / "h200_sdpa-math_peak-memory.json"
     rows = [r for r in json.loads(bench.read_text())["rows"]
             if r["backend"] == "sdpa-math" and r["peak_mem_mb"] and r["seqlen_q"] >= 8192]
     assert len(rows) >= 5
@@ -98,7 +98,7 @@ def test_whole_model_peaks_measured_on_the_h200_are_within_10_percent():
     from dataclasses import replace
     from pathlib import Path
 
-    bench = Path(__file__).parent.parent / "benchmarks/h200/2026-12-02_model_llama3-8b-like_4-layers.json"
+    bench = Path(__file__).parent / "data" / "h200_model_llama3-8b-like_4-layers.json"
     result = json.loads(bench.read_text())
     shape = replace(memory.MODELS["llama3-8b-like"], layers=result["layers"])
     rows = [r for r in result["rows"] if r.get("peak_mem_mb")]
