@@ -1,6 +1,6 @@
 // The only translation unit that includes torch headers: it turns tensors into FwdParams and
 // calls a kernel library's launcher on the current stream. Registered as the torch op
-// flashtune_C::fwd; flashtune/ops.py wraps it in the public custom op.
+// flashtune_C::fwd; flashtune/runtime/ops.py wraps it in the public custom op.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>

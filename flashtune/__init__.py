@@ -12,7 +12,7 @@ __all__ = ["__version__", *_OPS]
 
 def __getattr__(name):
     if name in _OPS:
-        from flashtune import ops
+        from flashtune.runtime import ops
 
         return getattr(ops, name)
     raise AttributeError(f"module 'flashtune' has no attribute {name!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from flashtune import ops
+from flashtune.runtime import ops
 
 NAME = "ftune"  # no "flash" in it: see the module docstring
 

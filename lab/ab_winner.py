@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from flashtune.bench import geomean
+from flashtune.measure.timing import geomean
 
 
 def score(paths: list[str], reference: str) -> float:

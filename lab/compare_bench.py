@@ -9,7 +9,7 @@ import json
 import sys
 from collections import defaultdict
 
-from flashtune.bench import geomean
+from flashtune.measure.timing import geomean
 
 REFERENCES = ("sdpa-flash", "sdpa-cudnn")
 cols, table = [], defaultdict(dict)

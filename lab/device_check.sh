@@ -16,7 +16,7 @@ python3 -m flashtune build --profile "$PROFILE" --jobs 16 > "$LOGS/build.txt" 2>
 # The sm90 probes, then a ladder of calls from the simplest up, each under its own time limit:
 # they bisect the operand layouts if the kernel is wrong, and a kernel waiting on an mbarrier
 # forever must not eat the lease. A failing ladder stops the visit here.
-if [ "$(python3 -c "from flashtune.profiles import find_profile; print(find_profile('$PROFILE').family)")" = sm90 ]; then
+if [ "$(python3 -c "from flashtune.kernels.profiles import find_profile; print(find_profile('$PROFILE').family)")" = sm90 ]; then
   for probe in test_probe_qk_matches_torch test_probe_attention_matches_the_reference; do
     timeout 90 python3 -m pytest -q -p no:cacheprovider "tests/test_sm90_probe_gpu.py::$probe" \
       > "$LOGS/$probe.txt" 2>&1; step "$probe" "rc=$? $(tail -1 "$LOGS/$probe.txt")"
@@ -37,7 +37,7 @@ timeout 120 python3 -m flashtune verify --profile "$PROFILE" > "$OUT/verify.txt"
 python3 -m flashtune verify --sdpa --hdim 128 --seqlen 4096 --causal >> "$OUT/verify.txt" 2>&1
 if [ "${1:-}" != "--no-bench" ]; then
   start=$(date +%s)
-  timeout 420 python3 -m flashtune bench --profile "$PROFILE" "$@" --json "$OUT/bench.json" \
+  timeout 420 python3 -m flashtune bench --profile "$PROFILE" "$@" --out "$OUT/bench.json" \
     --plot "$OUT/bench.png" > "$OUT/bench.txt" 2>&1
   step bench "rc=$? in $(( $(date +%s) - start )) s"
 fi

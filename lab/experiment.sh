@@ -28,7 +28,7 @@ args=()
 for round in $(seq "$ROUNDS"); do
   for p in "$@"; do
     n=$(basename "$p" .yaml); [ "$ROUNDS" -gt 1 ] && n=${n}_$round
-    timeout 300 python3 -m flashtune bench --profile "$p" $BENCH_ARGS --json "$OUT/bench_$n.json" > "$OUT/bench_$n.txt" 2>&1 \
+    timeout 300 python3 -m flashtune bench --profile "$p" $BENCH_ARGS --out "$OUT/bench_$n.json" > "$OUT/bench_$n.txt" 2>&1 \
       || { echo "bench $p failed"; tail -5 "$OUT/bench_$n.txt"; }
     args+=("$n=$OUT/bench_$n.json")
   done

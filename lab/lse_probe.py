@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-import flashtune.ops as ops
+import flashtune.runtime.ops as ops
 from flashtune import flash_attn_func, flash_attn_varlen_func
 
 CASES = [  # (seqlen_q, seqlen_k, batch, heads)

@@ -10,16 +10,16 @@ import sys
 
 import torch
 
-from flashtune import ops
-from flashtune.backends import BACKENDS, Case
-from flashtune.bench import fa_grid, make_inputs
+from flashtune.runtime import ops
+from flashtune.measure.backends import BACKENDS, Inputs
+from flashtune.measure.problem import fa_grid, make_inputs
 
 ops.use_profile(sys.argv[1])
 for cell in sys.argv[2:]:
     hdim, causal, seqlen = (int(x) for x in cell.split(":"))
     (shape,) = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[bool(causal)])  # the bench's batch and heads
     q, k, v = make_inputs(shape, seed=0)
-    case = Case(q, k, v, bool(causal), hdim ** -0.5)
+    case = Inputs(q, k, v, bool(causal), hdim ** -0.5)
     for name in ("flashtune", "sdpa-cudnn"):
         run = BACKENDS[name](case)  # builds, loads and runs it once
         run()

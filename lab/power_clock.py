@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from flashtune.bench import Shape, attention_flops, fa_grid, make_inputs, time_interleaved
+from flashtune.measure.problem import Problem, attention_flops, fa_grid, make_inputs
+from flashtune.measure.timing import time_interleaved
 
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 
@@ -57,11 +58,11 @@ def sample_while(run, seconds: float) -> tuple[list[tuple[float, float, float]],
     return samples[2:], calls, wall  # the first samples can predate the loop
 
 
-def attention_case(backend: str, shape: Shape):
-    from flashtune.backends import BACKENDS, Case
+def attention_case(backend: str, shape: Problem):
+    from flashtune.measure.backends import BACKENDS, Inputs
 
     q, k, v = make_inputs(shape, seed=0)
-    return BACKENDS[backend](Case(q, k, v, shape.causal, shape.hdim ** -0.5)), attention_flops(
+    return BACKENDS[backend](Inputs(q, k, v, shape.causal, shape.hdim ** -0.5)), attention_flops(
         shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.hdim, shape.causal)
 
 
@@ -99,7 +100,7 @@ def main() -> int:
     ap.add_argument("--matmuls", default="8192",
                     help="sizes of the square matrix products, comma-separated; the fastest is the ceiling")
     args = ap.parse_args()
-    from flashtune import ops
+    from flashtune.runtime import ops
 
     ops.use_profile(args.profile)
 

@@ -17,7 +17,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([RELEASE, os.environ.get("PYTHONPATH"
 
 import flashtune_release  # noqa: E402
 
-from flashtune import backends  # noqa: E402
+from flashtune.measure import backends  # noqa: E402
 from flashtune.cli import main  # noqa: E402
 
 flashtune_release.use_profile(sys.argv[1])

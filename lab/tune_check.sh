@@ -16,7 +16,7 @@ cmp -s "$OUT/$name-tuned.yaml" "$OUT/$name-rerun.yaml" && echo "rerun wrote the 
 rm -f "$OUT/$name-rerun.yaml"
 for p in "$PROFILE" "$OUT/$name-tuned.yaml"; do
   tag=$([ "$p" = "$PROFILE" ] && echo starting || echo tuned)
-  python3 -m flashtune bench --profile "$p" $BENCH_ARGS --json "$OUT/bench_$tag.json" > "$OUT/bench_$tag.txt" 2>&1 \
+  python3 -m flashtune bench --profile "$p" $BENCH_ARGS --out "$OUT/bench_$tag.json" > "$OUT/bench_$tag.txt" 2>&1 \
     || { echo "bench $tag failed"; tail -3 "$OUT/bench_$tag.txt"; }
 done
 python3 lab/compare_bench.py starting="$OUT/bench_starting.json" tuned="$OUT/bench_tuned.json"

@@ -24,7 +24,7 @@ run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit'
 ab() {  # ab DTYPE [ROUND]
   local tag=$1${2:+_$2}
   run ab-$tag 240 python3 lab/release_ab.py h200 bench --profile h200 --dtype $1 \
-    --backends flashtune,release,sdpa-cudnn --json "$OUT/ab_$tag.json"
+    --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_$tag.json"
 }
 for step in "$@"; do case $step in
   build) run build-h200 150 python3 -m flashtune build --profile h200 --jobs 16

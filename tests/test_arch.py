@@ -1,6 +1,6 @@
 import pytest
 
-from flashtune.arch import (ARCHS, KNOWN_GPUS, arch_for_compute_capability, default_family,
+from flashtune.kernels.arch import (ARCHS, KNOWN_GPUS, arch_for_compute_capability, default_family,
                             family_runs_on, get_arch, lookup_gpu)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -10,36 +11,36 @@ import pytest
 import torch
 from rich.console import Console
 
-from flashtune import bench, bench_report
-from flashtune.backends import BACKENDS, Case, Unavailable
+from flashtune.commands import bench
+from flashtune.measure import problem, timing
+from flashtune.measure.backends import BACKENDS, Inputs, Unavailable
 
 DESIGN_ROW_KEYS = {"backend", "dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "heads",
                    "heads_kv", "ms", "tflops", "peak_mem_mb", "rel_err", "kernel"}
 
 
 def test_flops_follow_the_fa_convention():
-    assert bench.attention_flops(2, 16, 1024, 1024, 128, False) == 4 * 2 * 16 * 1024 * 1024 * 128
-    assert bench.attention_flops(2, 16, 1024, 1024, 128, True) == 2 * 2 * 16 * 1024 * 1024 * 128
-    shape = bench.Shape("bfloat16", 64, False, 512, 512, 32, 32, 32)
+    assert problem.attention_flops(2, 16, 1024, 1024, 128, False) == 4 * 2 * 16 * 1024 * 1024 * 128
+    assert problem.attention_flops(2, 16, 1024, 1024, 128, True) == 2 * 2 * 16 * 1024 * 1024 * 128
+    shape = problem.Problem("bfloat16", 64, False, 512, 512, 32, 32, 32)
     assert shape.flops == 4 * 32 * 32 * 512 * 512 * 64
 
 
 def test_fa_grid_keeps_tokens_and_hidden_constant():
-    grid = bench.fa_grid()
+    grid = problem.fa_grid()
     assert len(grid) == 6 * 3 * 2
     for s in grid:
         assert s.batch * s.seqlen_q == 16384 and s.heads * s.hdim == 2048 and s.heads_kv == s.heads
-    gqa = bench.fa_grid([1024], [128], [True], heads=32, heads_kv=8, batch=3)
-    assert gqa == [bench.Shape("bfloat16", 128, True, 1024, 1024, 3, 32, 8)]
+    gqa = problem.fa_grid([1024], [128], [True], heads=32, heads_kv=8, batch=3)
+    assert gqa == [problem.Problem("bfloat16", 128, True, 1024, 1024, 3, 32, 8)]
     with pytest.raises(ValueError, match="must divide"):
-        bench.fa_grid([1024], [128], heads=32, heads_kv=5)
+        problem.fa_grid([1024], [128], heads=32, heads_kv=5)
 
 
 def _row(backend, ms, seqlen=1024, **kw):
-    shape = bench.Shape("bfloat16", 128, False, seqlen, seqlen, 16, 16, 16)
-    row = bench.empty_row(backend, shape)
-    row.update(ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12 if ms else None, **kw)
-    return row
+    shape = problem.Problem("bfloat16", 128, False, seqlen, seqlen, 16, 16, 16)
+    return dataclasses.replace(bench.BenchRow.empty(backend, shape), ms=ms,
+                               tflops=shape.flops / (ms * 1e-3) / 1e12 if ms else None, **kw)
 
 
 def test_speedups_are_geomeans_of_time_ratios():
@@ -49,17 +50,18 @@ def test_speedups_are_geomeans_of_time_ratios():
     got = bench.speedups(rows)
     assert got["sdpa-flash"] == pytest.approx(math.sqrt(2 * 4))
     assert got["sdpa-cudnn"] == pytest.approx(0.5)
-    assert bench.geomean([]) is None
+    assert timing.geomean([]) is None
 
 
 def test_rows_follow_the_design_schema_and_serialise():
     row = _row("flashtune", 1.0, kernel="flashtune_fwd_x", rel_err=2e-3, peak_mem_mb=64.0)
-    assert DESIGN_ROW_KEYS <= set(row) and set(row) == set(bench.ROW_KEYS)
-    result = {"header": {"gpu": "NVIDIA H200", "compute_capability": "9.0", "driver": "580", "torch": "2.11",
-                         "cuda": "13.0", "cudnn": 91900, "flashtune": "0.1.0", "command": "flashtune bench"},
-              "rows": [row], "speedup_geomean": {}}
-    assert json.loads(json.dumps(result))["rows"][0] == row
-    parsed = list(csv.DictReader(io.StringIO(bench_report.to_csv([row]))))
+    result = bench.BenchResult({"gpu": "NVIDIA H200", "compute_capability": "9.0", "driver": "580", "torch": "2.11",
+                                "cuda": "13.0", "cudnn": 91900, "flashtune": "0.1.0", "command": "flashtune bench"},
+                               [row])
+    written = json.loads(json.dumps(result.to_json()))["rows"][0]
+    assert DESIGN_ROW_KEYS <= set(written) and tuple(written) == bench.ROW_KEYS
+    assert written == dataclasses.asdict(row)
+    parsed = list(csv.DictReader(io.StringIO(bench.to_csv([row]))))
     assert parsed[0]["backend"] == "flashtune" and parsed[0]["kernel"] == "flashtune_fwd_x"
 
 
@@ -67,10 +69,10 @@ def test_table_shows_ratios_and_reasons():
     rows = [_row("flashtune", 1.0, kernel="flashtune_fwd_x", host_ms=0.0123),
             _row("sdpa-flash", 1.5, kernel="flash_fwd", host_ms=0.0456),
             _row("flash-attn3", None, status="unavailable: flash_attn_interface is not importable")]
-    result = {"header": {"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t", "cuda": "c",
-                         "cudnn": 1}, "rows": rows, "speedup_geomean": bench.speedups(rows)}
+    result = bench.BenchResult({"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t", "cuda": "c",
+                                "cudnn": 1}, rows)
     console = Console(record=True, width=250)
-    bench_report.render(result, console)
+    bench.render(result, console)
     text = console.export_text()
     assert "1.50" in text and "not importable" in text and "sdpa-flash: 1.50x" in text
     assert "host ms" in text and "0.012" in text and "0.046" in text
@@ -79,7 +81,7 @@ def test_table_shows_ratios_and_reasons():
 def _cpu_case(sq=8, sk=8, causal=False):
     q = torch.zeros(1, sq, 2, 64)
     k = torch.zeros(1, sk, 2, 64)
-    return Case(q, k, k, causal, 0.125)
+    return Inputs(q, k, k, causal, 0.125)
 
 
 def test_absent_flash_attn_packages_are_reported_not_fatal():
@@ -98,7 +100,7 @@ def test_bench_without_gpu_exits_3(monkeypatch):
 
     from flashtune.cli import cli
 
-    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+    monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: [])
     result = CliRunner().invoke(cli, ["bench"])
     assert result.exit_code == 3 and "no GPU" in result.output
 
@@ -108,7 +110,7 @@ def test_bench_rejects_unknown_backends(monkeypatch):
 
     from flashtune.cli import cli
 
-    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [object()])
+    monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: [object()])
     result = CliRunner().invoke(cli, ["bench", "--backends", "flashtune,nope"])
     assert result.exit_code == 2 and "nope" in result.output
 
@@ -116,56 +118,50 @@ def test_bench_rejects_unknown_backends(monkeypatch):
 def test_plot_draws_one_panel_per_hdim_and_causal(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [_row(b, ms, seqlen=s) for b, ms in (("flashtune", 1.0), ("sdpa-flash", 1.2)) for s in (512, 1024)]
-    result = {"header": {"gpu": "G", "torch": "t", "cuda": "c"}, "rows": rows, "speedup_geomean": {}}
+    result = bench.BenchResult({"gpu": "G", "torch": "t", "cuda": "c"}, rows)
     path = tmp_path / "plot.png"
-    bench_report.plot(result, str(path))
+    bench.plot(result, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="nothing to plot"):
-        bench_report.plot({**result, "rows": [_row("flashtune", None)]}, str(path))
+        bench.plot(bench.BenchResult(result.header, [_row("flashtune", None)]), str(path))
 
 
 def test_backends_are_timed_in_interleaved_rounds_after_a_timed_warm_up():
     """Every backend gets its repeats in rounds A B, A B, A B, the first after the full warm-up,
     so a clock drift cannot favour the backend timed first."""
-    from flashtune import bench
-
     calls = []
 
     def fake_timer(runners, warmup, repeats, warmup_seconds):
         calls.append((runners[0], warmup, repeats, warmup_seconds))
         return [float(len(calls))] * repeats
 
-    times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
+    times, failed = timing.time_interleaved({"a": ["A"], "b": ["B"]}, warmup=5, repeats=30, timer=fake_timer)
     assert failed == {}
-    assert [c[0] for c in calls] == ["A", "B", "B", "A", "A", "B"][:2 * bench.ROUNDS]  # the order rotates
+    assert [c[0] for c in calls] == ["A", "B", "B", "A", "A", "B"][:2 * timing.ROUNDS]  # the order rotates
     assert sum(c[2] for c in calls if c[0] == "A") >= 30 and len(times["a"]) == len(times["b"]) >= 30
-    assert [c[3] for c in calls[:2]] == [bench.WARMUP_SECONDS] * 2
-    assert all(0 < c[3] < bench.WARMUP_SECONDS for c in calls[2:]) and all(c[1] == 5 for c in calls)
-    assert times["a"][0] == 1.0 and times["b"][-1] == float(2 * bench.ROUNDS)
+    assert [c[3] for c in calls[:2]] == [timing.WARMUP_SECONDS] * 2
+    assert all(0 < c[3] < timing.WARMUP_SECONDS for c in calls[2:]) and all(c[1] == 5 for c in calls)
+    assert times["a"][0] == 1.0 and times["b"][-1] == float(2 * timing.ROUNDS)
 
 
 def test_with_as_many_rounds_as_backends_each_takes_each_place_once():
     """Position in a round is a bias of its own (the first after a cell's input generation runs
     on a cool GPU): the rounds rotate, so each backend runs first, second and third once."""
-    from flashtune import bench
-
     order = []
 
     def fake_timer(runners, warmup, repeats, warmup_seconds):
         order.append(runners[0])
         return [1.0] * repeats
 
-    backends = {name: [name] for name in "ABC"[:bench.ROUNDS]}
-    bench.time_interleaved(backends, 1, 9, timer=fake_timer)
+    backends = {name: [name] for name in "ABC"[:timing.ROUNDS]}
+    timing.time_interleaved(backends, 1, 9, timer=fake_timer)
     rounds = [order[i:i + len(backends)] for i in range(0, len(order), len(backends))]
-    assert len(rounds) == bench.ROUNDS and all(sorted(r) == sorted(backends) for r in rounds)
+    assert len(rounds) == timing.ROUNDS and all(sorted(r) == sorted(backends) for r in rounds)
     for place in range(len(backends)):
         assert sorted(r[place] for r in rounds) == sorted(backends)
 
 
 def test_a_backend_that_fails_while_timed_leaves_the_rounds_with_its_error():
-    from flashtune import bench
-
     calls = []
 
     def fake_timer(runners, warmup, repeats, warmup_seconds):
@@ -174,9 +170,9 @@ def test_a_backend_that_fails_while_timed_leaves_the_rounds_with_its_error():
             raise MemoryError("out of memory")
         return [1.0] * repeats
 
-    times, failed = bench.time_interleaved({"a": ["A"], "b": ["B"]}, 5, 30, timer=fake_timer, catch=(MemoryError,))
+    times, failed = timing.time_interleaved({"a": ["A"], "b": ["B"]}, 5, 30, timer=fake_timer, catch=(MemoryError,))
     assert list(times) == ["a"] and len(times["a"]) >= 30 and isinstance(failed["b"], MemoryError)
-    assert calls.count("B") == 2 and calls.count("A") == bench.ROUNDS
+    assert calls.count("B") == 2 and calls.count("A") == timing.ROUNDS
 
 
 def test_calls_the_host_could_not_queue_ahead_are_timed_again_behind_a_longer_spin(monkeypatch):
@@ -189,39 +185,6 @@ def test_calls_the_host_could_not_queue_ahead_are_timed_again_behind_a_longer_sp
         spins.append(spin_cycles)
         return [float(len(spins))] * repeats, len(spins) == 3
 
-    monkeypatch.setattr(bench, "_queued_calls", fake_queued_calls)
-    assert bench.time_ms([lambda: None], warmup=0, repeats=4, warmup_seconds=0.0) == [3.0] * 4
-    assert spins == [bench.QUEUE_AHEAD_CYCLES * 4 ** i for i in range(3)]
-
-
-@pytest.mark.gpu
-def test_event_times_leave_out_the_hosts_launch_overhead():
-    """A call that spends 2 ms on the host and microseconds on the GPU is timed at its GPU time
-    (timed host-bound, every call would read >= 2 ms). 10 such calls outlast the first spin
-    (about 10 ms), so the retry behind a longer one runs too."""
-    import time
-
-    x = torch.zeros(1024, device="cuda")
-
-    def slow_host_call():
-        time.sleep(0.002)
-        x.add_(1)
-
-    times = bench.time_ms([slow_host_call], warmup=1, repeats=10, warmup_seconds=0.0)
-    assert len(times) == 10 and max(times) < 0.5, times
-
-
-@pytest.mark.gpu
-def test_host_ms_is_the_host_side_of_one_call():
-    """The same call, 2 ms on the host and microseconds on the GPU: host_ms_per_call reads its
-    host time (the event times above leave it out), launched behind a spin so none waits."""
-    import time
-
-    x = torch.zeros(1024, device="cuda")
-
-    def slow_host_call():
-        time.sleep(0.002)
-        x.add_(1)
-
-    assert 1.9 < bench.host_ms_per_call([slow_host_call], calls=10) < 10.0
-    assert bench.host_ms_per_call([lambda: x.add_(1)], calls=10) < 0.5
+    monkeypatch.setattr(timing, "_queued_calls", fake_queued_calls)
+    assert timing.time_ms([lambda: None], warmup=0, repeats=4, warmup_seconds=0.0) == [3.0] * 4
+    assert spins == [timing.QUEUE_AHEAD_CYCLES * 4 ** i for i in range(3)]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from flashtune import build
-from flashtune.spec import KernelSpec
-from flashtune.tiles import TileConfig
-from flashtune.toolchain import Toolchain, ToolchainError
+from flashtune.kernels import build
+from flashtune.kernels.spec import KernelSpec
+from flashtune.kernels.tiles import TileConfig
+from flashtune.kernels.toolchain import Toolchain, ToolchainError
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +74,8 @@ def test_corrupt_or_half_built_entries_are_rebuilt_never_loaded():
 
 def test_concurrent_requests_build_once(module_cache):
     spec = _spec(causal=True)
-    code = ("import json, sys; from flashtune.build import build_spec; from flashtune.spec import KernelSpec;"
-            "from flashtune.tiles import TileConfig;"
+    code = ("import json, sys; from flashtune.kernels.build import build_spec; from flashtune.kernels.spec import KernelSpec;"
+            "from flashtune.kernels.tiles import TileConfig;"
             "r = build_spec(KernelSpec('sm80', 'sm_89', 'bfloat16', 64, TileConfig(128, 64, 4, 2), True));"
             "print(json.dumps(r.cache_hit))")
     env = {**os.environ, "FLASHTUNE_CACHE_DIR": str(module_cache)}
@@ -97,7 +97,7 @@ def test_compile_errors_surface_with_the_log(monkeypatch):
 def test_missing_nvcc_says_what_to_install(monkeypatch):
     fake = Toolchain(torch_version="2.14.1", torch_cuda="13.0", nvcc_path=None, nvcc_version=None,
                      cuda_home=None, ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: fake)
+    monkeypatch.setattr("flashtune.kernels.toolchain.detect_toolchain", lambda **_: fake)
     with pytest.raises(ToolchainError, match="install the CUDA toolkit"):
         build.build_spec(KernelSpec("sm80", "sm_120", "float16", 64, TileConfig(64, 64, 4, 1), False))
 
@@ -105,7 +105,7 @@ def test_missing_nvcc_says_what_to_install(monkeypatch):
 def test_old_nvcc_cannot_target_sm120(monkeypatch):
     fake = Toolchain(torch_version="2.14.1", torch_cuda="12.4", nvcc_path="/opt/cuda-12.4/bin/nvcc",
                      nvcc_version=(12, 4), cuda_home="/opt/cuda-12.4", ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: fake)
+    monkeypatch.setattr("flashtune.kernels.toolchain.detect_toolchain", lambda **_: fake)
     with pytest.raises(ToolchainError, match=r"nvcc 12.4 .*cannot target sm_120.*>= 12.8"):
         build.build_spec(KernelSpec("sm80", "sm_120", "float16", 64, TileConfig(64, 64, 4, 1), False))
 
@@ -126,8 +126,8 @@ ptxas info    : Used 200 registers, used 1 barriers
 
 
 def test_sass_of_a_built_kernel_has_the_family_instructions_and_no_local_memory():
-    from flashtune.toolchain import detect_toolchain
-    from flashtune.verify import sass_row
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.commands.verify import sass_row
 
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
@@ -135,11 +135,11 @@ def test_sass_of_a_built_kernel_has_the_family_instructions_and_no_local_memory(
     spec = _spec()
     result = build.build_spec(spec)
     row = sass_row(spec, result.library, result.spills, cuobjdump)
-    assert row["ok"] is True, row
-    assert row["detail"].startswith("sm_89:") and "HMMA" in row["detail"] and "LDGSTS" in row["detail"]
+    assert row.ok is True, row
+    assert row.detail.startswith("sm_89:") and "HMMA" in row.detail and "LDGSTS" in row.detail
     wrong = KernelSpec("sm80", "sm_80", "bfloat16", 64, TileConfig(128, 64, 4, 2), False)
     row = sass_row(wrong, result.library, result.spills, cuobjdump)  # not in this library
-    assert row["ok"] is False and "kernel not in the library" in row["detail"]
+    assert row.ok is False and "kernel not in the library" in row.detail
 
 
 @pytest.mark.parametrize("line, serialising", [

@@ -5,7 +5,6 @@ This is CI's sm_120 compile-check of the sm80 family (test_build.py covers sm_80
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -46,11 +45,11 @@ def test_unknown_profile_and_bad_arch_are_input_errors():
 ])
 def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp8_op):
     """CI's compile-check of the FP8 Q/K kernels: the FP8 MMA in the SASS, no local memory."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import TileConfig, sm90_tile
-    from flashtune.toolchain import detect_toolchain
-    from flashtune.verify import sass_row
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import TileConfig, sm90_tile
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.commands.verify import sass_row
 
     spec = KernelSpec(family, arch, "bfloat16", 128, sm90_tile(*tile) if family == "sm90" else TileConfig(*tile),
                       False, fp8=True)
@@ -60,7 +59,7 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     row = sass_row(spec, result.library, result.spills, cuobjdump)
-    assert row["ok"] is True and fp8_op in row["detail"], row
+    assert row.ok is True and fp8_op in row.detail, row
 
 
 @pytest.mark.parametrize("keys, causal", [
@@ -74,12 +73,12 @@ def test_fp8_qk_kernels_compile_with_fp8_tensor_core_sass(family, arch, tile, fp
     ((("flat", True),), True),  # hdim 128 causal 128x128: deferred, so flat tiles can run there
 ])
 def test_sm90_schedule_variants_compile_without_spills_or_serialised_wgmma(keys, causal):
-    """Each schedule field off its default (flashtune/schedule.py) still builds at hdim 128 128x128,
+    """Each schedule field off its default (flashtune/kernels/schedule.py) still builds at hdim 128 128x128,
     with its code in the kernel's name (the default, all on, is test_sm90_kernel_compiles_with_hopper_sass)."""
-    from flashtune.build import build_spec
-    from flashtune.schedule import NAME_CODES
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.schedule import NAME_CODES
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import sm90_tile
 
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 128, 2, keys), causal)
     (name, value), = keys
@@ -92,11 +91,11 @@ def _sm90_128x128_sass(keys: tuple = (), hdim: int = 128, causal: bool = True, b
                        max_spill_stores: int = 0, stages: int = 2) -> str:
     """The SASS of the bf16 128x128 sm90 kernel (hdim 128, causal, 128 keys a block and 2 stages
     unless told) with these schedule keys (skips the test without cuobjdump)."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile
-    from flashtune.toolchain import detect_toolchain
-    from flashtune.verify import parse_sass, run_cuobjdump
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import sm90_tile
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.commands.verify import parse_sass, run_cuobjdump
 
     cuobjdump = detect_toolchain().cuobjdump_path
     if cuobjdump is None:
@@ -128,9 +127,9 @@ def test_spec_max_costs_the_160_register_tile_at_most_4_bytes():
     registers a thread) spills 4 bytes for it, in the deferred epilogue (once a tile; the releases
     on the H200 ran this kernel), and nothing serialises the wgmmas; and the hdim 128 tile of the long
     cells, 128x176, spills nothing (mainloop.cuh: the K descriptors and the vote's barrier id)."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import sm90_tile
 
     result = build_spec(KernelSpec("sm90", "sm_90a", "bfloat16", 64, sm90_tile(192, 128, 2), False))
     assert result.spill_stores <= 4
@@ -196,10 +195,10 @@ def test_h200_profile_kernels_build_within_the_tuners_spill_limit():
     """Every 16-bit bf16 kernel the shipped h200 profile launches (the default schedule): ptxas
     accepts it and spills at most what `flashtune tune` tolerates (the hdim 64 3-warpgroup
     producer's persistent loop spills 60 bytes; measured harmless in the A/B)."""
-    from flashtune.build import build_specs
-    from flashtune.profiles import find_profile
-    from flashtune.spec import specs_for_profile
-    from flashtune.tune import DEFAULT_MAX_SPILL_BYTES
+    from flashtune.kernels.build import build_specs
+    from flashtune.kernels.profiles import find_profile
+    from flashtune.kernels.spec import specs_for_profile
+    from flashtune.tuning.search import DEFAULT_MAX_SPILL_BYTES
 
     profile = find_profile("h200")
     specs = [s for s in specs_for_profile(profile, dtypes=["bfloat16"]) if not s.fp8]
@@ -219,11 +218,11 @@ def test_h200_profile_kernels_build_within_the_tuners_spill_limit():
 def test_sm90_tma_store_epilogue_is_where_an_o_tile_fits(block_n, causal, keys, tma_store):
     """The TMA-store epilogue (UTMASTG in the SASS) is in exactly the kernels that have room for
     it, and the reported shared memory counts its O tile."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile, shared_memory_bytes
-    from flashtune.toolchain import detect_toolchain
-    from flashtune.verify import parse_sass, run_cuobjdump
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import sm90_tile
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.commands.verify import parse_sass, run_cuobjdump
 
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, block_n, 2, keys), causal)
     assert spec.schedule.tma_store == tma_store
@@ -241,11 +240,11 @@ def test_sm90_tma_store_epilogue_is_where_an_o_tile_fits(block_n, causal, keys, 
 
 def test_sm90_kernel_compiles_with_hopper_sass():
     """CI's compile-check of the sm90 family: FA3's d128 tile, no serialised wgmma, HGMMA + TMA."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile
-    from flashtune.toolchain import detect_toolchain
-    from flashtune.verify import sass_row
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import sm90_tile
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.commands.verify import sass_row
 
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 176, 2), False)
     result = build_spec(spec)  # raises on ptxas messages that wgmma was serialised (build.SERIALISING_WARNINGS)
@@ -254,7 +253,7 @@ def test_sm90_kernel_compiles_with_hopper_sass():
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
     row = sass_row(spec, result.library, result.spills, cuobjdump)
-    assert row["ok"] is True and "HGMMA" in row["detail"] and "UTMALDG" in row["detail"], row
+    assert row.ok is True and "HGMMA" in row.detail and "UTMALDG" in row.detail, row
 
 
 def test_sm90_hdim64_kernel_defers_its_epilogue_without_spills_or_serialised_wgmma():
@@ -262,9 +261,9 @@ def test_sm90_hdim64_kernel_defers_its_epilogue_without_spills_or_serialised_wgm
     across the tile loop beside S, with a second Q tile): the 3-consumer tile, 160 registers a
     thread, still builds clean (without speculative maxima, whose vote costs it 4 bytes: see above),
     and its reported shared memory counts the second Q."""
-    from flashtune.build import build_spec
-    from flashtune.spec import KernelSpec
-    from flashtune.tiles import sm90_tile, shared_memory_bytes
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.spec import KernelSpec
+    from flashtune.kernels.tiles import shared_memory_bytes, sm90_tile
 
     spec = KernelSpec("sm90", "sm_90a", "bfloat16", 64, sm90_tile(192, 128, 2, (("spec_max", False),)), False)
     result = build_spec(spec)  # raises on ptxas messages that wgmma was serialised (C7514/C7517/C7518 included)
@@ -274,11 +273,11 @@ def test_sm90_hdim64_kernel_defers_its_epilogue_without_spills_or_serialised_wgm
 
 
 def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):
-    from flashtune.toolchain import Toolchain
+    from flashtune.kernels.toolchain import Toolchain
 
     old = Toolchain(torch_version="2.14.1", torch_cuda="12.4", nvcc_path="/opt/cuda-12.4/bin/nvcc",
                     nvcc_version=(12, 4), cuda_home="/opt/cuda-12.4", ninja_version="1.13", cuobjdump_path=None)
-    monkeypatch.setattr("flashtune.toolchain.detect_toolchain", lambda **_: old)
+    monkeypatch.setattr("flashtune.kernels.toolchain.detect_toolchain", lambda **_: old)
     result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_120"])
     assert result.exit_code == 2
     assert result.output.count("cannot target sm_120") == 1 and ">= 12.8" in result.output

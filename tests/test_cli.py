@@ -3,9 +3,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from flashtune import __version__, detect
+from flashtune import __version__
+
+from flashtune.commands import detect
 from flashtune.cli import cli
-from flashtune.gpu import detect_gpus
+from flashtune.kernels.gpu import detect_gpus
 
 
 def run(*args):
@@ -77,7 +79,7 @@ def test_detect_target_warnings():
 
 
 def test_detect_old_nvcc_warns(monkeypatch):
-    from flashtune.toolchain import Toolchain
+    from flashtune.kernels.toolchain import Toolchain
 
     old = Toolchain("2.5.0+cu124", "12.4", "/opt/cuda/bin/nvcc", (12, 4), "/opt/cuda", "1.11", None)
     monkeypatch.setattr(detect, "detect_toolchain", lambda **_: old)
@@ -87,7 +89,7 @@ def test_detect_old_nvcc_warns(monkeypatch):
 
 
 def test_detect_cpu_torch_and_mismatch_warn(monkeypatch):
-    from flashtune.toolchain import Toolchain
+    from flashtune.kernels.toolchain import Toolchain
 
     cpu = Toolchain("2.14.1+cpu", None, "/opt/cuda/bin/nvcc", (13, 0), "/opt/cuda", "1.13", None)
     monkeypatch.setattr(detect, "detect_toolchain", lambda **_: cpu)
@@ -179,7 +181,7 @@ def test_detect_picks_the_sm90_profile_for_hopper_without_warnings():
 def test_profiles_show_lists_fp8_tiles_with_their_own_resource_numbers(tmp_path):
     import yaml
 
-    from flashtune.profiles import find_profile
+    from flashtune.kernels.profiles import find_profile
 
     data = yaml.safe_load(find_profile("h200").path.read_text())
     # 3 stages of 128x176 fit only with 1-byte Q/K (16-bit: 296 KB)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from flashtune import build_command, detect
-from flashtune.build import BuildResult
+from flashtune.commands import build as build_command
+from flashtune.commands import detect
+from flashtune.kernels.build import BuildResult
 from flashtune.cli import cli
 
 
@@ -20,7 +21,7 @@ def run(*args, **kwargs):
 @pytest.fixture
 def no_gpu(monkeypatch):
     monkeypatch.setattr(detect, "detect_gpus", lambda: [])
-    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+    monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: [])
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def _one_line_error(result, *parts):
 # ---------------------------------------------------------------- a failed compile
 
 def test_first_compiler_error_finds_the_cause_not_the_traceback():
-    from flashtune.build import first_compiler_error
+    from flashtune.kernels.build import first_compiler_error
 
     log = "\n".join([
         "[1/2] /usr/local/cuda/bin/nvcc -Werror -c k.cu -o k.o",
@@ -118,9 +119,10 @@ def test_errors_with_json_are_json_on_stdout_too(monkeypatch, tmp_path, no_gpu):
         error = json.loads(result.stdout)
         assert error["exit_code"] == code and part in error["error"], (args, error)
         _one_line_error(result, part)
-    out = tmp_path / "bench.json"  # bench's --json takes a file: the error goes there
-    result = run("bench", "--json", str(out))
+    out = tmp_path / "bench.json"  # bench's --out FILE is where its JSON goes: the error goes there
+    result = run("bench", "--out", str(out))
     assert result.exit_code == 3 and json.loads(out.read_text())["exit_code"] == 3
+    _one_line_error(result, "no GPU is visible")
 
 
 def test_usage_errors_and_flashtunes_own_read_alike():
@@ -161,8 +163,8 @@ def test_fp8_kernels_left_out_for_an_arch_without_fp8_are_named(monkeypatch, no_
 
 
 def test_detect_suggests_only_a_profile_that_builds_for_the_arch():
-    from flashtune.profiles import builds_for, find_profile
-    from flashtune.arch import get_arch
+    from flashtune.kernels.profiles import builds_for, find_profile
+    from flashtune.kernels.arch import get_arch
 
     error = json.loads(run("detect", "--arch", "sm_100a", "--json").stdout)["gpus"][0]["profile_error"]
     assert "closest whose kernels build for it is h200-sm80" in error and "h100" not in error

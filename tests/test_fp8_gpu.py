@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-from flashtune.verify import FP8_END_TO_END_MAX_REL_ERR, FP8_KERNEL_MAX_REL_ERR  # noqa: E402
+from flashtune.commands.verify import FP8_END_TO_END_MAX_REL_ERR, FP8_KERNEL_MAX_REL_ERR  # noqa: E402
 
 KERNEL_BAR = FP8_KERNEL_MAX_REL_ERR  # against the fp32 reference of the kernel's own (dequantised) inputs
 # End to end, against the 16-bit inputs: e4m3 keeps 3 mantissa bits, so each q, k element is off
@@ -21,7 +21,7 @@ END_TO_END_BAR = FP8_END_TO_END_MAX_REL_ERR
 
 @pytest.fixture(autouse=True, scope="module")
 def fp8_profile():
-    import flashtune.ops as ops
+    import flashtune.runtime.ops as ops
 
     profile = ops.use_profile(os.environ.get("FLASHTUNE_PROFILE")) or ops.active_profile()
     if not profile.fp8_qk:
@@ -43,9 +43,9 @@ def _inputs(b, sq, sk, hq, hkv, d, dtype=torch.bfloat16):
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_qk_fp8_matches_the_fp32_reference(fp8_profile, hdim, causal, seqlens):
     import flashtune
-    from flashtune import ops
-    from flashtune.reference import attention_reference, rel_l2
-    from flashtune.verify import dequantised_qk
+    from flashtune.runtime import ops
+    from flashtune.measure.reference import attention_reference, rel_l2
+    from flashtune.commands.verify import dequantised_qk
 
     if hdim not in fp8_profile.head_dims:
         pytest.skip(f"hdim {hdim} not in profile {fp8_profile.name}")
@@ -73,7 +73,7 @@ def test_e4m3_inputs_with_descales_and_an_explicit_scale(fp8_profile, dtype):
     """The kernel computes exactly softmax(q8 k8^T x q_descale x k_descale x scale) v: against the
     reference on the dequantised inputs the error is 16-bit-sized, not FP8-sized."""
     import flashtune
-    from flashtune.reference import attention_reference, rel_l2
+    from flashtune.measure.reference import attention_reference, rel_l2
 
     hdim = fp8_profile.head_dims[-1]
     b, hkv = 3, 2
@@ -93,8 +93,8 @@ def test_e4m3_inputs_with_descales_and_an_explicit_scale(fp8_profile, dtype):
 
 def test_fp8_kernel_is_the_one_that_runs(fp8_profile):
     import flashtune
-    from flashtune import ops
-    from flashtune.bench import kernel_names
+    from flashtune.runtime import ops
+    from flashtune.measure.timing import kernel_names
 
     q, k, v = _inputs(1, 256, 256, 4, 4, fp8_profile.head_dims[0])
     spec = ops.select_spec(fp8_profile, v.dtype, q.shape[-1], False, 256, 256, fp8=True)

@@ -8,8 +8,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from flashtune import hf, ops  # noqa: E402
-from flashtune.reference import attention_reference, varlen_reference  # noqa: E402
+from flashtune import hf  # noqa: E402
+from flashtune.runtime import ops  # noqa: E402
+from flashtune.measure.reference import attention_reference, varlen_reference  # noqa: E402
 
 CALLS = []
 

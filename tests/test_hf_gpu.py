@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 
 def test_qwen2_generates_like_sdpa():
-    from flashtune import hf, ops
+    from flashtune import hf
+    from flashtune.runtime import ops
 
     ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))  # None: the GPU's matched profile
     config = transformers.Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
@@ -37,7 +38,7 @@ def test_model_bench_on_the_gpu(tmp_path):
     """`bench --model`'s GPU-only columns: peak memory and attention's share of the prefill."""
     import json
 
-    from flashtune import model_bench
+    from flashtune.commands import bench_model as model_bench
 
     config = tmp_path / "small.json"
     config.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 512,
@@ -45,9 +46,9 @@ def test_model_bench_on_the_gpu(tmp_path):
                                   "vocab_size": 1000}))
     result = model_bench.run_model_bench(str(config), ["sdpa-flash", "sdpa-cudnn", "flashtune"], prefill=[512],
                                          batch=2, decode_steps=8, dtype="bfloat16", repeats=2, device="cuda")
-    flash, cudnn, ours = result["rows"]
-    assert flash["status"] == cudnn["status"] == ours["status"] == "ok", result["rows"]
-    assert 0 < ours["attention_share"] <= 1 and ours["peak_mem_mb"] > 0
+    flash, cudnn, ours = result.rows
+    assert flash.status == cudnn.status == ours.status == "ok", result.rows
+    assert 0 < ours.attention_share <= 1 and ours.peak_mem_mb > 0
     # Random weights give near-flat logits, where bf16 rounding alone flips some argmaxes: the
     # bar is 99%, or what another exact kernel (cuDNN) achieves against SDPA flash, less a point.
-    assert ours["top1_agreement"] >= max(0.9, min(0.99, cudnn["top1_agreement"] - 0.01)), (ours, cudnn)
+    assert ours.top1_agreement >= max(0.9, min(0.99, cudnn.top1_agreement - 0.01)), (ours, cudnn)

@@ -27,7 +27,7 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_installed_package_finds_profiles_and_csrc(installed, tmp_path):
-    probe = ("import json, flashtune, flashtune.paths as p, flashtune.profiles as pr; "
+    probe = ("import json, flashtune, flashtune.paths as p, flashtune.kernels.profiles as pr; "
              "print(json.dumps({'pkg': flashtune.__file__, 'profiles': str(p.profiles_dir()), "
              "'csrc': str(p.csrc_dir()), 'doc': str(p.profiles_doc()), "
              "'names': [x.name for x in pr.list_profiles()]}))")

@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from flashtune import memory
+from flashtune.commands import memory
 from flashtune.cli import cli
 
 
@@ -36,13 +36,13 @@ def test_qwen2_7b_accounts_by_hand():
 def test_verdicts():
     m = memory.MODELS["llama3-8b-like"]
     rep = memory.report(m, 4, 32768, gpu_bytes=141 * 2**30)
-    assert "only with a flash kernel" in rep["verdict"][0]
+    assert "only with a flash kernel" in rep.verdict[0]
     rep = memory.report(m, 1, 131072, gpu_bytes=24 * 2**30)
-    assert "does not fit" in rep["verdict"][0] and "KV cache" in rep["verdict"][0]
+    assert "does not fit" in rep.verdict[0] and "KV cache" in rep.verdict[0]
     rep = memory.report(m, 1, 512, gpu_bytes=80 * 2**30)
-    assert "fits in 80 GiB with any attention kernel" in rep["verdict"][0]
-    assert any("GQA: 32 query heads share 8 KV heads" in a for a in rep["advice"])
-    assert "unknown" in memory.report(m, 1, 512, gpu_bytes=None)["verdict"][0]
+    assert "fits in 80 GiB with any attention kernel" in rep.verdict[0]
+    assert any("GQA: 32 query heads share 8 KV heads" in a for a in rep.advice)
+    assert "unknown" in memory.report(m, 1, 512, gpu_bytes=None).verdict[0]
 
 
 def test_config_json_and_custom_shapes(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from flashtune import model_bench  # noqa: E402
+from flashtune.commands import bench_model as model_bench  # noqa: E402
 
 
 @pytest.fixture
@@ -23,39 +23,37 @@ def tiny_config(tmp_path):
 def test_model_bench_rows_and_consistency(tiny_config):
     result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[24, 40], batch=2,
                                          decode_steps=5, dtype="float32", repeats=2, device="cpu")
-    rows = result["rows"]
-    assert [(r["prefill"], r["backend"]) for r in rows] == [(24, "eager"), (24, "sdpa-math"),
+    rows = result.rows
+    assert [(r.prefill, r.backend) for r in rows] == [(24, "eager"), (24, "sdpa-math"),
                                                             (40, "eager"), (40, "sdpa-math")]
     for r in rows:
-        assert r["status"] == "ok" and r["ttft_ms"] > 0 and r["decode_tok_s"] > 0
-        assert r["vs"] == "eager" and r["top1_agreement"] == 1.0 and r["greedy_identical"] == [True, True]
-        assert r["max_abs_logit_diff"] < 1e-3
-    assert rows[0]["max_abs_logit_diff"] == 0.0  # the first backend against itself
+        assert r.status == "ok" and r.ttft_ms > 0 and r.decode_tok_s > 0
+        assert r.vs == "eager" and r.top1_agreement == 1.0 and r.greedy_identical == [True, True]
+        assert r.max_abs_logit_diff < 1e-3
+    assert rows[0].max_abs_logit_diff == 0.0  # the first backend against itself
 
 
 def test_a_backend_that_cannot_run_is_reported_not_fatal(tiny_config):
     # flashtune needs a CUDA GPU; on the CPU its row says why and the others still run.
     result = model_bench.run_model_bench(tiny_config, ["eager", "flashtune"], prefill=[16], batch=1,
                                          decode_steps=3, dtype="bfloat16", repeats=1, device="cpu")
-    eager, ours = result["rows"]
-    assert eager["status"] == "ok"
-    assert ours["status"].startswith("unavailable:") and "cuda" in ours["status"].lower()
+    eager, ours = result.rows
+    assert eager.status == "ok"
+    assert ours.status.startswith("unavailable:") and "cuda" in ours.status.lower()
 
 
 def test_builtin_shapes_know_their_architecture():
-    from flashtune.memory import MODELS
+    from flashtune.commands.memory import MODELS
 
     assert {m.family for m in MODELS.values()} == {"llama", "qwen2", "mistral"}
 
 
 def test_model_bench_plot_and_memory_prediction(tiny_config, tmp_path):
-    from flashtune import bench_report
-
     result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math", "sdpa-flash"], prefill=[256, 512],
                                          batch=1, decode_steps=3, dtype="float32", repeats=1, device="cpu")
     # eager and math materialise the score matrix (flashtune memory's quadratic account), flash does not
-    eager, math_, flash = result["rows"][:3]
-    assert flash["status"] == "ok", flash
-    assert eager["predicted_peak_mb"] == math_["predicted_peak_mb"] > flash["predicted_peak_mb"] > 0
-    bench_report.plot_model(result, str(tmp_path / "model.png"))
+    eager, math_, flash = result.rows[:3]
+    assert flash.status == "ok", flash
+    assert eager.predicted_peak_mb == math_.predicted_peak_mb > flash.predicted_peak_mb > 0
+    model_bench.plot(result, str(tmp_path / "model.png"))
     assert (tmp_path / "model.png").stat().st_size > 10_000

@@ -22,7 +22,7 @@ SEQLEN_PAIRS = [(1, 1), (1, 4097), (17, 128), (128, 17), (1000, 1000), (1000, 40
 
 @pytest.fixture(autouse=True, scope="module")
 def profile_and_poison():
-    import flashtune.ops as ops
+    import flashtune.runtime.ops as ops
 
     ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))  # None: the GPU's matched profile
     ops.poison_outputs = True
@@ -36,8 +36,8 @@ def _rand(*shape, dtype):
 
 
 def _check(out, lse, q, k, v, causal, scale=None):
-    from flashtune.baseline import tolerance
-    from flashtune.reference import attention_reference, rel_l2
+    from flashtune.measure.tolerance import tolerance
+    from flashtune.measure.reference import attention_reference, rel_l2
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     ref, ref_lse = attention_reference(q, k, v, causal, scale)
@@ -122,8 +122,8 @@ def test_scores_that_grow_along_the_keys(dtype, hdim, causal):
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_varlen_mixed_lengths(causal, hdim):
     from flashtune import flash_attn_varlen_func
-    from flashtune.baseline import tolerance
-    from flashtune.reference import rel_l2, varlen_reference
+    from flashtune.measure.tolerance import tolerance
+    from flashtune.measure.reference import rel_l2, varlen_reference
 
     lens_q = [5, 0, 1, 300, 129, 64]
     lens_k = [7, 3, 1, 300, 0, 1000]

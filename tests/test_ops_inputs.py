@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashtune import ops
-from flashtune.gpu import describe_target
-from flashtune.ops import FlashtuneInputError, flash_attn_func, flash_attn_varlen_func
-from flashtune.profiles import find_profile
+from flashtune.runtime import ops, selection
+from flashtune.kernels.gpu import describe_target
+from flashtune.runtime.ops import FlashtuneInputError, flash_attn_func, flash_attn_varlen_func
+from flashtune.kernels.profiles import find_profile
 
 
 def _qkv(b=2, sq=16, sk=16, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
@@ -99,12 +99,12 @@ def test_spec_choice_errors_name_what_the_profile_serves():
 
 def test_a_profile_for_another_arch_is_refused_on_this_gpu():
     h200 = describe_target(gpu_name="H200")
-    ops._check_runs_on(find_profile("h200-sm80"), h200)  # sm_90 SASS runs on 9.0
+    selection.check_runs_on(find_profile("h200-sm80"), h200)  # sm_90 SASS runs on 9.0
     with pytest.raises(FlashtuneInputError, match="builds for sm_89, which cannot run on"):
-        ops._check_runs_on(find_profile("rtx4090"), h200)
+        selection.check_runs_on(find_profile("rtx4090"), h200)
     with pytest.raises(FlashtuneInputError, match="builds for sm_120"):
-        ops._check_runs_on(find_profile("rtx5090"), describe_target(gpu_name="RTX 4090"))
-    ops._check_runs_on(find_profile("rtx3090"), describe_target(gpu_name="RTX 4090"))  # sm_86 SASS on 8.9
+        selection.check_runs_on(find_profile("rtx5090"), describe_target(gpu_name="RTX 4090"))
+    selection.check_runs_on(find_profile("rtx3090"), describe_target(gpu_name="RTX 4090"))  # sm_86 SASS on 8.9
 
 
 def test_strides_of_size_one_dimensions_do_not_matter():

@@ -1,15 +1,16 @@
 import copy
+import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flashtune.gpu import GpuInfo, describe_target
-from flashtune.arch import arch_for_compute_capability
+from flashtune.kernels.gpu import GpuInfo, describe_target
+from flashtune.kernels.arch import arch_for_compute_capability
 from flashtune.paths import profiles_dir
-from flashtune.profiles import (ProfileError, find_profile, list_profiles, load_profile, select_profile,
+from flashtune.kernels.profiles import (ProfileError, find_profile, list_profiles, load_profile, select_profile,
                                 select_profile_with_reason)
-from flashtune.tiles import TileConfig, sm90_tile, tile_problems
+from flashtune.kernels.tiles import TileConfig, sm90_tile, tile_problems
 
 SHIPPED = {"rtx3090": "sm_86", "rtx4090": "sm_89", "l40s": "sm_89", "rtx5090": "sm_120",
            "a100": "sm_80", "h100": "sm_90a", "h200": "sm_90a", "h200-sm80": "sm_90"}
@@ -60,6 +61,14 @@ def test_shipped_profiles_all_load():
             assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, False) == []
         for entry in p.fp8_configs:
             assert tile_problems(p.family, entry.hdim, entry.tile, p.arch, True) == []
+
+
+def test_shipped_descriptions_are_short_and_their_history_is_in_provenance():
+    """`profiles` shows the description: at most three lines; how the tiles were chosen (commands,
+    hand edits, the files that measured them) belongs in provenance."""
+    for p in list_profiles():
+        assert len(textwrap.wrap(p.description, 120)) <= 3, p.name
+    assert len(find_profile("h200").provenance["edited_by_hand"]) == 5
 
 
 def test_shipped_families():
@@ -315,7 +324,7 @@ def _with_fp8(fp8_configs=None):
 
 
 def test_fp8_configs_give_the_fp8_twins_their_own_tiles(tmp_path):
-    from flashtune.spec import specs_for_profile
+    from flashtune.kernels.spec import specs_for_profile
 
     fp8_tiles = [{"hdim": 64, "causal": "any", "seqlen": [0, None], "block_m": 64, "block_n": 64, "num_warps": 4,
                   "stages": 2},
@@ -347,7 +356,7 @@ def test_fp8_configs_are_validated_like_configs_with_the_fp8_resource_model(tmp_
 
 
 def test_sm90_schedule_keys_per_config_and_for_the_whole_profile(tmp_path):
-    """Schedule keys (flashtune/schedule.py) on an sm90 config (h200's `pingpong: false` for hdim 64
+    """Schedule keys (flashtune/kernels/schedule.py) on an sm90 config (h200's `pingpong: false` for hdim 64
     causal below 2k) or in the profile's `schedule:` for every config, a config's own winning: bools,
     checked against the schedule's rules, and not sm80 keys."""
     h200 = find_profile("h200")

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from flashtune.build import SERIALISING_WARNINGS
+from flashtune.kernels.build import SERIALISING_WARNINGS
 from flashtune.paths import csrc_dir
-from flashtune.toolchain import detect_toolchain
-from flashtune.verify import parse_sass, run_cuobjdump
+from flashtune.kernels.toolchain import detect_toolchain
+from flashtune.commands.verify import parse_sass, run_cuobjdump
 
 
 

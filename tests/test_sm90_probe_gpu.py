@@ -12,9 +12,9 @@ pytestmark = pytest.mark.gpu
 def _build_probe(source: str, tmp_path) -> ctypes.CDLL:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs an sm_90 (H100/H200) GPU")
-    from flashtune.build import _run_worker
+    from flashtune.kernels.build import _run_worker
     from flashtune.paths import csrc_dir
-    from flashtune.toolchain import detect_toolchain
+    from flashtune.kernels.toolchain import detect_toolchain
 
     name = source.replace(".cu", "")
     _run_worker(name, [str(csrc_dir() / "sm90" / source)], tmp_path, "9.0a", ["-O3", "-DNDEBUG"],
@@ -41,7 +41,7 @@ def test_probe_qk_matches_torch(tmp_path):
 
 
 def test_probe_attention_matches_the_reference(tmp_path):
-    from flashtune.reference import attention_reference, rel_l2
+    from flashtune.measure.reference import attention_reference, rel_l2
 
     lib = _build_probe("probe_attn.cu", tmp_path)
     torch.manual_seed(0)

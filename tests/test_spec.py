@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashtune.profiles import find_profile
-from flashtune.spec import KernelSpec, SpecError, specs_for_profile
-from flashtune.tiles import TileConfig, sm90_tile
+from flashtune.kernels.profiles import find_profile
+from flashtune.kernels.spec import KernelSpec, SpecError, specs_for_profile
+from flashtune.kernels.tiles import TileConfig, sm90_tile
 
 
 def _spec(**kw):
@@ -76,7 +76,7 @@ def test_specs_for_profile_retargets_and_rejects_unknown_choices():
 
 def test_sm90_spec_names_and_source():
     spec = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True)
-    assert spec.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"  # DESIGN.md's example
+    assert spec.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"  # the example in docs/design.md
     assert spec.threads == 384
     src = spec.source()
     assert "sm90::Traits<__nv_bfloat16, 128, 128, 176, 2, true, false, KernelSchedule>" in src and "TmaMaps maps" in src
@@ -112,7 +112,7 @@ def test_a_kernels_name_spells_each_schedule_field_off_its_default():
 def test_cache_key_changes_when_a_kernel_header_changes(tmp_path, monkeypatch):
     import shutil
 
-    from flashtune import spec as spec_mod
+    from flashtune.kernels import spec as spec_mod
     from flashtune.paths import csrc_dir
 
     copy = tmp_path / "csrc"

@@ -1,7 +1,7 @@
 import pytest
 
-from flashtune.arch import get_arch
-from flashtune.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_schedule, sm90_tile, threads_per_cta,
+from flashtune.kernels.arch import get_arch
+from flashtune.kernels.tiles import (TileConfig, ctas_per_sm, shared_memory_bytes, sm90_schedule, sm90_tile, threads_per_cta,
                              tile_problems)
 
 SM89, SM80, SM90A = get_arch("sm_89"), get_arch("sm_80"), get_arch("sm_90a")
@@ -85,8 +85,8 @@ def test_unknown_family():
 
 
 def test_registers_limit_ctas_per_sm_when_known():
-    from flashtune.arch import get_arch
-    from flashtune.tiles import TileConfig, ctas_per_sm
+    from flashtune.kernels.arch import get_arch
+    from flashtune.kernels.tiles import TileConfig, ctas_per_sm
 
     cfg = TileConfig(128, 64, 4, 1)  # 64 KB of shared memory on sm_90: 3 CTAs by shared memory
     arch = get_arch("sm_90")
@@ -99,8 +99,8 @@ def test_sm90_register_budget_keeps_far_over_budget_tiles_out():
     """Measured on the H200 (2026-12-02) with the default overlap schedule, which keeps S, O and the
     previous P live: 128x176 at hdim 128 and 192x128 at hdim 64 build clean; 192x128 at hdim 128
     spills 272 bytes and 192x192 at hdim 64 400 (both clean without the overlap)."""
-    from flashtune.arch import get_arch
-    from flashtune.tiles import check_tile, sm90_tile
+    from flashtune.kernels.arch import get_arch
+    from flashtune.kernels.tiles import check_tile, sm90_tile
 
     hopper = get_arch("sm_90a")
     assert not check_tile("sm90", 128, sm90_tile(128, 176, 2), hopper)
@@ -146,7 +146,7 @@ def test_sm90_o_tile_and_second_q_where_the_schedule_has_them_and_they_fit():
 
 
 def check_tile_keys(hdim, tile, keys):
-    from flashtune.tiles import check_tile
+    from flashtune.kernels.tiles import check_tile
 
     return check_tile("sm90", hdim, sm90_tile(tile.block_m, tile.block_n, tile.stages, keys), SM90A)
 

@@ -3,9 +3,9 @@ import stat
 
 import pytest
 
-from flashtune import toolchain as tcmod
-from flashtune.arch import get_arch
-from flashtune.toolchain import Toolchain, ToolchainError, check_build_toolchain, detect_toolchain
+from flashtune.kernels import toolchain as tcmod
+from flashtune.kernels.arch import get_arch
+from flashtune.kernels.toolchain import Toolchain, ToolchainError, check_build_toolchain, detect_toolchain
 
 
 def _tc(**overrides) -> Toolchain:

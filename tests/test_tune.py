@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from flashtune import tune
-from flashtune.arch import get_arch
-from flashtune.build import BuildError, BuildResult
-from flashtune.profile_writer import write_profile
-from flashtune.profiles import find_profile, load_profile
-from flashtune.tiles import TileConfig, check_tile, shared_memory_bytes, sm90_tile
-from flashtune.tune_cache import TuneCache
-from flashtune.tune_space import BUCKET_EDGES, BUCKET_SEQLENS, candidates, profile_buckets
+from flashtune.tuning import search as tune
+from flashtune.kernels.arch import get_arch
+from flashtune.kernels.build import BuildError, BuildResult
+from flashtune.tuning.writer import write_profile
+from flashtune.kernels.profiles import find_profile, load_profile
+from flashtune.kernels.tiles import TileConfig, check_tile, shared_memory_bytes, sm90_tile
+from flashtune.tuning.cache import TuneCache
+from flashtune.tuning.space import BUCKET_EDGES, BUCKET_SEQLENS, candidates, profile_buckets
 
 
 # ---------------------------------------------------------------- search space
@@ -184,7 +184,7 @@ def fake_world(monkeypatch, tmp_path):
         return {s.name: 1.0 for s in specs}
 
     calls["final"] = []
-    monkeypatch.setattr("flashtune.build.build_specs", fake_build_specs)
+    monkeypatch.setattr("flashtune.kernels.build.build_specs", fake_build_specs)
     monkeypatch.setattr(tune, "measure_candidate", fake_measure)
     monkeypatch.setattr(tune, "time_side_by_side", fake_side_by_side)
     monkeypatch.setattr(tune, "stamp", lambda gpu, family: {"gpu": gpu, "family": family})
@@ -195,7 +195,7 @@ def test_a_cache_of_the_old_default_buckets_is_not_read_for_the_new_ones(fake_wo
     """Runs measured at the buckets before the split at 1k (1k, 4k, 16k) were cached as "run";
     a tune with today's defaults (512, 1k, 4k, 16k) measures again rather than read 1k's figures
     for [0, 1k)."""
-    from flashtune import tune_space
+    from flashtune.tuning import space as tune_space
 
     profile = find_profile("h200-sm80")
     opts = tune.TuneOptions(hdims=(128,), causal=(False,), final_round=0)
@@ -223,15 +223,15 @@ def test_a_final_round_side_by_side_decides_each_bucket_and_is_cached(fake_world
     first = tune.run_tune(profile, "NVIDIA H200", dataclasses.replace(opts, final_round=0),
                           str(tmp_path / "first.jsonl"))
     slot = (128, False, 16384)
-    ranked = sorted((r for r in first.records if r.get("status") == "ok" and r["seqlen"] == 16384),
-                    key=lambda r: -r["tflops"])
-    contenders = {r["spec"] for r in ranked[:3]} | {first.starting[slot]["spec"]}
-    underdog = min((r for r in ranked if r["spec"] in contenders - {first.winners[slot]["spec"]}),
-                   key=lambda r: r["tflops"])
+    ranked = sorted((r for r in first.records if r.ok and r.seqlen == 16384),
+                    key=lambda r: -r.tflops)
+    contenders = {r.spec for r in ranked[:3]} | {first.starting[slot].spec}
+    underdog = min((r for r in ranked if r.spec in contenders - {first.winners[slot].spec}),
+                   key=lambda r: r.tflops)
 
     def underdog_fastest(specs, seqlen, repeats):
         fake_world["final"].append((seqlen, sorted(s.name for s in specs)))
-        return {s.name: 0.5 if s.name == underdog["spec"] else 2.0 for s in specs}
+        return {s.name: 0.5 if s.name == underdog.spec else 2.0 for s in specs}
 
     monkeypatch.setattr(tune, "time_side_by_side", underdog_fastest)
     cache = tmp_path / "c.jsonl"
@@ -239,9 +239,9 @@ def test_a_final_round_side_by_side_decides_each_bucket_and_is_cached(fake_world
     assert result.final_round and len(fake_world["final"]) == len(BUCKET_SEQLENS)  # one round per bucket
     assert sorted(contenders) in [names for _, names in fake_world["final"]]
     winner = result.winners[slot]
-    assert winner["spec"] == underdog["spec"] != first.winners[slot]["spec"]
-    assert winner["ms"] == 0.5 and winner["first_ms"] == 1.0
-    assert winner["tflops"] == pytest.approx(winner["first_tflops"] * 2)
+    assert winner.spec == underdog.spec != first.winners[slot].spec
+    assert winner.ms == 0.5 and winner.first_ms == 1.0
+    assert winner.tflops == pytest.approx(winner.first_tflops * 2)
     again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
     assert len(fake_world["final"]) == len(BUCKET_SEQLENS) and again.winners == result.winners  # from the cache
 
@@ -252,7 +252,7 @@ def test_the_table_ranks_a_final_round_by_its_own_figures(fake_world, tmp_path, 
     table ranks only the final round's contenders, by its figures: rank 1 is the tile written."""
     from rich.console import Console
 
-    from flashtune.tune_command import render
+    from flashtune.commands.tune import render
 
     def slow_side_by_side(specs, seqlen, repeats):  # every contender 10% slower than alone
         fake_world["final"].append((seqlen, sorted(s.name for s in specs)))
@@ -263,13 +263,13 @@ def test_the_table_ranks_a_final_round_by_its_own_figures(fake_world, tmp_path, 
     result = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(128,), causal=(False,)),
                            str(tmp_path / "c.jsonl"))
     slot = (128, False, 16384)
-    left_out = [r for r in result.records if r.get("status") == "ok" and r["seqlen"] == 16384 and "first_ms" not in r]
-    assert left_out and max(r["tflops"] for r in left_out) > result.winners[slot]["tflops"]  # the trap is set
+    left_out = [r for r in result.records if r.ok and r.seqlen == 16384 and r.first_ms is None]
+    assert left_out and max(r.tflops for r in left_out) > result.winners[slot].tflops  # the trap is set
     console = Console(record=True, width=200)
     render(result, console)
     rows = [line for line in console.export_text().splitlines() if "16384" in line]
-    assert result.winners[slot]["tile"].label in rows[0] and "│    1 │" in rows[0]
-    assert not any(f" {r['tile'].label} " in " ".join(rows) for r in left_out)
+    assert result.winners[slot].tile.label in rows[0] and "│    1 │" in rows[0]
+    assert not any(f" {r.tile.label} " in " ".join(rows) for r in left_out)
 
 
 def test_final_round_0_lets_the_first_pass_decide(fake_world, tmp_path):
@@ -277,7 +277,7 @@ def test_final_round_0_lets_the_first_pass_decide(fake_world, tmp_path):
     result = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(128,), causal=(False,), final_round=0),
                            str(tmp_path / "c.jsonl"))
     assert not result.final_round and fake_world["final"] == [] and result.winners
-    assert all("first_ms" not in r for r in result.records)
+    assert all(r.first_ms is None for r in result.records)
 
 
 def test_a_retune_keeps_a_hand_split_bucket(fake_world, tmp_path, monkeypatch):
@@ -285,7 +285,7 @@ def test_a_retune_keeps_a_hand_split_bucket(fake_world, tmp_path, monkeypatch):
     [0, 1024) at 512 as a bucket of its own, and where another tile wins there the written profile
     keeps the split (the tuner used to measure 1k for all of [0, 2048) and write its own edges
     over the split)."""
-    from flashtune.tune_command import chosen_tiles
+    from flashtune.commands.tune import chosen_tiles
 
     short = sm90_tile(128, 64, 2)
 
@@ -299,12 +299,12 @@ def test_a_retune_keeps_a_hand_split_bucket(fake_world, tmp_path, monkeypatch):
     opts = tune.TuneOptions(hdims=(256,), causal=(True,), final_round=0, max_candidates=4)
     result = tune.run_tune(profile, "NVIDIA H200", opts, str(tmp_path / "c.jsonl"))
     assert [b.seqlen for b in result.buckets[(256, True)]] == [512, 1024, 4096, 16384]
-    assert result.winners[(256, True, 512)]["tile"] == short != result.winners[(256, True, 1024)]["tile"]
+    assert result.winners[(256, True, 512)].tile == short != result.winners[(256, True, 1024)].tile
     tiles, _ = chosen_tiles(profile, result, opts)
     path = write_profile(profile, "h200-again", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "again.yaml")
     again = load_profile(path)
     assert again.tile_for(256, True, 512, 512) == again.tile_for(256, True, 1023, 1023) == short
-    assert again.tile_for(256, True, 1024, 1024) == result.winners[(256, True, 1024)]["tile"]
+    assert again.tile_for(256, True, 1024, 1024) == result.winners[(256, True, 1024)].tile
 
 
 def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_path):
@@ -312,18 +312,21 @@ def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_
     opts = tune.TuneOptions(hdims=(128,), causal=(False,))
     cache = tmp_path / "c.jsonl"
     result = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
-    reasons = {r["spec"]: r["reason"] for r in result.records if r.get("status") == "failed"}
+    reasons = {r.spec: r.reason for r in result.records if not r.ok}
     assert any(r.startswith("compile error") for r in reasons.values())
     assert any(r.startswith("ptxas spills") for r in reasons.values())
     assert any(r.startswith("wrong result") for r in reasons.values())
     # The fake times by tile area; the largest tiles that built without spills are 128x64/64x128.
-    winner = result.winners[(128, False, 16384)]["tile"]
+    winner = result.winners[(128, False, 16384)].tile
     assert winner.block_m * winner.block_n == 128 * 64 and winner.num_warps == 4
     assert (128, False, 1024) in result.starting  # the starting tile was measured too
     builds, measures = len(fake_world["build"]), len(fake_world["measure"])
     again = tune.run_tune(profile, "NVIDIA H200", opts, str(cache))
     assert len(fake_world["build"]) == builds and len(fake_world["measure"]) == measures  # all from cache
     assert again.winners == result.winners
+    records = json.loads(json.dumps([r.to_json() for r in result.records]))  # what `tune --json` prints
+    assert {r["tile"] for r in records if r["status"] == "ok"} >= {winner.label}
+    assert all(r["reason"] for r in records if r["status"] == "failed")
 
 
 def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
@@ -331,7 +334,7 @@ def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
     opts = tune.TuneOptions(hdims=(128,), causal=(False,), max_candidates=3, fp8=True)
     result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
     assert fake_world["build"] and all("_fp8qk_" in name for name in fake_world["build"])
-    assert result.winners and all(w["spec"].endswith("_fp8qk_sm90a") for w in result.winners.values())
+    assert result.winners and all(w.spec.endswith("_fp8qk_sm90a") for w in result.winners.values())
 
 
 def test_gpus_2_times_candidates_in_one_worker_per_gpu(fake_world, tmp_path, monkeypatch):
@@ -353,9 +356,9 @@ def test_gpus_2_times_candidates_in_one_worker_per_gpu(fake_world, tmp_path, mon
     profile = find_profile("h200-sm80")
     opts = tune.TuneOptions(hdims=(128,), causal=(False, True), max_candidates=6, gpus=2)
     result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
-    ok = [r for r in result.records if r.get("status") == "ok"]
-    assert ok and {r["check"] for r in ok} <= {"0", "1"} and len({r["check"] for r in ok}) == 2
-    measured = [r["spec"] for r in ok if r["seqlen"] == 1024]
+    ok = [r for r in result.records if r.ok]
+    assert ok and {r.check for r in ok} <= {"0", "1"} and len({r.check for r in ok}) == 2
+    measured = [r.spec for r in ok if r.seqlen == 1024]
     assert len(measured) == len(set(measured))  # each candidate once
 
 
@@ -379,22 +382,22 @@ def test_cached_builds_are_rejudged_with_a_new_spill_limit(fake_world, tmp_path)
     profile = find_profile("h200-sm80")
     cache = tmp_path / "c.jsonl"
     strict = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(128,), causal=(False,)), str(cache))
-    assert any(r.get("reason", "").startswith("ptxas spills") for r in strict.records)
+    assert any(r.reason.startswith("ptxas spills") for r in strict.records)
     builds = len(fake_world["build"])
     lenient = tune.run_tune(profile, "NVIDIA H200",
                             tune.TuneOptions(hdims=(128,), causal=(False,), max_spill_bytes=10_000), str(cache))
     assert len(fake_world["build"]) == builds  # nothing recompiled
-    assert not any(r.get("reason", "").startswith("ptxas spills") for r in lenient.records)
-    assert any(r["tile"].num_warps == 8 and r.get("status") == "ok" for r in lenient.records)
+    assert not any(r.reason.startswith("ptxas spills") for r in lenient.records)
+    assert any(r.tile.num_warps == 8 and r.ok for r in lenient.records)
 
 
 def test_an_unusable_toolchain_raises_and_caches_nothing(fake_world, tmp_path, monkeypatch):
-    from flashtune.toolchain import ToolchainError
+    from flashtune.kernels.toolchain import ToolchainError
 
     def broken(*a, **k):
         raise ToolchainError("nvcc 12.4 cannot target sm_120")
 
-    monkeypatch.setattr("flashtune.build.build_specs", broken)
+    monkeypatch.setattr("flashtune.kernels.build.build_specs", broken)
     cache = tmp_path / "c.jsonl"
     with pytest.raises(ToolchainError):
         tune.run_tune(find_profile("h200-sm80"), "NVIDIA H200", tune.TuneOptions(hdims=(64,)), str(cache))
@@ -417,7 +420,7 @@ def test_a_candidate_that_breaks_the_cuda_context_stops_the_run(fake_world, tmp_
 # ---------------------------------------------------------------- --tiles
 
 def test_tiles_keep_only_those_shapes_and_the_starting_tiles():
-    from flashtune.tune_space import shape_problems
+    from flashtune.tuning.space import shape_problems
 
     h200 = get_arch("sm_90a")
     start = (sm90_tile(128, 176, 2),)
@@ -442,12 +445,12 @@ def test_tune_rejects_a_tile_shape_that_cannot_run_before_building(monkeypatch, 
     from click.testing import CliRunner
 
     from flashtune import cli as cli_mod
-    from flashtune.gpu import detect_gpus
+    from flashtune.kernels.gpu import detect_gpus
 
     h200 = fake_props(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
                       shared_memory_per_multiprocessor=233472, shared_memory_per_block_optin=232448)
-    monkeypatch.setattr(cli_mod, "detect_gpus", lambda: detect_gpus(lambda: [h200], lambda: "580.159.04"))
-    monkeypatch.setattr("flashtune.toolchain.check_build_toolchain", lambda arch: None)
+    monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: detect_gpus(lambda: [h200], lambda: "580.159.04"))
+    monkeypatch.setattr("flashtune.kernels.toolchain.check_build_toolchain", lambda arch: None)
     monkeypatch.setattr(tune, "run_tune", lambda *a, **k: pytest.fail("tuned despite a bad --tiles"))
     result = CliRunner().invoke(cli_mod.cli, ["tune", "--profile", "h200", "--hdims", "128,256", "--tiles", "192x256"])
     assert result.exit_code == 2 and "--tiles" in result.output and "192x256 cannot run" in result.output
@@ -467,21 +470,6 @@ def test_tune_rejects_a_tile_shape_that_cannot_run_before_building(monkeypatch, 
     assert "not tried at hdim 128" in result.output and "hdim 64" not in result.output.split("not tried at")[1]
 
 
-@pytest.mark.gpu
-def test_side_by_side_times_every_candidate_on_the_gpu():
-    """The final round's timer on real kernels: two candidates of the active profile's family,
-    one shape, interleaved rounds; a median per candidate, each a plausible GPU time."""
-    from flashtune import ops
-    from flashtune.spec import spec_for
-
-    profile = ops.active_profile()
-    start = profile.tile_for(128, False, 1024, 1024)
-    tiles = candidates(profile.family, 128, profile.arch, starting=(start,), limit=2)
-    specs = [spec_for(profile, t, "bfloat16", 128, False) for t in tiles]
-    ms = tune.time_side_by_side(specs, 1024, repeats=6)
-    assert sorted(ms) == sorted(s.name for s in specs) and all(0.01 < m < 100 for m in ms.values()), ms
-
-
 def test_final_round_1_is_a_duel_of_the_first_pass_winner_and_the_starting_tile(fake_world, tmp_path):
     profile = find_profile("h200-sm80")
     result = tune.run_tune(profile, "NVIDIA H200", tune.TuneOptions(hdims=(256,), causal=(False,), final_round=1),
@@ -489,7 +477,7 @@ def test_final_round_1_is_a_duel_of_the_first_pass_winner_and_the_starting_tile(
     duels = {seqlen: names for seqlen, names in fake_world["final"]}
     assert duels  # the fake's larger tiles beat h200-sm80's starting 64x64 at hdim 256
     for seqlen in (b.seqlen for b in result.buckets[(256, False)]):
-        start = result.starting[(256, False, seqlen)]["spec"]
-        best = max((r for r in result.records if r.get("status") == "ok" and r["seqlen"] == seqlen),
-                   key=lambda r: r.get("first_tflops", r["tflops"]))["spec"]
+        start = result.starting[(256, False, seqlen)].spec
+        best = max((r for r in result.records if r.ok and r.seqlen == seqlen),
+                   key=lambda r: r.first_tflops or r.tflops).spec
         assert duels.get(seqlen) == (sorted({best, start}) if best != start else None)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from flashtune import verify
+from flashtune.commands import verify
 from flashtune.cli import cli
-from flashtune.profiles import find_profile
+from flashtune.kernels.profiles import find_profile
 
 SASS = """
 	code for sm_90
@@ -59,6 +59,6 @@ def test_case_matrix_covers_the_profile():
 
 
 def test_verify_without_gpu_exits_3(monkeypatch):
-    monkeypatch.setattr("flashtune.cli.detect_gpus", lambda: [])
+    monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: [])
     result = CliRunner().invoke(cli, ["verify"])
     assert result.exit_code == 3 and "no GPU is visible" in result.output

@@ -40,9 +40,9 @@ def test_verify_fails_when_the_expected_kernel_does_not_launch():
 
 
 def test_sdpa_report_names_a_backend():
-    from flashtune.verify import sdpa_report
+    from flashtune.commands.verify import sdpa_report
 
     report = sdpa_report("bfloat16", 128, 1024, causal=True)
-    assert report["picked"] in ("flash", "cudnn", "efficient", "math")
-    assert {r["backend"] for r in report["backends"]} == {"FLASH_ATTENTION", "CUDNN_ATTENTION",
+    assert report.picked in ("flash", "cudnn", "efficient", "math")
+    assert {r["backend"] for r in report.backends} == {"FLASH_ATTENTION", "CUDNN_ATTENTION",
                                                            "EFFICIENT_ATTENTION", "MATH"}

@@ -64,7 +64,7 @@ def run_rung(index: int) -> dict:
     import torch
 
     import flashtune
-    from flashtune.reference import attention_reference, rel_l2
+    from flashtune.measure.reference import attention_reference, rel_l2
 
     name, b, sq, sk, hq, hkv, d, causal, probe, dt, varlen = RUNGS[index]
     dtype = torch.bfloat16 if dt == "bf16" else torch.float16
@@ -105,7 +105,7 @@ def run_rung(index: int) -> dict:
 
 def main() -> int:
     if sys.argv[1] == "--rung":
-        from flashtune import ops
+        from flashtune.runtime import ops
 
         ops.use_profile(sys.argv[3])
         print(json.dumps(run_rung(int(sys.argv[2]))))

@@ -7,7 +7,7 @@ import sys
 import torch
 
 import flashtune
-from flashtune import ops
+from flashtune.runtime import ops
 
 ops.use_profile(sys.argv[1] if len(sys.argv) > 1 else "h200-sm80")
 torch.manual_seed(0)

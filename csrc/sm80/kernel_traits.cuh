@@ -1,5 +1,5 @@
 // Every size of the sm80-family kernel, derived from its template parameters.
-// flashtune/tiles.py mirrors these rules so impossible configs never reach nvcc.
+// flashtune/kernels/tiles.py mirrors these rules so impossible configs never reach nvcc.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

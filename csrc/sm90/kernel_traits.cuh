@@ -1,7 +1,7 @@
 // Every size of an sm90-family kernel, derived from its template parameters: the tile (head dim,
 // block_m x block_n, ring stages), the dtypes, causal, and the Schedule it runs (below). The
-// Python side mirrors the sizes in flashtune/tiles.py and the schedule's defaults and rules in
-// flashtune/schedule.py; the static_asserts here hold both to the kernel.
+// Python side mirrors the sizes in flashtune/kernels/tiles.py and the schedule's defaults and rules in
+// flashtune/kernels/schedule.py; the static_asserts here hold both to the kernel.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -95,7 +95,7 @@ struct Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(kStages >= 1 && kStages <= 4, "1 to 4 stages");
   static_assert(kSmemBytes <= kSmemLimit, "over the 227 KB per-block limit (a second Q or the O tile that does not fit)");
-  // The schedule's rules (flashtune/schedule.py says each in words).
+  // The schedule's rules (flashtune/kernels/schedule.py says each in words).
   static_assert(!kPingpong || (kOverlap && kConsumers > 1), "pingpong: 2-3 consumer warpgroups, with the overlap");
   static_assert(!kSpecMax || (kOverlap && kLazyRescale), "spec_max: with the overlap and lazy rescaling");
   static_assert(!kDeferEpilogue || (kOverlap && kPersistent), "defer: with the overlap, on the persistent grid");

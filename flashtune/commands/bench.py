@@ -1,0 +1,274 @@
+"""`flashtune bench`: a controlled A/B of attention backends, side by side in one process.
+
+Same shapes, same inputs, only the backend switched. Per row: median ms of CUDA-event
+timings, taken in rounds that interleave the backends, each after a timed warm-up (inputs
+rotated so no run reads another's data from L2), the host time of one call (left out of ms), TFLOPS,
+peak memory of the call, relative L2 error against an fp32 reference on a sample, and the
+kernel names the profiler saw. The grid and the FLOP count follow the FlashAttention
+papers; a row is a BenchRow. How a result is shown (table, CSV, plot) is here too.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from flashtune.measure.backends import BACKENDS, DEFAULT_BACKENDS
+from flashtune.measure.problem import Problem, make_inputs
+from flashtune.measure.timing import geomean, host_ms_per_call, input_sets, kernel_names, time_interleaved
+
+SAMPLE_HEADS = 2  # heads of batch entry 0 checked against the fp32 reference
+
+
+def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int = 5,
+                  seed: int = 0) -> list[BenchRow]:
+    """One row per backend for this shape: same inputs for all."""
+    import torch
+
+    from flashtune.measure.backends import Inputs, Unavailable
+    from flashtune.measure.reference import attention_reference, rel_l2
+
+    scale = 1.0 / math.sqrt(shape.hdim)
+    inputs = [make_inputs(shape, seed + i) for i in range(input_sets(shape))]
+    cases = [Inputs(q, k, v, shape.causal, scale) for q, k, v in inputs]
+    q0, k0, v0 = inputs[0]
+    group = shape.heads // shape.heads_kv
+    sample_h = min(SAMPLE_HEADS, shape.heads)
+    ref, _ = attention_reference(q0[:1, :, :sample_h], k0[:1, :, :max(1, math.ceil(sample_h / group))],
+                                 v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
+    rows, timed = [], {}  # timed: backend -> its runners, for those that ran and were checked
+    for name in backends:
+        row = BenchRow.empty(name, shape)
+        rows.append(row)
+        try:
+            runners = [BACKENDS[name](case) for case in cases]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            out = runners[0]()
+            torch.cuda.synchronize()
+            row.peak_mem_mb = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+            row.rel_err = rel_l2(out[:1, :, :sample_h], ref)
+            del out
+            row.kernel = "; ".join(kernel_names(runners[0]))
+            timed[name] = runners
+        except Unavailable as e:
+            row.status = f"unavailable: {e}"
+        except torch.cuda.OutOfMemoryError:
+            row.status = "unavailable: out of memory"
+            torch.cuda.empty_cache()
+    times, failed = time_interleaved(timed, warmup, repeats, catch=(torch.cuda.OutOfMemoryError,))
+    if failed:
+        torch.cuda.empty_cache()
+    for row in rows:
+        if row.backend in failed:
+            row.status = "unavailable: out of memory while timing"
+        elif row.backend in times:
+            row.ms = statistics.median(times[row.backend])
+            row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+            try:
+                row.host_ms = host_ms_per_call(timed[row.backend])
+            except torch.cuda.OutOfMemoryError:  # timed, so shown; the host column stays empty
+                torch.cuda.empty_cache()
+    return rows
+
+
+@dataclass
+class BenchRow:
+    """One backend on one problem: the problem, what was measured, and `status` (ok, or why the
+    backend is unavailable); `host_ms` is the host side of one call, which `ms` leaves out."""
+    backend: str
+    dtype: str
+    hdim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    batch: int
+    heads: int
+    heads_kv: int
+    ms: float | None = None
+    tflops: float | None = None
+    peak_mem_mb: float | None = None
+    rel_err: float | None = None
+    kernel: str | None = None
+    status: str = "ok"
+    host_ms: float | None = None
+
+    @classmethod
+    def empty(cls, backend: str, problem: Problem) -> BenchRow:
+        return cls(backend, problem.dtype, problem.hdim, problem.causal, problem.seqlen_q, problem.seqlen_k,
+                   problem.batch, problem.heads, problem.heads_kv)
+
+    @property
+    def shape_key(self) -> tuple:
+        """What identifies the row's problem (everything but the backend and the measurements)."""
+        return (self.dtype, self.hdim, self.causal, self.seqlen_q, self.seqlen_k, self.batch, self.heads,
+                self.heads_kv)
+
+
+ROW_KEYS = tuple(f.name for f in fields(BenchRow))  # the JSON and CSV columns
+
+
+@dataclass
+class BenchResult:
+    header: dict  # what ran, where: environment()
+    rows: list[BenchRow]
+
+    @property
+    def speedup_geomean(self) -> dict[str, float | None]:
+        return speedups(self.rows)
+
+    def to_json(self) -> dict:
+        return {"header": self.header, "rows": [asdict(r) for r in self.rows], "speedup_geomean": self.speedup_geomean}
+
+
+def speedups(rows: list[BenchRow], ours: str = "flashtune") -> dict[str, float | None]:
+    """Geomean over shapes of (backend ms / flashtune ms): > 1 means flashtune is faster."""
+    by_shape: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.ms:
+            by_shape.setdefault(r.shape_key, {})[r.backend] = r.ms
+    others = sorted({r.backend for r in rows} - {ours})
+    return {b: geomean(t[b] / t[ours] for t in by_shape.values() if b in t and ours in t) for b in others}
+
+
+def backend_names(text: list[str] | None) -> list[str]:
+    """--backends, checked: the known ones (absent ones show as unavailable); default all but FP8."""
+    names = text or list(DEFAULT_BACKENDS)
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; known: {', '.join(BACKENDS)}", param_hint="--backends")
+    return names
+
+
+def environment() -> dict:
+    """The header of every result: what ran, where."""
+    import platform
+
+    import torch
+
+    from flashtune import __version__
+    from flashtune.kernels.gpu import nvidia_smi_driver_version
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "gpu": props.name, "compute_capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+        "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "flashtune": __version__, "python": platform.python_version(),
+        "command": " ".join(["flashtune", *sys.argv[1:]]),
+    }
+
+
+def run_bench(shapes: list[Problem], backends: list[str], repeats: int,
+              on_shape: Callable[[Problem, list[BenchRow]], None] | None = None) -> BenchResult:
+    rows = []
+    for shape in shapes:
+        shape_rows = measure_shape(shape, backends, repeats)
+        rows += shape_rows
+        if on_shape:
+            on_shape(shape, shape_rows)
+    return BenchResult(environment(), rows)
+
+
+# ---------------------------------------------------------------------------- how it is shown
+
+def shape_table(rows: list[BenchRow], ours: str = "flashtune") -> Table:
+    """One line per (shape, backend), with flashtune's speed-up over that backend."""
+    table = Table(show_lines=False)
+    several_dtypes = len({r.dtype for r in rows}) > 1
+    for col in ("dtype",) * several_dtypes + ("hdim", "causal", "seqlen", "b x h", "backend", "ms", "host ms",
+                                              "TFLOPS", "peak MB", "rel err", "flashtune x", "kernel / status"):
+        table.add_column(col, justify="left" if col in ("dtype", "backend", "kernel / status") else "right",
+                         overflow="fold")
+    ours_ms = {r.shape_key: r.ms for r in rows if r.backend == ours and r.ms}
+    for r in rows:
+        mine = ours_ms.get(r.shape_key)
+        ratio = f"{r.ms / mine:.2f}" if (r.ms and mine and r.backend != ours) else ""
+        table.add_row(
+            *(r.dtype,) * several_dtypes, str(r.hdim), "yes" if r.causal else "no",
+            str(r.seqlen_q) if r.seqlen_q == r.seqlen_k else f"{r.seqlen_q}/{r.seqlen_k}",
+            f"{r.batch}x{r.heads}" + (f"/{r.heads_kv}" if r.heads_kv != r.heads else ""),
+            r.backend,
+            f"{r.ms:.3f}" if r.ms else "-",
+            f"{r.host_ms:.3f}" if r.host_ms is not None else "-",
+            f"{r.tflops:.0f}" if r.tflops else "-",
+            f"{r.peak_mem_mb:.0f}" if r.peak_mem_mb is not None else "-",
+            f"{r.rel_err:.1e}" if r.rel_err is not None else "-",
+            ratio,
+            (r.kernel or "")[:70] if r.status == "ok" else f"[yellow]{r.status}[/]")
+    return table
+
+
+def render(result: BenchResult, console: Console) -> None:
+    console.print(shape_table(result.rows))
+    h = result.header
+    console.print(f"{h['gpu']} (cc {h['compute_capability']}), driver {h['driver']}, torch {h['torch']}, "
+                  f"CUDA {h['cuda']}, cuDNN {h['cudnn']}")
+    parts = [f"{b}: {g:.2f}x" for b, g in result.speedup_geomean.items() if g]
+    if parts:
+        console.print("flashtune speed-up, geomean over shapes (backend ms / flashtune ms): " + ", ".join(parts))
+
+
+def to_csv(rows: list[BenchRow]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=ROW_KEYS)
+    writer.writeheader()
+    writer.writerows(asdict(r) for r in rows)
+    return buf.getvalue()
+
+
+def pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("--plot needs matplotlib: pip install 'flashtune[plot]'") from e
+    return plt
+
+
+def plot(result: BenchResult, path: str) -> None:
+    """TFLOPS against seqlen per backend, one panel per (hdim, causal). Needs the `plot` extra."""
+    plt = pyplot()
+    panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in result.rows:
+        if r.tflops:
+            panels[(r.dtype, r.hdim, r.causal)][r.backend].append((r.seqlen_q, r.tflops))
+    keys = sorted(panels)
+    if not keys:
+        raise ValueError("nothing to plot: no backend produced a timing")
+    cols = 2
+    rows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for backend, points in sorted(panels[key].items()):
+            points.sort()
+            style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{key[0]}, hdim {key[1]}, {'causal' if key[2] else 'non-causal'}")
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOPS")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    # One legend for the figure, below the panels, so no curve is hidden behind it.
+    handles: dict = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=9)
+    h = result.header
+    fig.suptitle(f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,261 @@
+"""`flashtune bench --model`: the same model, the same prompts, only the attention backend switched.
+
+Per backend and prefill length: time to first token (a prefill plus the first argmax),
+decode tokens/s with the KV cache, peak memory, and consistency against the first backend
+(max |logit difference|, top-1 agreement over the prefill logits, greedy tokens identical
+for N steps, per prompt). On a GPU also attention's share of the prefill's kernel time,
+from the profiler: the most a faster attention kernel can give the model.
+
+Weights are random (fixed seed): no downloads. transformers is needed (`pip install '.[hf]'`).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+import click
+from rich.console import Console
+from rich.table import Table
+
+from flashtune.commands.bench import environment, pyplot
+from flashtune.commands.memory import ModelShape, accounts, find_model
+
+# backend -> (transformers attn_implementation, SDPA backend to force or None)
+MODEL_BACKENDS = {
+    "flashtune": ("ftune", None),
+    "flashtune+sdpa-decode": ("ftune", None),  # prefill through flashtune, decode steps through SDPA
+    "sdpa-flash": ("sdpa", "FLASH_ATTENTION"),
+    "sdpa-cudnn": ("sdpa", "CUDNN_ATTENTION"),
+    "sdpa-efficient": ("sdpa", "EFFICIENT_ATTENTION"),
+    "sdpa-math": ("sdpa", "MATH"),
+    "eager": ("eager", None),
+}
+# Backends that materialise the score matrix (`flashtune memory`'s quadratic account).
+NON_FLASH_BACKENDS = ("sdpa-math", "eager")
+# Kernel names that are attention work, per backend (math/eager: only their softmax can be
+# told apart from the model's other GEMMs, so their share is a lower bound).
+ATTENTION_KERNELS = {
+    "flashtune": r"^flashtune_fwd", "flashtune+sdpa-decode": r"^flashtune_fwd", "sdpa-flash": r"flash_fwd",
+    "sdpa-cudnn": r"cudnn|fprop", "sdpa-efficient": r"fmha|cutlassF", "sdpa-math": r"softmax", "eager": r"softmax",
+}
+
+DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager")
+
+
+@dataclass
+class ModelRow:
+    """One backend at one prompt length; the consistency columns compare with the first backend."""
+    backend: str
+    prefill: int
+    batch: int
+    status: str = "ok"  # or why the backend is unavailable
+    peak_mem_mb: float | None = None  # the whole model's peak: weights + KV cache + one layer's transients
+    predicted_peak_mb: float | None = None  # `flashtune memory`'s accounts for it
+    ttft_ms: float | None = None
+    decode_tok_s: float | None = None
+    attention_share: float | None = None  # of the prefill's kernel time
+    vs: str | None = None  # the backend compared with
+    max_abs_logit_diff: float | None = None
+    top1_agreement: float | None = None
+    greedy_identical: list[bool] | None = None  # per prompt
+
+
+@dataclass
+class ModelBenchResult:
+    header: dict | None  # what ran, where (None off the GPU)
+    model: str
+    layers: int
+    dtype: str
+    decode_steps: int
+    rows: list[ModelRow] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def backend_names(names: list[str] | None) -> list[str]:
+    """--backends with --model, checked (default: flashtune, SDPA's flash, cuDNN and math, eager)."""
+    names = names or list(DEFAULT_MODEL_BACKENDS)
+    unknown = sorted(set(names) - set(MODEL_BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; with --model: {', '.join(MODEL_BACKENDS)}",
+                                 param_hint="--backends")
+    return names
+
+
+def build_model(shape: ModelShape, layers: int | None, dtype: torch.dtype, device: str, seed: int = 0):
+    """A randomly initialised Llama/Qwen2/Mistral-style causal LM of this shape."""
+    import transformers
+
+    from flashtune import hf  # noqa: F401  (registers the "ftune" attention)
+
+    if layers:
+        shape = replace(shape, layers=layers)
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "mistral": transformers.MistralConfig}[shape.family]
+    config = config_cls(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                        tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=131072)
+    if shape.family == "mistral":
+        config.sliding_window = None  # flashtune has no sliding window; compare like with like
+    torch.manual_seed(seed)
+    model_cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+                 "mistral": transformers.MistralForCausalLM}[shape.family]
+    return model_cls._from_config(config, attn_implementation="eager", torch_dtype=dtype).to(device).eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> tuple[object, float]:
+    _sync(device)
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    return result, time.perf_counter() - start
+
+
+def _attention_share(model, ids, backend: str) -> float | None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
+        model(ids)
+        torch.cuda.synchronize()
+    pattern = re.compile(ATTENTION_KERNELS[backend], re.IGNORECASE)
+    total = attention = 0.0
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            total += event.device_time
+            if pattern.search(event.name):
+                attention += event.device_time
+    return attention / total if total else None
+
+
+def _consistency(logits: torch.Tensor, ref_logits: torch.Tensor, device: str) -> tuple[float, float]:
+    """(max |logit difference|, top-1 agreement) against the reference kept on the CPU, one
+    prompt at a time so the comparison never holds two full logit tensors on the GPU."""
+    worst, agree = 0.0, 0
+    for i in range(logits.shape[0]):
+        ours, ref = logits[i].float(), ref_logits[i].to(device).float()
+        worst = max(worst, (ours - ref).abs().max().item())
+        agree += (ours.argmax(-1) == ref.argmax(-1)).sum().item()
+    return worst, agree / (logits.shape[0] * logits.shape[1])
+
+
+def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
+                    decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
+                    repeats: int = 3, device: str = "cuda", seed: int = 0) -> ModelBenchResult:
+    """Per prefill length and backend: TTFT (a prefill that keeps the KV cache and computes the
+    last position's logits, as serving does), its peak memory next to `flashtune memory`'s
+    prediction, decode tokens/s, attention's share and consistency with the first backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = find_model(model_name)
+    model = build_model(shape, layers, getattr(torch, dtype), device, seed)
+    from flashtune import hf  # imported by build_model: transformers is there
+    shape = replace(shape, layers=layers or shape.layers)
+    cuda = device.startswith("cuda")
+    result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps)
+    first = {}
+    for length in prefill:
+        gen = torch.Generator(device="cpu").manual_seed(seed + length)
+        ids = torch.randint(0, shape.vocab, (batch, length), generator=gen).to(device)
+        for name in backends:
+            impl, sdpa_backend = MODEL_BACKENDS[name]
+            row = ModelRow(name, length, batch)
+            context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+            try:
+                hf.set_decode_route("sdpa" if name.endswith("+sdpa-decode") else "flashtune")
+                model.set_attn_implementation(impl)
+                with context(), torch.no_grad():
+                    ttfts = []
+                    for _ in range(repeats):
+                        if cuda:
+                            torch.cuda.empty_cache()
+                            torch.cuda.reset_peak_memory_stats()
+                        _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
+                                            device)
+                        ttfts.append(seconds)
+                    if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
+                        row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                    flash = name not in NON_FLASH_BACKENDS
+                    predicted = accounts(shape, batch, length, dtype).total(flash=flash)
+                    row.predicted_peak_mb = round(predicted / 2**20, 1)
+                    logits = model(ids).logits  # every position, for the consistency columns
+                    tokens, gen_seconds = _timed(lambda: model.generate(
+                        ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                    row.ttft_ms = 1e3 * statistics.median(ttfts)
+                    decode_seconds = max(gen_seconds - statistics.median(ttfts), 1e-9)
+                    row.decode_tok_s = batch * (decode_steps - 1) / decode_seconds
+                    if cuda:
+                        row.attention_share = _attention_share(model, ids, name)
+            except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
+                row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
+                result.rows.append(row)
+                continue
+            finally:
+                hf.set_decode_route("flashtune")
+            if length not in first:
+                first[length] = (name, logits.cpu(), tokens)
+            ref = first[length]
+            row.vs = ref[0]
+            row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
+            row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
+            del logits
+            result.rows.append(row)
+        first.pop(length, None)  # the next length has its own reference
+    return result
+
+
+# ---------------------------------------------------------------------------- how it is shown
+
+def plot(result: ModelBenchResult, path: str) -> None:
+    """`bench --model`: TTFT, decode tokens/s and peak memory against prefill length per backend."""
+    plt = pyplot()
+    panels = (("ttft_ms", "time to first token (ms)"), ("decode_tok_s", "decode tokens/s"),
+              ("peak_mem_mb", "prefill peak memory (MB)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    backends = list(dict.fromkeys(r.backend for r in result.rows))
+    for ax, (key, label) in zip(axes.flat, panels):
+        for backend in backends:
+            points = sorted((r.prefill, getattr(r, key)) for r in result.rows
+                            if r.backend == backend and getattr(r, key) is not None)
+            style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prefill length")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def render(result: ModelBenchResult, console: Console) -> None:
+    """`bench --model`: one line per (prefill length, backend)."""
+    table = Table(title=f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype}, "
+                        f"{result.decode_steps} decode steps)")
+    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "predicted MB", "attention share", "vs",
+                "max |dlogit|", "top-1 agree", "greedy same", "status"):
+        table.add_column(col, justify="left" if col in ("backend", "vs", "status") else "right", overflow="fold")
+
+    def num(row, key, fmt):
+        return format(getattr(row, key), fmt) if getattr(row, key) is not None else "-"
+
+    for r in result.rows:
+        greedy = r.greedy_identical
+        table.add_row(str(r.prefill), r.backend, num(r, "ttft_ms", ".1f"), num(r, "decode_tok_s", ".0f"),
+                      num(r, "peak_mem_mb", ".0f"), num(r, "predicted_peak_mb", ".0f"),
+                      num(r, "attention_share", ".0%"), r.vs or "-",
+                      num(r, "max_abs_logit_diff", ".3g"), num(r, "top1_agreement", ".1%"),
+                      f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
+                      r.status if r.status == "ok" else f"[yellow]{r.status}[/]")
+    console.print(table)

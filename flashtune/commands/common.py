@@ -1,0 +1,103 @@
+"""What every command shares: its exit codes and one-line errors, the profile and GPU it works
+on, and how it shows work and results (console, JSON, a file, the progress bar, sizes).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from flashtune.kernels.gpu import GpuInfo, detect_gpus
+from flashtune.kernels.profiles import Profile, select_profile_with_reason
+
+# What an exit code means, in every command (README: "Exit codes").
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and what it checks failed: a compile, a verify check, a tune
+EXIT_INPUT_ERROR = 2  # bad profile, bad option value, unusable toolchain (click uses 2 for usage too)
+EXIT_NO_GPU = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports a command it stopped
+
+
+class CliError(Exception):
+    """A command's own failure, said in one line, with the exit code it means."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_INPUT_ERROR):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def require_gpu(command: str) -> list[GpuInfo]:
+    gpus = detect_gpus()
+    if not gpus:
+        raise CliError(f"no GPU is visible; {command} needs one (see `flashtune detect`)", EXIT_NO_GPU)
+    return gpus
+
+
+def resolve_profile(profile_name: str | None) -> tuple[Profile, str]:
+    """--profile NAME/PATH, else the profile matching the first visible GPU; and why."""
+    gpus = [] if profile_name else detect_gpus()  # an explicit profile needs no GPU (or torch)
+    selection = select_profile_with_reason(profile_name, gpus[0] if gpus else None)
+    return selection.profile, selection.reason
+
+
+def make_console(stderr: bool = False) -> Console:
+    # Rich falls back to 80 columns when not on a terminal; wide tables would be cut.
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(width=None if stream.isatty() else 160, soft_wrap=False, stderr=stderr)
+
+
+def print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a result to a file, or to stdout for '-'."""
+    if path == "-":
+        click.echo(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+class ProgressStep:
+    """The handle a long command moves its bar with."""
+
+    def __init__(self, bar: Progress, task: TaskID):
+        self._bar, self._task = bar, task
+
+    def advance(self, description: str = "") -> None:
+        self._bar.update(self._task, advance=1, description=description)
+
+    def update(self, done: int, total: int, description: str = "") -> None:
+        self._bar.update(self._task, completed=done, total=max(total, 1), description=description)
+
+
+@contextmanager
+def progress_bar(label: str, console: Console | None, total: int = 1) -> Iterator[ProgressStep]:
+    """The one progress bar of every long command: label, bar, done/total, time, what runs now.
+    It disappears when done; there is none without a console (JSON on stdout, nothing else)."""
+    bar = Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True,
+                   disable=console is None)
+    with bar:
+        yield ProgressStep(bar, bar.add_task("", total=total))
+
+
+def human_bytes(n: int | None) -> str | None:
+    """1024-based sizes as people read them: 99 KB, 80 GB."""
+    if n is None:
+        return None
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) or value >= 100 else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+def yes_no(flag: bool | None) -> str | None:
+    return None if flag is None else ("yes" if flag else "no")

@@ -1,0 +1,142 @@
+"""`flashtune profiles` and `profiles show`: the shipped profiles and their derived numbers."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flashtune.commands.common import human_bytes
+from flashtune.kernels.profiles import Profile
+from flashtune.kernels.schedule import suffix_words
+from flashtune.kernels.spec import spec_for
+from flashtune.kernels.tiles import ctas_per_sm, shared_memory_bytes, threads_per_cta
+
+
+def _match_text(profile: Profile) -> str:
+    parts = list(profile.match_names)
+    parts += ["cc {}.{}".format(*cc) for cc in profile.match_compute_capabilities]
+    return ", ".join(parts) or "only with --profile"
+
+
+def summary(profile: Profile) -> dict:
+    return {
+        "name": profile.name,
+        "arch": profile.arch.name,
+        "family": profile.family,
+        "match": {"names": list(profile.match_names),
+                  "compute_capability": ["{}.{}".format(*cc) for cc in profile.match_compute_capabilities]},
+        "head_dims": list(profile.head_dims),
+        "dtypes": list(profile.dtypes),
+        "fp8": profile.fp8,
+        "path": str(profile.path),
+        "description": profile.description,
+    }
+
+
+def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
+    """Registers per thread that ptxas reported for this config, if any variant is in the
+    build cache (the most of them); None until it is built."""
+    import json
+
+    from flashtune.kernels.build import MANIFEST, spec_dir
+    from flashtune.kernels.spec import SpecError
+
+    found = []
+    for dtype in profile.dtypes:
+        for causal in ((False, True) if entry.causal is None else (entry.causal,)):
+            try:
+                spec = spec_for(profile, entry.tile, dtype, entry.hdim, causal, fp8)
+                manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
+                found.append(manifest["result"]["registers"])
+            except (SpecError, OSError, ValueError, KeyError):
+                continue
+    found = [r for r in found if r]
+    return max(found) if found else None
+
+
+def details(profile: Profile) -> dict:
+    """The profile plus, per config, the numbers the resource model derives (for `configs`
+    the 16-bit kernels', for `fp8.configs` the FP8 twins')."""
+    return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags),
+            "configs": [_config_row(profile, e, False) for e in profile.configs],
+            "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs]}
+
+
+def _config_row(profile: Profile, entry, fp8: bool) -> dict:
+    arch = profile.arch
+    tile = entry.tile
+    registers = built_registers(profile, entry, fp8)
+    causal_values = (False, True) if entry.causal is None else (entry.causal,)
+    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, causal_values[0])
+    return {
+        "hdim": entry.hdim,
+        "causal": entry.causal_label,
+        "seqlen": [entry.seqlen_min, entry.seqlen_max],
+        "block_m": tile.block_m,
+        "block_n": tile.block_n,
+        "num_warps": tile.num_warps,
+        "num_warpgroups": tile.num_warpgroups,
+        "stages": tile.stages,
+        # sm90: the schedule each causal value's kernel runs (the row's keys over the family's
+        # defaults), and its kernel-name suffix ("" for the default schedule)
+        "schedule": {("causal" if c else "non-causal"): _schedule(profile, entry, c, fp8) for c in causal_values}
+        if profile.family == "sm90" else None,
+        "threads": threads_per_cta(profile.family, tile),
+        "smem_bytes": smem,
+        "smem_limit_bytes": arch.max_smem_per_block,
+        "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
+        "registers": registers,  # None until built (`flashtune build`)
+        "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, fp8, registers=registers),
+    }
+
+
+def _schedule(profile: Profile, entry, causal: bool, fp8: bool) -> dict:
+    spec = spec_for(profile, entry.tile, profile.dtypes[0], entry.hdim, causal, fp8)
+    return {**asdict(spec.schedule), "name_suffix": spec.schedule_suffix}
+
+
+def render_list(profiles: list[Profile], console: Console) -> None:
+    table = Table(title="Profiles", title_justify="left", title_style="bold")
+    for column in ("name", "arch", "family", "matches", "head dims", "fp8"):
+        table.add_column(column, no_wrap=column in ("name", "arch", "family"))
+    for p in profiles:
+        fp8 = ", ".join(f"{k}: {v}" for k, v in p.fp8.items()) if p.fp8 else "no"
+        table.add_row(p.name, p.arch.name, p.family, escape(_match_text(p)),
+                      ", ".join(map(str, p.head_dims)), fp8)
+    console.print(table)
+    console.print("Details: flashtune profiles show NAME")
+
+
+def render_details(profile: Profile, console: Console) -> None:
+    data = details(profile)
+    arch = profile.arch
+    console.print(f"[bold]{escape(profile.name)}[/]  {escape(profile.description)}")
+    console.print(f"file: {escape(str(profile.path))}")
+    console.print(f"family {profile.family} on {arch.name}; matches: {escape(_match_text(profile))}")
+    console.print(f"dtypes: {', '.join(profile.dtypes)}; fp8: {profile.fp8 or 'no'}; "
+                  f"nvcc flags: {' '.join(profile.nvcc_flags) or 'none'}")
+    console.print(f"{arch.name} limits: {human_bytes(arch.max_smem_per_block)} shared memory per block, "
+                  f"{human_bytes(arch.smem_per_sm)} per SM, {arch.max_threads_per_sm} threads per SM")
+    tables = [("configs", profile.configs, data["configs"])]
+    if profile.fp8_configs:
+        tables.append(("fp8.configs (the FP8 twins' own tiles)", profile.fp8_configs, data["fp8_configs"]))
+    for title, entries, rows in tables:
+        table = Table(title=title if len(tables) > 1 else None, title_justify="left")
+        warps_header = "warpgroups" if profile.family == "sm90" else "warps"
+        for column in ("hdim", "causal", "seqlen", "tile", warps_header, "stages", "threads",
+                       "smem", "% of limit", "registers", "CTAs/SM"):
+            table.add_column(column, no_wrap=True)
+        for entry, row in zip(entries, rows):
+            warps = row["num_warpgroups"] if profile.family == "sm90" else row["num_warps"]
+            suffixes = sorted({sched["name_suffix"] for sched in (row["schedule"] or {}).values()} - {""})
+            shape = f"{row['block_m']}x{row['block_n']}" + "".join(f", {suffix_words(s)}" for s in suffixes)
+            table.add_row(str(row["hdim"]), row["causal"], entry.seqlen_label, shape,
+                          str(warps), str(row["stages"]), str(row["threads"]),
+                          f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
+                          str(row["registers"] or "-"), str(row["ctas_per_sm"]))
+        console.print(table)
+    if any(row["registers"] is None for row in data["configs"]):
+        console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
+                      "once the kernels are built: `flashtune build --profile NAME`")

@@ -1,0 +1,150 @@
+"""`flashtune tune`: check the request, run the search (flashtune/tuning/), write and validate the
+tuned profile, report.
+
+Exit codes: 0 a profile was written (buckets where no candidate ran keep the starting tile,
+and say so in its provenance), 1 no candidate could be measured (nothing written), 2 bad
+input, 3 no GPU visible.
+"""
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from flashtune.kernels.gpu import GpuInfo
+from flashtune.kernels.profiles import Profile, load_profile
+from flashtune.tuning.search import TuneOptions, TuneResult
+from flashtune.tuning.space import shape_problems
+from flashtune.tuning.writer import write_profile
+
+
+def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shapes: list[tuple[int, int]] | None,
+                  fp8: bool) -> list[str]:
+    """Refuse, before anything is compiled, a tune that cannot run here (click.BadParameter, exit 2);
+    returns notes on what is left out (a --tiles shape that runs at some head dims only)."""
+    from flashtune.kernels.toolchain import check_build_toolchain
+    from flashtune.runtime.selection import check_runs_on
+
+    check_runs_on(profile, gpu)  # sm_89 SASS on an H200 would fail every launch
+    check_build_toolchain(profile.arch)
+    if fp8 and not (profile.fp8_qk and profile.arch.fp8):
+        raise click.BadParameter(f"profile {profile.name} has no FP8 kernels (fp8: {profile.fp8}); "
+                                 "tune a profile with fp8: {qk: e4m3}", param_hint="--fp8")
+    bad = sorted(set(hdims or ()) - set(profile.head_dims))
+    if bad:
+        raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
+                                 param_hint="--hdims")
+    notes = []
+    for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
+        problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8) for h in hdims or profile.head_dims}
+        said = "; ".join(f"hdim {h}: {', '.join(p)}" for h, p in problems.items() if p)
+        if all(problems.values()):
+            raise click.BadParameter(f"{shape[0]}x{shape[1]} cannot run on {profile.arch.name}: {said}",
+                                     param_hint="--tiles")
+        if said:  # fine elsewhere: say where it is not tried
+            notes.append(f"--tiles {shape[0]}x{shape[1]} is not tried at {said}")
+    return notes
+
+
+def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
+    """Per tuned (hdim, causal): (lo, hi, tile) for each of its buckets, the winner (the starting
+    tile where none ran)."""
+    tiles, fallbacks = {}, []
+    for (hdim, causal), buckets in result.buckets.items():
+        per_bucket = []
+        for b in buckets:
+            winner = result.winners.get((hdim, causal, b.seqlen))
+            if winner is None:
+                fallbacks.append(f"hdim {hdim} causal={causal} seqlen {b.seqlen}")
+                per_bucket.append((b.lo, b.hi, profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8)))
+            else:
+                per_bucket.append((b.lo, b.hi, winner.tile))
+        tiles[(hdim, causal)] = per_bucket
+    return tiles, fallbacks
+
+
+def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, fallbacks) -> dict:
+    import torch
+
+    from flashtune import __version__
+    from flashtune.kernels.gpu import nvidia_smi_driver_version
+
+    measured = []
+    bucket_of = {(hdim, causal, b.seqlen): [b.lo, b.hi] for (hdim, causal), bs in result.buckets.items() for b in bs}
+    for (hdim, causal, seqlen), w in sorted(result.winners.items()):
+        start = result.starting.get((hdim, causal, seqlen))
+        measured.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bucket": bucket_of[(hdim, causal, seqlen)],
+                         "tile": w.tile.label, "tflops": round(w.tflops, 1),
+                         "starting_tile": start.tile.label if start else None,
+                         "starting_tflops": round(start.tflops, 1) if start else None})
+    return {"tool": "flashtune tune", "base_profile": profile.name, "gpu": gpu_name,
+            "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
+            "kernels": "fp8 q/k" if opts.fp8 else "16-bit",
+            "candidates_measured": len({r.spec for r in result.records if r.ok}),
+            "candidates_failed": sum(1 for r in result.records if not r.ok),
+            "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
+            "final_round": opts.final_round if result.final_round else 0,
+            "measured": measured}
+
+
+def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, name: str,
+                out: str) -> tuple[Profile, dict]:
+    tiles, fallbacks = chosen_tiles(profile, result, opts)
+    prov = provenance(profile, result, opts, gpu_name, fallbacks)
+    what = "FP8 Q/K tiles (fp8.configs)" if opts.fp8 else "Tiles"
+    description = (f"{profile.description.strip()} {what} for head dims {', '.join(map(str, opts.hdims))} "
+                   f"tuned by `flashtune tune` on {gpu_name} ({prov['date']}).")
+    path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8)
+    return load_profile(path), prov  # loading validates what was written
+
+
+def render(result: TuneResult, console: Console, top: int = 3) -> None:
+    slots = defaultdict(list)
+    failures = []
+    for r in result.records:
+        if r.ok:
+            slots[r.slot].append(r)
+        else:
+            failures.append(r)
+    title = f"flashtune tune: top {top} configs per bucket"
+    if result.final_round:
+        title += " (the fastest few and the starting tile: final round, timed side by side)"
+    table = Table(title=title)
+    for col in ("hdim", "causal", "seqlen", "rank", "tile", "TFLOPS", "ms", "vs starting"):
+        table.add_column(col, justify="right" if col not in ("tile",) else "left")
+    for slot in sorted(slots):
+        # After a final round only its contenders are ranked, by its figures: a candidate left out
+        # keeps its first pass's (timed alone, often a few % higher), which must not outrank the
+        # side-by-side figures that decided (the winner is rank 1, the starting tile is shown too).
+        finalists = [r for r in slots[slot] if r.first_ms is not None]
+        ranked = sorted(finalists or slots[slot], key=lambda r: -r.tflops)
+        start = result.starting.get(slot)
+        shown = ranked[:top] + [r for r in ranked[top:] if start and r is start]
+        for i, r in enumerate(shown):
+            ratio = f"{r.tflops / start.tflops:.2f}x" if start else "-"
+            table.add_row(str(slot[0]), "yes" if slot[1] else "no", str(slot[2]), str(i + 1),
+                          r.tile.label + (" (starting)" if start and r.tile == start.tile else ""),
+                          f"{r.tflops:.0f}", f"{r.ms:.3f}", ratio)
+    console.print(table)
+    if failures:
+        reasons = Table(title="rejected candidates (recorded, never retried)")
+        reasons.add_column("kernel")
+        reasons.add_column("reason", overflow="fold")
+        for r in failures:
+            reasons.add_row(r.spec, r.reason)
+        console.print(reasons)
+    if result.aborted:
+        console.print(f"[red]stopped: {result.aborted}[/]")
+    if result.stopped_by_budget:
+        console.print("[yellow]stopped by --time-budget: rerun to resume (measured candidates are cached)[/]")
+    console.print(f"cache: {result.cache_path}")
+
+
+def summary(written: Profile, provenance_: dict, result: TuneResult) -> dict:
+    """What --json prints: the profile written, its provenance, every candidate's outcome."""
+    return {"profile": str(written.path), "provenance": provenance_,
+            "records": [r.to_json() for r in result.records]}

@@ -1,0 +1,382 @@
+"""`flashtune verify`: prove the kernel that runs is the expected one, and that it is right.
+
+Three checks, each a list of rows with `ok`:
+* correctness: a matrix of shapes against the fp32 reference, the bar set by what SDPA
+  achieves on the same inputs (flashtune.measure.tolerance), outputs poisoned before each launch;
+* identity: under torch.profiler, the exact kernel name of the spec chosen for the call
+  launched, and no other attention kernel (SDPA flash/cuDNN/efficient, a math GEMM) ran;
+* SASS: cuobjdump shows code for the target arch, the family's instructions (HMMA, LDSM,
+  LDGSTS for sm80) and no local-memory traffic (LDL/STL) where ptxas reported no spills.
+
+`--sdpa` instead reports which backend PyTorch's own scaled_dot_product_attention picks
+for a shape, and why it refuses the others. How the reports are shown is at the end.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import subprocess
+import warnings
+
+from dataclasses import asdict, dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from flashtune.commands.common import EXIT_FAILED, EXIT_OK
+from flashtune.measure.problem import Problem, make_inputs
+
+# Kernel names that mean some attention implementation ran (besides the expected one).
+ATTENTION_KERNEL_RE = re.compile(
+    r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
+
+# Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
+FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG")}
+# ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync m16n8k32 e4m3 (QMMA on
+# sm_89/sm_120). Plain sm_90 has no native FP8 mma.sync: ptxas unpacks e4m3 to f16 for HMMA
+# (F2FP ... E4M3.UNPACK_B), correct but slow; Hopper's fast FP8 path is the sm90 family.
+FP8_SASS = {"sm80": "QMMA.16832.F32.E4M3", "sm90": "QGMMA"}
+FP8_SASS_PLAIN_SM90 = "F2FP.F16.E4M3.UNPACK_B"
+# FP8 Q/K cases check the kernel against the fp32 reference of its own (dequantised) inputs;
+# the end-to-end error against the 16-bit inputs, e4m3's 3-bit-mantissa rounding included
+# (3-4e-2 on random-normal inputs on the H200), is reported beside it.
+FP8_KERNEL_MAX_REL_ERR = 1e-2
+# ... and the end-to-end bar, which also catches a broken quantisation (both sides of the kernel
+# check go through it): e4m3 rounding alone gives 3.1-4.2e-2 on random-normal inputs.
+FP8_END_TO_END_MAX_REL_ERR = 5e-2
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+@dataclass
+class Check:
+    """One row of the report: a check of one case (correctness, identity) or one kernel (sass);
+    ok None: skipped, with the reason in detail."""
+    check: str  # "correctness", "identity" or "sass"
+    kernel: str
+    ok: bool | None
+    detail: str
+    case: str = ""
+    rel_err: float | None = None  # correctness: against the fp32 reference
+    tolerance: float | None = None  # ... and its bar
+    end_to_end_rel_err: float | None = None  # FP8 cases: against the 16-bit inputs' reference
+    observed: list[str] | None = None  # identity: every kernel the profiler saw
+
+
+@dataclass
+class VerifyReport:
+    profile: str
+    arch: str
+    family: str
+    rows: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(r.ok is False for r in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_FAILED
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "arch": self.arch, "family": self.family, "ok": self.ok,
+                "failed": self.failed, "exit_code": self.exit_code, "rows": [asdict(r) for r in self.rows]}
+
+
+@dataclass
+class SdpaReport:
+    """Which backend PyTorch's SDPA picks for one shape, and why each one can or cannot run it."""
+    shape: dict
+    default_kernels: list[str]
+    picked: str
+    backends: list[dict]  # {"backend", "usable", "why"}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _problem(name: str, *fields, **keywords) -> Problem:
+    return Problem(*fields, name=name, **keywords)
+
+
+def correctness_cases(profile) -> list[Problem]:
+    """The matrix: every dtype and head dim of the profile, causal and not, odd and GQA shapes."""
+    cases = []
+    for dtype in profile.dtypes:
+        for hdim in profile.head_dims:
+            for causal in (False, True):
+                c = "causal" if causal else "full"
+                cases.append(_problem(f"{dtype} d{hdim} {c} 512", dtype, hdim, causal, 512, 512))
+                cases.append(_problem(f"{dtype} d{hdim} {c} 17/1000", dtype, hdim, causal, 17, 1000))
+                cases.append(_problem(f"{dtype} d{hdim} {c} 1000/17", dtype, hdim, causal, 1000, 17))
+        hdim = profile.head_dims[0]
+        cases.append(_problem(f"{dtype} d{hdim} GQA 8:2 causal 333/555", dtype, hdim, True, 333, 555,
+                          heads=8, heads_kv=2))
+        cases.append(_problem(f"{dtype} d{hdim} MQA 8:1 300", dtype, hdim, False, 300, 300, heads=8, heads_kv=1))
+        cases.append(_problem(f"{dtype} d{hdim} varlen causal", dtype, hdim, True, 0, 0, batch=4, varlen=True))
+    if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
+        dtype = profile.dtypes[-1]
+        for hdim in profile.head_dims:
+            for causal in (False, True):
+                c = "causal" if causal else "full"
+                cases.append(_problem(f"fp8qk {dtype} d{hdim} {c} 512", dtype, hdim, causal, 512, 512, fp8=True))
+                cases.append(_problem(f"fp8qk {dtype} d{hdim} {c} 17/1000", dtype, hdim, causal, 17, 1000, fp8=True))
+        hdim = profile.head_dims[0]
+        cases.append(_problem(f"fp8qk {dtype} d{hdim} GQA 8:2 causal 333/555", dtype, hdim, True, 333, 555,
+                          heads=8, heads_kv=2, fp8=True))
+    return cases
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+def unexpected_attention_kernels(names: list[str], expected: str) -> list[str]:
+    """Kernels in `names` that look like attention work other than the expected kernel."""
+    return [n for n in names if n != expected and ATTENTION_KERNEL_RE.search(n)]
+
+
+def parse_sass(text: str, kernel: str) -> dict:
+    """From `cuobjdump -sass` output: the arch of the kernel's code and its mnemonics (with
+    their modifiers, e.g. HMMA.16816.F32.BF16)."""
+    arch, current, in_kernel, mnemonics = None, None, False, set()
+    for line in text.splitlines():
+        m = re.search(r"code for (sm_\w+)", line)
+        if m:
+            current = m.group(1)
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            in_kernel = m.group(1) == kernel
+            if in_kernel:
+                arch = current
+            continue
+        if in_kernel:
+            m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+            if m:
+                mnemonics.add(m.group(1))
+    return {"found": arch is not None, "arch": arch, "mnemonics": mnemonics}
+
+
+def run_cuobjdump(cuobjdump: str, args: list[str]) -> subprocess.CompletedProcess:
+    """cuobjdump -sass needs nvdisasm; the pip wheels put it beside cuobjdump, off PATH."""
+    import os
+
+    env = {**os.environ, "PATH": os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", "")}
+    return subprocess.run([cuobjdump, *args], capture_output=True, text=True, env=env)
+
+
+def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
+    """One SASS check: arch, the family's instructions, and no LDL/STL unless ptxas spilled."""
+    if cuobjdump is None:
+        return Check("sass", spec.name, None, "skipped: cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    proc = run_cuobjdump(cuobjdump, ["-sass", "-fun", spec.name, library])
+    if proc.returncode != 0:
+        return Check("sass", spec.name, None, f"skipped: cuobjdump failed: {proc.stderr.strip()[:200]}")
+    sass = parse_sass(proc.stdout, spec.name)
+    want_arch = spec.arch.rstrip("a")
+    problems = []
+    if not sass["found"]:
+        problems.append("kernel not in the library")
+    elif (sass["arch"] or "").rstrip("a") != want_arch:
+        problems.append(f"code for {sass['arch']}, expected {spec.arch}")
+    fp8_op = FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family]
+    wanted = FAMILY_SASS[spec.family] + ((fp8_op,) if spec.fp8 else ())
+    missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    local = sorted({m.split(".")[0] for m in sass["mnemonics"]} & {"LDL", "STL"})
+    if local and not spilled:
+        problems.append(f"{'/'.join(local)} present although ptxas reported no spills")
+    found = sorted({op for op in wanted + ("LDL", "STL") if any(m.startswith(op) for m in sass["mnemonics"])})
+    detail = f"{sass['arch']}: {', '.join(found)}"
+    return Check("sass", spec.name, not problems, "; ".join(problems) if problems else detail)
+
+
+# ---------------------------------------------------------------------------- GPU checks
+
+def _inputs(case: Problem, seed: int):
+    """q, k, v for the case, and for a varlen case its (cu_seqlens_q, cu_seqlens_k, max_q, max_k):
+    sequences of 0, 1, odd and long lengths packed together."""
+    import torch
+
+    if not case.varlen:
+        return (*make_inputs(case, seed), None)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, case.dtype)
+    lens_q, lens_k = [7, 0, 300, 1][:case.batch], [9, 4, 300, 600][:case.batch]
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), case.heads, case.hdim, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(sum(lens_k), case.heads_kv, case.hdim, device="cuda", dtype=dtype, generator=gen)
+    return q, k, v, (cu_q, cu_k, max(lens_q), max(lens_k))
+
+
+def _call(q, k, v, case: Problem, varlen_args):
+    from flashtune.runtime import ops
+
+    if varlen_args:
+        cu_q, cu_k, mq, mk = varlen_args
+        return ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=case.causal, return_lse=True)
+    return ops.flash_attn_func(q, k, v, causal=case.causal, qk_fp8=case.fp8, return_lse=True)
+
+
+def dequantised_qk(q, k):
+    """The values an FP8 kernel actually multiplies when the op quantises q and k, in fp32."""
+    from flashtune.runtime import ops
+
+    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, k.shape[2])
+    ratio = q.shape[2] // k.shape[2]
+    return (q8.float() * q_descale.repeat_interleave(ratio, dim=1)[:, None, :, None],
+            k8.float() * k_descale[:, None, :, None])
+
+
+def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
+    """(correctness and identity rows, the spec that served the case)."""
+    import torch
+
+    from flashtune.runtime import ops
+    from flashtune.measure.tolerance import tolerance
+    from flashtune.measure.timing import kernel_names
+    from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference
+
+    q, k, v, varlen_args = _inputs(case, seed)
+    scale = 1.0 / math.sqrt(case.hdim)
+    sq, sk = (varlen_args[2], varlen_args[3]) if varlen_args else (case.seqlen_q, case.seqlen_k)
+    spec = ops.select_spec(profile, case.dtype, case.hdim, case.causal, sq, sk, fp8=case.fp8)
+    expected = expected_kernel or spec.name
+
+    ops.poison_outputs = True
+    try:
+        out, _ = _call(q, k, v, case, varlen_args)
+        torch.cuda.synchronize()
+        names = kernel_names(lambda: _call(q, k, v, case, varlen_args))
+    finally:
+        ops.poison_outputs = False
+    if varlen_args:
+        ref, _ = varlen_reference(q, k, v, varlen_args[0], varlen_args[1], case.causal, scale)
+        cq, ck = varlen_args[0].tolist(), varlen_args[1].tolist()
+        tol = max(tolerance(q[a:b][None], k[c:d][None], v[c:d][None], case.causal, scale, ref[a:b][None])
+                  for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]) if b > a)
+    else:
+        ref, _ = attention_reference(q, k, v, case.causal, scale)
+        tol = tolerance(q, k, v, case.causal, scale, ref)
+    end_to_end = None
+    if case.fp8:  # the kernel against its own inputs; the quantisation's cost is reported
+        end_to_end = rel_l2(out, ref)
+        ref, _ = attention_reference(*dequantised_qk(q, k), v, case.causal, scale)
+        tol = FP8_KERNEL_MAX_REL_ERR
+    err = rel_l2(out, ref)
+    unwritten = int(torch.isnan(out).sum())
+    end_to_end_ok = end_to_end is None or end_to_end <= FP8_END_TO_END_MAX_REL_ERR
+    correct = Check("correctness", spec.name, err <= tol and unwritten == 0 and end_to_end_ok,
+                    f"rel err {err:.2e} <= {tol:.2e}" if err <= tol else f"rel err {err:.2e} > {tol:.2e}",
+                    case.name, rel_err=err, tolerance=tol, end_to_end_rel_err=end_to_end)
+    if unwritten:
+        correct.detail += f"; {unwritten} output elements never written"
+    if end_to_end is not None:
+        correct.detail += (f"; vs 16-bit inputs {end_to_end:.1e}" if end_to_end_ok else
+                           f"; vs 16-bit inputs {end_to_end:.1e} > {FP8_END_TO_END_MAX_REL_ERR:.0e}")
+    others = unexpected_attention_kernels(names, expected)
+    launched = expected in names
+    identity = Check("identity", expected, launched and not others,
+                     ("launched" if launched else f"expected kernel did not launch; saw {names}")
+                     + (f"; other attention kernels ran: {others}" if others else ""), case.name, observed=names)
+    return [correct, identity], spec
+
+
+def run_verify(profile, expected_kernel: str | None = None, seed: int = 0, on_progress=None) -> VerifyReport:
+    """All checks for a profile on the current GPU."""
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.toolchain import detect_toolchain
+
+    report = VerifyReport(profile.name, profile.arch.name, profile.family)
+    specs = {}
+    for i, case in enumerate(correctness_cases(profile)):
+        case_rows, spec = check_case(case, profile, expected_kernel, seed + i)
+        report.rows += case_rows
+        specs[spec] = None
+        if on_progress:
+            on_progress(case)
+    cuobjdump = detect_toolchain().cuobjdump_path
+    for spec in specs:
+        result = build_spec(spec)  # a cache hit: the library the checks above loaded
+        report.rows.append(sass_row(spec, result.library, result.spills, cuobjdump))
+    return report
+
+
+# ---------------------------------------------------------------------------- --sdpa
+
+def sdpa_report(dtype: str, hdim: int, seqlen: int, causal: bool, batch: int = 2, heads: int = 16) -> SdpaReport:
+    """Which backend SDPA picks for this shape (from kernel names), and why others refuse."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashtune.measure.timing import kernel_names
+
+    q, k, v = (torch.randn(batch, heads, seqlen, hdim, device="cuda", dtype=getattr(torch, dtype))
+               for _ in range(3))
+    names = kernel_names(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    rows = []
+    for backend in SDPA_BACKENDS:
+        with warnings.catch_warnings(record=True) as caught, sdpa_kernel([getattr(SDPBackend, backend)]):
+            warnings.simplefilter("always")
+            try:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                torch.cuda.synchronize()
+                rows.append({"backend": backend, "usable": True, "why": ""})
+            except RuntimeError as e:
+                reasons = [str(w.message).splitlines()[0] for w in caught] or [str(e).splitlines()[0]]
+                rows.append({"backend": backend, "usable": False, "why": " | ".join(reasons)[:400]})
+    shape = {"dtype": dtype, "hdim": hdim, "seqlen": seqlen, "causal": causal, "batch": batch, "heads": heads}
+    return SdpaReport(shape, names, classify_sdpa(names), rows)
+
+
+def classify_sdpa(names: list[str]) -> str:
+    """The SDPA backend that these kernel names belong to."""
+    joined = " ".join(names).lower()
+    if "cudnn" in joined:
+        return "cudnn"
+    if "flash" in joined:
+        return "flash"
+    if "fmha" in joined or "mem_efficient" in joined or "cutlassf" in joined:
+        return "efficient"
+    if "gemm" in joined or "softmax" in joined:
+        return "math"
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------- how it is shown
+
+def _status(ok) -> str:
+    return "[green]pass[/]" if ok else ("[yellow]skip[/]" if ok is None else "[red]FAIL[/]")
+
+
+def render(report: VerifyReport, console: Console) -> None:
+    table = Table(title=f"flashtune verify: profile {report.profile} ({report.family} family, {report.arch})")
+    for col in ("check", "case", "kernel", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in report.rows:
+        table.add_row(r.check, r.case, r.kernel, _status(r.ok), r.detail)
+    console.print(table)
+    counts = {c: sum(r.check == c for r in report.rows) for c in ("correctness", "identity", "sass")}
+    verdict = "[green]all checks passed[/]" if report.ok else f"[red]{report.failed} checks failed[/]"
+    console.print(f"{verdict} ({counts['correctness']} correctness, {counts['identity']} kernel identity, "
+                  f"{counts['sass']} SASS)")
+
+
+def render_sdpa(reports: list[SdpaReport], console: Console) -> None:
+    for report in reports:
+        s = report.shape
+        table = Table(title=f"PyTorch SDPA for {s['dtype']} b{s['batch']} h{s['heads']} s{s['seqlen']} "
+                            f"d{s['hdim']} {'causal' if s['causal'] else 'non-causal'}")
+        table.add_column("backend")
+        table.add_column("usable")
+        table.add_column("why not", overflow="fold")
+        for r in report.backends:
+            table.add_row(r["backend"], "yes" if r["usable"] else "[red]no[/]", r["why"])
+        console.print(table)
+        console.print(f"SDPA's own choice: [bold]{report.picked}[/] (kernels: {'; '.join(report.default_kernels)})")

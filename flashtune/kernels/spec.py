@@ -1,0 +1,220 @@
+"""KernelSpec: the single description of one kernel specialisation.
+
+Everything about a built kernel derives from its spec: the exact symbol name that the
+profiler, nsys and cuobjdump show, the generated translation unit, and the cache key.
+Nothing else in flashtune re-derives these.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from flashtune.kernels.arch import ArchFacts, get_arch
+from flashtune.paths import csrc_dir
+from flashtune.kernels.schedule import FIELD_NAMES, Schedule
+from flashtune.kernels.tiles import TileConfig, sm90_default_schedule, sm90_schedule, threads_per_cta, tile_problems
+
+DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
+
+# Kernel families that have a kernel written, and the csrc/ folders their sources live in.
+IMPLEMENTED_FAMILIES = {"sm80": ("common", "sm80"), "sm90": ("common", "sm90")}
+
+# nvcc flags every kernel gets. torch defines the __CUDA_NO_HALF*__ macros for extensions;
+# undo them so cuda_fp16/bf16 keep their conversions. -DNDEBUG: no asserts in kernels.
+BASE_NVCC_FLAGS = (
+    "-O3",
+    "-DNDEBUG",
+    "-Xptxas=-v",
+    "-lineinfo",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+)
+
+
+class SpecError(ValueError):
+    """A spec that flashtune cannot build (unknown dtype, family without a kernel, bad tile)."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    family: str  # "sm80" (mma.sync) or "sm90" (wgmma)
+    arch: str  # nvcc target, e.g. "sm_89", "sm_90", "sm_90a", "sm_120"
+    dtype: str  # "float16" or "bfloat16"
+    hdim: int
+    tile: TileConfig
+    causal: bool
+    fp8: bool = False
+    nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SpecError(f"dtype {self.dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+        if self.family not in IMPLEMENTED_FAMILIES:
+            raise SpecError(
+                f"kernel family {self.family!r} has no kernel in this flashtune version "
+                f"(written: {', '.join(IMPLEMENTED_FAMILIES)}); use a profile of family sm80, "
+                "e.g. --profile h200-sm80 on an H100/H200 (in Python: flashtune.use_profile('h200-sm80') "
+                "or FLASHTUNE_PROFILE=h200-sm80)")
+        problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8, self.causal)
+        if problems:
+            raise SpecError(f"tile {self.tile.label} for hdim {self.hdim} on {self.arch}: "
+                            + "; ".join(problems))
+        if self.family == "sm90":  # the tile's keys as the fields that differ from the default, so that
+            # equal kernels are equal specs (one source, one cache entry), whatever keys said so
+            schedule, default = self.schedule, sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8)
+            keys = tuple((name, getattr(schedule, name)) for name in FIELD_NAMES
+                         if getattr(schedule, name) != getattr(default, name))
+            object.__setattr__(self, "tile", replace(self.tile, schedule=keys))
+
+    @property
+    def arch_facts(self) -> ArchFacts:
+        return get_arch(self.arch)
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The sm90 kernel's schedule (the tile's keys over the family's defaults); None for sm80."""
+        return sm90_schedule(self.hdim, self.tile, self.causal, self.fp8) if self.family == "sm90" else None
+
+    @property
+    def schedule_suffix(self) -> str:
+        """The name's codes of the schedule fields off the family's default for this tile ("_np": no
+        pingpong); "" for the default schedule and for sm80."""
+        if self.family != "sm90":
+            return ""
+        return self.schedule.suffix(sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8))
+
+    @property
+    def name(self) -> str:
+        """The exact extern "C" kernel symbol, e.g. flashtune_fwd_sm80_bf16_h128_128x64_w4_s2_sm89; an sm90
+        kernel's tile is followed by a code for each schedule field off its default (`_np`: no pingpong)."""
+        parts = ["flashtune_fwd", self.family, DTYPES[self.dtype][0], f"h{self.hdim}",
+                 self.tile.shape_label + self.schedule_suffix]
+        if self.causal:
+            parts.append("c")
+        if self.fp8:
+            parts.append("fp8qk")
+        parts.append(self.arch.replace("_", ""))
+        return "_".join(parts)
+
+    @property
+    def launcher_symbol(self) -> str:
+        return f"{self.name}_launch"
+
+    @property
+    def threads(self) -> int:
+        return threads_per_cta(self.family, self.tile)
+
+    def source(self) -> str:
+        """The generated translation unit: one extern "C" kernel with this spec's name."""
+        elem = DTYPES[self.dtype][1]
+        t = self.tile
+        if self.family == "sm90":
+            fp8 = "true" if self.fp8 else "false"
+            causal = "true" if self.causal else "false"
+            return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
+#include "sm90/launch.cuh"
+
+namespace {{
+{self.schedule.cpp()}
+using Cfg = flashtune::sm90::Traits<{elem}, {self.hdim}, {t.block_m}, {t.block_n}, {t.stages}, {causal}, {fp8}, KernelSchedule>;
+}}
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
+{self.name}(const __grid_constant__ flashtune::FwdParams params,
+{" " * len(self.name)} const __grid_constant__ flashtune::sm90::TmaMaps maps) {{
+  flashtune::sm90::fwd_body<Cfg>(params, maps);
+}}
+
+extern "C" int {self.launcher_symbol}(const flashtune::FwdParams* params, void* stream) {{
+  return flashtune::sm90::launch<Cfg>({self.name}, *params, stream);
+}}
+"""
+        # The traits' last bool arguments: causal, then the defaulted FP8 Q/K (e4m3, S on FP8
+        # tensor cores), written up to the last one off its default.
+        bool_args = "true" if self.causal else "false"
+        if self.fp8:
+            bool_args += ", true"
+        return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
+#include "sm80/launch.cuh"
+
+namespace {{
+using Cfg = flashtune::sm80::Traits<{elem}, {self.hdim}, {t.block_m}, {t.block_n}, {t.num_warps}, {t.stages}, {bool_args}>;
+}}
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
+{self.name}(const flashtune::FwdParams params) {{
+  flashtune::sm80::fwd_body<Cfg>(params);
+}}
+
+extern "C" int {self.launcher_symbol}(const flashtune::FwdParams* params, void* stream) {{
+  return flashtune::sm80::launch<Cfg>({self.name}, *params, stream);
+}}
+"""
+
+    def nvcc_flags_all(self) -> list[str]:
+        return [*BASE_NVCC_FLAGS, *self.nvcc_flags]
+
+    def source_hash(self) -> str:
+        """Hash of everything the build reads: generated source, kernel headers, flags."""
+        h = hashlib.sha256(self.source().encode())
+        h.update("\0".join(self.nvcc_flags_all()).encode())
+        h.update(self.arch_facts.torch_arch_list.encode())
+        for path in family_source_files(self.family):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
+
+def family_source_files(family: str) -> list[Path]:
+    """Every header a family's kernels include (they are part of each spec's cache key)."""
+    root = csrc_dir()
+    files: list[Path] = []
+    for folder in IMPLEMENTED_FAMILIES[family]:
+        # Headers only: kernels include them; the folders' .cu probes are not part of a spec.
+        files += sorted(p for p in (root / folder).rglob("*") if p.suffix in (".h", ".cuh"))
+    return files
+
+
+def spec_for(profile, tile: TileConfig, dtype: str, hdim: int, causal: bool, fp8: bool = False,
+             arch: str | None = None) -> KernelSpec:
+    """The kernel a profile's config row (its tile and schedule keys) gives for one dtype, head dim,
+    causal value and Q/K precision, on the profile's arch or `arch`: the one place a profile row
+    becomes a KernelSpec (build, the op, tune and `profiles show` all ask here)."""
+    return KernelSpec(profile.family, arch or profile.arch.name, dtype, hdim, tile, bool(causal), bool(fp8),
+                      profile.nvcc_flags)
+
+
+def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
+                      causal: bool | None = None) -> list[KernelSpec]:
+    """Every distinct spec a profile can launch (optionally narrowed), for `flashtune build`:
+    the 16-bit kernels, and with `fp8: {qk: e4m3}` also their FP8 Q/K twins.
+
+    `arch` retargets the profile's tiles (they are re-validated for that arch).
+    """
+    arch = get_arch(arch).name if arch else profile.arch.name
+    for value, allowed, what in ((dtypes, profile.dtypes, "dtype"), (hdims, profile.head_dims, "hdim")):
+        unknown = set(value or ()) - set(allowed)
+        if unknown:
+            raise SpecError(f"{what} {', '.join(map(str, sorted(unknown)))} is not in profile "
+                            f"{profile.name}; allowed: {', '.join(map(str, allowed))}")
+    # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none):
+    # beside each 16-bit kernel, or on the profile's own fp8.configs tiles where it has them.
+    fp8 = profile.fp8_qk and get_arch(arch).fp8
+    tables = [(profile.configs, (False, True) if fp8 and not profile.fp8_configs else (False,))]
+    if fp8 and profile.fp8_configs:
+        tables.append((profile.fp8_configs, (True,)))
+    specs: dict[KernelSpec, None] = {}
+    for dtype in dtypes or profile.dtypes:
+        for table, fp8_flags in tables:
+            for entry in table:
+                if hdims and entry.hdim not in hdims:
+                    continue
+                for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
+                    if causal is not None and is_causal != causal:
+                        continue
+                    for flag in fp8_flags:
+                        specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, flag, arch)] = None
+    return list(specs)

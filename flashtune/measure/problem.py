@@ -1,0 +1,75 @@
+"""The attention problem every measurement is about: a call's shape and dtype. `flashtune bench`
+times Problems, `flashtune verify` checks them, the backends run them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+# The FlashAttention papers' benchmark grid: seqlen 512-16k, batch = 16384 / seqlen, heads =
+# 2048 / head dim (the same tokens and hidden size in every cell).
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HDIMS = (64, 128, 256)
+TOKENS_PER_BATCH = 16384  # batch = 16384 // seqlen
+HIDDEN = 2048  # heads = 2048 // hdim
+
+
+@dataclass(frozen=True)
+class Problem:
+    dtype: str  # "float16" or "bfloat16" (v's and the output's)
+    hdim: int
+    causal: bool
+    seqlen_q: int
+    seqlen_k: int
+    batch: int = 2
+    heads: int = 8
+    heads_kv: int = 8  # GQA/MQA: a divisor of heads
+    varlen: bool = False  # packed sequences of mixed lengths (verify's case; seqlens unused)
+    fp8: bool = False  # q and k quantised to e4m3 by the op (qk_fp8=True)
+    name: str = ""  # how a report calls it
+
+    @property
+    def flops(self) -> float:
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.causal)
+
+    @property
+    def input_bytes(self) -> int:
+        elem = 2
+        return elem * self.batch * self.hdim * (self.seqlen_q * self.heads + 2 * self.seqlen_k * self.heads_kv)
+
+
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool) -> float:
+    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count."""
+    flops = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
+    return flops / 2 if causal else flops
+
+
+def make_inputs(problem: Problem, seed: int):
+    """Fresh random (batch, seqlen, heads, hdim) q, k, v for a fixed-length problem, on the GPU."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = getattr(torch, problem.dtype)
+
+    def rand(s, h):
+        return torch.randn(problem.batch, s, h, problem.hdim, device="cuda", dtype=dtype, generator=gen)
+
+    q = rand(problem.seqlen_q, problem.heads)
+    return q, rand(problem.seqlen_k, problem.heads_kv), rand(problem.seqlen_k, problem.heads_kv)
+
+
+def fa_grid(seqlens: Iterable[int] = SEQLENS, hdims: Iterable[int] = HDIMS,
+            causal: Iterable[bool] = (False, True), dtype: str = "bfloat16", batch: int | None = None,
+            heads: int | None = None, heads_kv: int | None = None) -> list[Problem]:
+    """The FA benchmark grid; batch and heads follow the convention unless given."""
+    shapes = []
+    for hdim in hdims:
+        for is_causal in causal:
+            for s in seqlens:
+                b = batch or max(1, TOKENS_PER_BATCH // s)
+                h = heads or max(1, HIDDEN // hdim)
+                hkv = heads_kv or h
+                if h % hkv:
+                    raise ValueError(f"--heads-kv {hkv} must divide --heads {h}")
+                shapes.append(Problem(dtype, hdim, is_causal, s, s, b, h, hkv))
+    return shapes

@@ -1,0 +1,153 @@
+"""The checks of a call's arguments: each bad input is one FlashtuneInputError that says what to
+change, raised before anything runs (and testable without a GPU: devices are checked last).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+FP8 = torch.float8_e4m3fn  # FP8 profiles: q and k in e4m3, v and the output 16-bit
+ALIGN_BYTES = 16  # 16-byte vector (and TMA) loads
+# Reading cu_seqlens on the GPU costs a device sync per varlen call; with this set, their
+# values are trusted (a wrong one gives wrong output, as in flash_attn).
+TRUST_CU_SEQLENS = os.environ.get("FLASHTUNE_TRUST_CU_SEQLENS") == "1"
+MAX_TILE_ROWS = 256  # the kernels address a tile with 32-bit offsets: rows * row_stride < 2^31
+
+
+class FlashtuneInputError(ValueError):
+    """A call flashtune cannot serve as asked; the message says what to change."""
+
+
+def fail(msg: str) -> None:
+    raise FlashtuneInputError(f"flashtune: {msg}")
+
+
+def check_tensors(q, k, v, varlen: bool) -> None:
+    rank, layout = (3, "(total, heads, head_dim)") if varlen else (4, "(batch, seqlen, heads, head_dim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            fail(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+        fp8_ok = name != "v" and not varlen
+        if t.dtype not in DTYPE_NAMES and not (fp8_ok and t.dtype == FP8):
+            fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16 "
+                  "(cast with .to(torch.bfloat16))"
+                  + ("; q and k may also be torch.float8_e4m3fn (with q_descale/k_descale)" if fp8_ok else "")
+                  + ("; FP8 q/k go through flash_attn_func, not the varlen one" if varlen and name != "v"
+                     and t.dtype == FP8 else ""))
+        if t.stride(-1) != 1:
+            fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
+                  f"{tuple(t.stride())}; call .contiguous()")
+        # A dimension of size 1 is never stepped over: its stride does not matter (binding.cpp
+        # replaces it with the dense one).
+        align = ALIGN_BYTES // t.element_size()
+        if any(st % align for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+            fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {align} "
+                  "elements (16 bytes); call .contiguous()")
+        # The storage offset is not traceable by torch.compile; binding.cpp checks the data
+        # pointer's 16-byte alignment at launch either way.
+        if not torch.compiler.is_compiling() and t.storage_offset() % align:
+            fail(f"{name} starts at storage offset {t.storage_offset()}, not a multiple of "
+                  f"{align} elements (16 bytes); call .contiguous()")
+        row_stride = t.stride(-3)
+        if row_stride * MAX_TILE_ROWS >= 2**31:
+            fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "
+                  "offsets; call .contiguous()")
+    if q.dtype == FP8 or k.dtype == FP8:
+        if q.dtype != k.dtype:
+            fail(f"FP8 attention needs both q and k in torch.float8_e4m3fn, got {q.dtype} and {k.dtype}")
+    elif not (q.dtype == k.dtype == v.dtype):
+        fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        fail(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if not varlen and q.shape[0] != k.shape[0]:
+        fail(f"q and k must share the batch size, got {q.shape[0]} and {k.shape[0]}")
+    if not varlen and q.shape[0] > 65535:
+        fail(f"at most 65535 batch entries per call, got {q.shape[0]}")
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_kv == 0 or heads_q % heads_kv:
+        fail(f"heads of q ({heads_q}) must be a multiple of heads of k/v ({heads_kv}) (GQA/MQA)")
+    if heads_q > 65535:
+        fail(f"at most 65535 heads, got {heads_q}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        fail("flashtune computes the forward pass only; run it under torch.no_grad() or "
+              "torch.inference_mode(), or detach the inputs")
+
+
+def check_devices(q, k, v, **extra) -> None:
+    """Checked last, so every other input error is reported (and testable) without a GPU.
+    `extra`: cu_seqlens_q/k (varlen) or q_descale/k_descale (FP8), which must sit beside q."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            fail(f"{name} is on {t.device}; flashtune runs on CUDA tensors (move it with .cuda())")
+    if not (q.device == k.device == v.device):
+        fail(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    for name, t in extra.items():
+        if t is not None and t.device != q.device:
+            fail(f"{name} is on {t.device}, q on {q.device}; put them on the same device")
+
+
+def check_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+    if dropout_p:
+        fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
+    if tuple(window_size) != (-1, -1):
+        fail(f"window_size={tuple(window_size)}: sliding-window attention is not supported; "
+              "pass (-1, -1)")
+    if softcap:
+        fail(f"softcap={softcap} is not supported; pass 0.0")
+    if alibi_slopes is not None:
+        fail("alibi_slopes are not supported; pass None")
+
+
+def scale_for(softmax_scale: float | None, hdim: int) -> float:
+    """The softmax scale a call asked for (1/sqrt(head_dim) by default), checked."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(hdim)
+    scale = float(softmax_scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        fail(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return scale
+
+
+def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
+                      covers_all: bool) -> None:
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1")
+    if cu.numel() < 1 or cu.stride(0) != 1:
+        fail(f"{name} must be contiguous with at least one element (batch+1)")
+    if cu.is_cuda and (TRUST_CU_SEQLENS or torch.cuda.is_current_stream_capturing()):
+        return  # reading its values syncs the device (and is impossible during graph capture)
+    values = cu.tolist()
+    lengths = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0 or any(n < 0 for n in lengths):
+        fail(f"{name} must start at 0 and never decrease, got {values[:8]}...")
+    if values[-1] > total or (covers_all and values[-1] != total):
+        fail(f"{name}[-1] = {values[-1]} must {'equal' if covers_all else 'not exceed'} the "
+              f"{total} rows of the packed tensor")
+    if lengths and max(lengths) > max_seqlen:
+        fail(f"a sequence in {name} has {max(lengths)} tokens, more than max_seqlen {max_seqlen}")
+
+
+def check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool) -> None:
+    batch, heads_kv = q.shape[0], k.shape[2]
+    if q.dtype != FP8:
+        if (q_descale is not None or k_descale is not None) and qk_fp8:
+            fail("qk_fp8=True computes its own descales; drop q_descale/k_descale")
+        if q_descale is not None or k_descale is not None:
+            fail("q_descale/k_descale scale FP8 (torch.float8_e4m3fn) q and k; q and k are "
+                  f"{q.dtype}: pass qk_fp8=True to quantise them, or drop the descales")
+        return
+    if qk_fp8:
+        fail("qk_fp8=True quantises 16-bit q and k; these are already torch.float8_e4m3fn "
+              "(pass their q_descale/k_descale instead)")
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale)):
+        if d is not None and (not isinstance(d, torch.Tensor) or d.dtype != torch.float32
+                              or tuple(d.shape) != (batch, heads_kv)):
+            got = f"{tuple(d.shape)} {d.dtype}" if isinstance(d, torch.Tensor) else type(d).__name__
+            fail(f"{name} must be a float32 tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got {got}")

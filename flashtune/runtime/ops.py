@@ -1,0 +1,160 @@
+"""The public attention functions, with flash_attn's names and signatures, and the custom op.
+
+`flash_attn_func` / `flash_attn_varlen_func` validate their inputs (runtime/checks.py: a clear
+error for each bad one), then call the custom op `flashtune::attention_fwd`, whose implementation picks
+the KernelSpec for the call's shape from the active profile (runtime/selection.py), builds or loads it, and
+launches it through `flashtune_C::fwd`. The custom op has a fake implementation, so
+`torch.compile` traces calls without graph breaks.
+"""
+from __future__ import annotations
+
+import torch
+
+from flashtune.kernels.build import load_binding, load_kernel
+from flashtune.kernels.spec import KernelSpec
+from flashtune.runtime.checks import (FP8, FlashtuneInputError, check_cu_seqlens, check_devices, check_fp8_args,
+                                      check_tensors, check_unsupported, fail, scale_for)
+from flashtune.runtime.fp8 import fp8_operands, quantise_qk
+from flashtune.runtime.selection import active_profile, select_spec, use_profile
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
+           "select_spec", "quantise_qk", "FlashtuneInputError"]
+
+
+# ---------------------------------------------------------------------------- the custom op
+
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                   causal: bool, q_descale: torch.Tensor | None = None,
+                   k_descale: torch.Tensor | None = None, with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log),
+    or an empty tensor in its place without with_lse (the kernel then writes none: up to 5% of a short
+    sequence's time on the H200). FP8 (e4m3) q and k come with their (batch, heads_kv) float32
+    descale factors."""
+    if q.numel() == 0:
+        return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+    profile = active_profile(q.device)
+    spec = select_spec(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, fp8=q.dtype == FP8)
+    if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+                fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
+                      "TMA loads cannot read; call .contiguous()")
+    return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    q_descale, k_descale, with_lse)
+
+
+def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+             softmax_scale: float, q_descale=None, k_descale=None,
+             with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch exactly `spec` on validated inputs (the tuner times candidates through this)."""
+    out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+    kernel = load_kernel(spec)
+    load_binding()
+    torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse if with_lse else None, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale)
+    return out, lse
+
+
+# Tests and `flashtune verify` set this: outputs start as NaN, so an element the kernel
+# forgot to write cannot pass for a correct one.
+poison_outputs = False
+
+
+def _empty_outputs(q: torch.Tensor, dtype: torch.dtype, varlen: bool,
+                   with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    if not with_lse:  # a custom op returns tensors: an empty one stands for "not computed"
+        lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    elif varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    else:
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    if poison_outputs:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return out, lse
+
+
+# The custom op is what torch.compile traces (with the fake implementation below). Eager calls
+# on plain tensors skip its dispatch wrapper (about 10 microseconds per call on a CPU here).
+attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args=())(_attention_fwd)
+
+
+@attention_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
+      k_descale=None, with_lse=True):
+    return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+
+
+def _forward(q, *args):
+    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling()
+    return (_attention_fwd if plain else attention_fwd)(q, *args)
+
+
+# ---------------------------------------------------------------------------- public API
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False):
+    """Attention over (batch, seqlen, heads, head_dim) tensors, as flash_attn.flash_attn_func.
+
+    GQA/MQA: k and v may have fewer heads than q (a divisor). causal masks bottom-right
+    aligned (key j is visible to query i iff j <= i + seqlen_k - seqlen_q). Returns out,
+    or (out, lse) with return_lse=True (lse: float32, (batch, heads, seqlen_q)), or
+    (out, lse, None) with return_attn_probs=True, as flash_attn does.
+
+    FP8 (profiles with `fp8: {qk: e4m3}`): q and k in torch.float8_e4m3fn with optional
+    float32 q_descale / k_descale of shape (batch, heads_kv) (FlashAttention-3's convention:
+    S = q.k x q_descale x k_descale), or 16-bit q and k with qk_fp8=True, which quantises
+    them per (batch, kv head) here. v and the output stay 16-bit; softmax_scale is applied
+    on top of the descales.
+    """
+    check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    check_tensors(q, k, v, varlen=False)
+    scale = scale_for(softmax_scale, q.shape[-1])
+    check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
+    check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale)
+    q, k, q_descale, k_descale = fp8_operands(q, k, q_descale, k_descale, qk_fp8)
+    out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
+                        return_lse or return_attn_probs)
+    return _pack(out, lse, return_lse, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, return_lse=False):
+    """Attention over packed (total, heads, head_dim) sequences delimited by int32 cu_seqlens.
+
+    As flash_attn.flash_attn_varlen_func; lse is (heads, total_q).
+    """
+    check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    if block_table is not None:
+        fail("block_table (paged KV cache) is not supported; pass None")
+    check_tensors(q, k, v, varlen=True)
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        fail("max_seqlen_q and max_seqlen_k must be >= 0")
+    # Every row of q gets an output row, so cu_seqlens_q must cover q exactly; k may be padded.
+    check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, covers_all=True)
+    check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, covers_all=False)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        fail(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch+1), got "
+              f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    if cu_seqlens_q.numel() - 1 > 65535:
+        fail("at most 65535 sequences per call")
+    scale = scale_for(softmax_scale, q.shape[-1])
+    check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                        bool(causal), None, None, return_lse or return_attn_probs)
+    return _pack(out, lse, return_lse, return_attn_probs)
+
+
+def _pack(out, lse, return_lse, return_attn_probs):
+    if return_attn_probs:
+        return out, lse, None
+    if return_lse:
+        return out, lse
+    return out

@@ -1,0 +1,112 @@
+"""Which profile serves a device (use_profile(), else $FLASHTUNE_PROFILE, else the GPU's match)
+and which KernelSpec serves a call under it. Per-device state, behind a lock.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from flashtune.kernels.gpu import GpuInfo, detect_gpus
+from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
+from flashtune.kernels.spec import KernelSpec, spec_for
+from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
+
+
+@dataclass
+class _State:
+    explicit: Profile | None = None  # use_profile()
+    per_device: dict | None = None  # device index -> Profile (auto-matched or from env)
+
+
+_state = _State(per_device={})
+_state_lock = threading.Lock()
+_spec_cache: dict[tuple, KernelSpec] = {}  # select_spec's, by what a spec is made of
+
+
+def use_profile(name_or_path: str | os.PathLike | Profile | None) -> Profile | None:
+    """Choose the profile every later call uses (None: back to auto-matching the GPU); a name, a
+    YAML path, or a Profile already loaded.
+
+    The environment variable FLASHTUNE_PROFILE does the same without code changes.
+    """
+    with _state_lock:
+        _state.explicit = (name_or_path if isinstance(name_or_path, Profile) or name_or_path is None
+                           else find_profile(name_or_path))
+        _state.per_device.clear()
+        _spec_cache.clear()
+        return _state.explicit
+
+
+def _device_gpu(index: int) -> GpuInfo:
+    for gpu in detect_gpus():
+        if gpu.index == index:
+            return gpu
+    raise FlashtuneInputError(f"CUDA device {index} is not visible")
+
+
+def check_runs_on(profile: Profile, gpu: GpuInfo) -> None:
+    """SASS for sm_XY runs on the same major with minor >= Y; sm_90a only on 9.0."""
+    (am, an), (gm, gn) = profile.arch.compute_capability, gpu.compute_capability
+    runs = am == gm and an <= gn and (not profile.arch.name.endswith("a") or an == gn)
+    if not runs:
+        raise FlashtuneInputError(
+            f"profile {profile.name} builds for {profile.arch.name}, which cannot run on "
+            f"{gpu.name} (compute capability {gm}.{gn}); choose a profile for this GPU "
+            "(`flashtune detect` names it; `flashtune profiles` lists all)")
+
+
+def active_profile(device: torch.device | int | None = None) -> Profile:
+    """The profile calls on `device` use: use_profile(), else $FLASHTUNE_PROFILE, else the match."""
+    if isinstance(device, int):
+        index = device
+    else:
+        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    profile = _state.per_device.get(index)
+    if profile is not None:
+        return profile
+    with _state_lock:
+        gpu = _device_gpu(index)
+        if _state.explicit is not None:
+            profile = _state.explicit
+        elif os.environ.get("FLASHTUNE_PROFILE"):
+            profile = find_profile(os.environ["FLASHTUNE_PROFILE"])
+        else:
+            profile = select_profile(gpu=gpu)
+        check_runs_on(profile, gpu)
+        _state.per_device[index] = profile
+        return profile
+
+
+def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
+                seqlen_q: int, seqlen_k: int, fp8: bool = False) -> KernelSpec:
+    """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
+    output's; `fp8`: q and k in e4m3)."""
+    dtype_name = dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
+    if fp8 and not profile.arch.fp8:
+        raise FlashtuneInputError(
+            f"FP8 attention needs FP8 tensor cores, which {profile.arch.name} (profile {profile.name}) lacks: "
+            "they exist on sm_89 (RTX 4090, L40S), sm_90 (H100/H200) and sm_120 (RTX 5090); "
+            "use 16-bit q/k here")
+    if fp8 and not profile.fp8_qk:
+        raise FlashtuneInputError(
+            f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
+            "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
+    if hdim not in profile.head_dims:
+        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
+                                  f"(head dims: {', '.join(map(str, profile.head_dims))})")
+    try:
+        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8)
+    except ProfileError as e:
+        raise FlashtuneInputError(str(e)) from e
+    if dtype_name not in profile.dtypes:
+        raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
+                                  f"(dtypes: {', '.join(profile.dtypes)})")
+    # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
+    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags)
+    spec = _spec_cache.get(key)
+    if spec is None:
+        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8)
+    return spec

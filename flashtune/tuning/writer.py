@@ -1,0 +1,96 @@
+"""Write a profile YAML: a base profile with some (head dim, causal) tile tables replaced.
+
+The output is meant to be read by people too: one flow-style line per config, adjacent
+seqlen buckets with the same tile merged, and a provenance block saying where it came from.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from flashtune.kernels.profiles import Profile
+from flashtune.kernels.tiles import TileConfig
+
+
+def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int | None, tile: TileConfig,
+                 indent: str = "  ") -> str:
+    causal_text = "any" if causal is None else ("true" if causal else "false")
+    hi_text = "null" if hi is None else str(hi)
+    warps = (f"num_warpgroups: {tile.num_warpgroups}" if family == "sm90" else f"num_warps: {tile.num_warps}")
+    keys = "".join(f", {name}: {'true' if value else 'false'}" for name, value in tile.schedule)  # sm90's own
+    return (f"{indent}- {{hdim: {hdim}, causal: {causal_text}, seqlen: [{lo}, {hi_text}], block_m: {tile.block_m}, "
+            f"block_n: {tile.block_n}, {warps}, stages: {tile.stages}{keys}}}")
+
+
+def _table_lines(base: Profile, table, indent: str) -> list[str]:
+    return [_config_line(base.family, e.hdim, e.causal, e.seqlen_min, e.seqlen_max, e.tile, indent) for e in table]
+
+
+BucketTiles = dict[tuple[int, bool], list[tuple[int, int | None, TileConfig]]]  # (hdim, causal) -> (lo, hi, tile)
+
+
+def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "  ") -> list[str]:
+    """Config lines per (hdim, causal): tuned ones get one tile per bucket [lo, hi) (adjacent equal
+    tiles merged); the others keep the entries of `table` (default: the base's configs)."""
+    table = base.configs if table is None else table
+    lines = []
+    for hdim in base.head_dims:
+        for causal in (False, True):
+            if (hdim, causal) not in tiles:
+                lines += [_config_line(base.family, hdim, causal, e.seqlen_min, e.seqlen_max, e.tile, indent)
+                          for e in table if e.hdim == hdim and e.causal in (None, causal)]
+                continue
+            per_bucket = tiles[(hdim, causal)]
+            lo = per_bucket[0][0]
+            for i, (_, hi, tile) in enumerate(per_bucket):
+                if i + 1 < len(per_bucket) and per_bucket[i + 1][2] == tile:
+                    continue  # the next bucket has the same tile: widen this one
+                lines.append(_config_line(base.family, hdim, causal, lo, hi, tile, indent))
+                lo = hi
+    return lines
+
+
+def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles, provenance: dict,
+                  path: str | Path, fp8: bool = False) -> Path:
+    """Write the tuned profile; the caller validates it by loading it back. `fp8`: the tiles
+    are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were. Each tuned
+    (hdim, causal) must cover every sequence length: buckets from 0 up, each starting where the
+    last ended, the last open."""
+    for per_bucket in tiles.values():
+        assert per_bucket[0][0] == 0 and per_bucket[-1][1] is None and all(
+            prev[1] == nxt[0] for prev, nxt in zip(per_bucket, per_bucket[1:])), per_bucket
+    header = {
+        "name": name,
+        "description": description,
+        "match": {"names": list(base.match_names),
+                  "compute_capability": ["{}.{}".format(*cc) for cc in base.match_compute_capabilities]},
+        "family": base.family,
+        "arch": base.arch.name,
+        "dtypes": list(base.dtypes),
+        "head_dims": list(base.head_dims),
+        "nvcc_flags": list(base.nvcc_flags),
+    }
+    if not base.match_names and not base.match_compute_capabilities:
+        header["match"] = {}
+    text = "# Written by `flashtune tune`; see provenance at the end.\n"
+    text += yaml.safe_dump(header, sort_keys=False, width=100)
+    if fp8:  # FP8 tiles tuned: they become fp8.configs (starting from the twins' current tiles)
+        fp8_lines = tuned_configs(base, tiles, base.fp8_configs or base.configs, indent="    ")
+        config_lines = _table_lines(base, base.configs, "  ")
+    else:
+        fp8_lines = _table_lines(base, base.fp8_configs, "    ")
+        config_lines = tuned_configs(base, tiles)
+    if base.fp8:
+        text += yaml.safe_dump({"fp8": base.fp8}, sort_keys=False, width=100)
+        if fp8_lines:
+            text += "  configs:\n" + "\n".join(fp8_lines) + "\n"
+    else:
+        text += "fp8: null\n"
+    text += "configs:\n" + "\n".join(config_lines) + "\n"
+    # A JSON round trip turns str subclasses (torch's TorchVersion) into plain YAML-safe values.
+    text += yaml.safe_dump({"provenance": json.loads(json.dumps(provenance))}, sort_keys=False, width=100)
+    path = Path(path)
+    path.write_text(text)
+    return path
