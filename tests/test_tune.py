@@ -329,6 +329,19 @@ def test_search_records_reasons_picks_winners_and_never_retries(fake_world, tmp_
     assert all(r["reason"] for r in records if r["status"] == "failed")
 
 
+def test_the_written_profile_is_short_to_read_and_carries_its_story_in_provenance(fake_world, tmp_path):
+    import textwrap
+
+    from flashtune.commands.tune import write_tuned
+
+    profile = find_profile("h200")
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,))
+    result = tune.run_tune(profile, "NVIDIA H200", opts, str(tmp_path / "c.jsonl"))
+    written, prov = write_tuned(profile, result, opts, "NVIDIA H200", "h200-tuned", str(tmp_path / "t.yaml"))
+    assert len(textwrap.wrap(written.description, 120)) <= 3 and "from profile h200" in written.description
+    assert written.provenance["base_profile"] == "h200" and written.provenance["measured"] == prov["measured"]
+
+
 def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
     profile = find_profile("h200")
     opts = tune.TuneOptions(hdims=(128,), causal=(False,), max_candidates=3, fp8=True)

@@ -96,8 +96,11 @@ def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_nam
     tiles, fallbacks = chosen_tiles(profile, result, opts)
     prov = provenance(profile, result, opts, gpu_name, fallbacks)
     what = "FP8 Q/K tiles (fp8.configs)" if opts.fp8 else "Tiles"
-    description = (f"{profile.description.strip()} {what} for head dims {', '.join(map(str, opts.hdims))} "
-                   f"tuned by `flashtune tune` on {gpu_name} ({prov['date']}).")
+    # Short, as a profile's description should be: the base's first sentence, then what the tune did
+    # (the rest of the story is the provenance).
+    first = profile.description.strip().split(". ")[0].rstrip(".")
+    description = (f"{first}. {what} for head dims {', '.join(map(str, opts.hdims))} tuned by `flashtune tune` "
+                   f"on {gpu_name} ({prov['date']}) from profile {profile.name}.")
     path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8)
     return load_profile(path), prov  # loading validates what was written
 

@@ -9,7 +9,7 @@ Three checks, each a list of rows with `ok`:
   LDGSTS for sm80) and no local-memory traffic (LDL/STL) where ptxas reported no spills.
 
 `--sdpa` instead reports which backend PyTorch's own scaled_dot_product_attention picks
-for a shape, and why it refuses the others. How the reports are shown is at the end.
+for each shape asked, and why it refuses the others. How the reports are shown is at the end.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import math
 import re
 import subprocess
 import warnings
-
 from dataclasses import asdict, dataclass, field
 
 from rich.console import Console
