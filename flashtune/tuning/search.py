@@ -291,11 +291,14 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     event = on_event or (lambda *a: None)
 
     specs: list[KernelSpec] = []
+    starting: dict[tuple, KernelSpec] = {}  # (hdim, causal, bucket seqlen) -> the base profile's kernel
     for hdim in opts.hdims:
         for causal in opts.causal:
-            result.buckets[(hdim, causal)] = profile_buckets(profile, hdim, causal, opts.fp8)
-            start_tiles = tuple(dict.fromkeys(
-                profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8) for b in result.buckets[(hdim, causal)]))
+            buckets = result.buckets[(hdim, causal)] = profile_buckets(profile, hdim, causal, opts.fp8)
+            for b in buckets:
+                tile = profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8)
+                starting[(hdim, causal, b.seqlen)] = spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8)
+            start_tiles = tuple(dict.fromkeys(starting[(hdim, causal, b.seqlen)].tile for b in buckets))
             for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
                                    opts.max_candidates, opts.shapes):
                 specs.append(spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8))
@@ -369,8 +372,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
                 continue
             if record.slot not in result.winners or record.tflops > result.winners[record.slot].tflops:
                 result.winners[record.slot] = record
-            start = profile.tile_for(spec.hdim, spec.causal, record.seqlen, record.seqlen, fp8=spec.fp8)
-            if spec == spec_for(profile, start, spec.dtype, spec.hdim, spec.causal, spec.fp8):
+            if spec == starting.get(record.slot):
                 result.starting[record.slot] = record
 
     # 4. The final round. Each candidate was timed alone, minutes apart from the others, and
