@@ -26,6 +26,11 @@ from flashtune.paths import CacheDirError
 # What a person did wrong (or must fix on the machine): one red line, no traceback.
 USER_ERRORS = (ProfileError, SpecError, ToolchainError, CacheDirError, ValueError)
 DTYPES = tuple(KERNEL_DTYPES)
+# What a person can do after Ctrl-C, per command (the others simply stop).
+INTERRUPTED_HINTS = {
+    "tune": "; every measured result is kept in the tune's cache: run the same command again to resume",
+    "build": "; kernels already built stay in the cache: run the same command again to build the rest",
+}
 DEPRECATED = "{old} is deprecated and goes in the next release; {new}"
 
 
@@ -40,7 +45,8 @@ class FlashtuneGroup(click.Group):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Abort:  # click's name for KeyboardInterrupt (and EOF at a prompt)
-            code = _report_error("interrupted", EXIT_INTERRUPTED, self._json_destination(args))
+            message = "interrupted" + INTERRUPTED_HINTS.get(next(iter(args), ""), "")
+            code = _report_error(message, EXIT_INTERRUPTED, self._json_destination(args))
         except click.ClickException as err:
             message = err.format_message()
             if isinstance(err, click.UsageError) and err.ctx is not None:

@@ -140,7 +140,7 @@ def test_ctrl_c_exits_130(monkeypatch):
     monkeypatch.setattr(build_command, "run_build", interrupted)
     result = run("build", "--profile", "rtx5090", "--arch", "sm_120")
     assert result.exit_code == 130
-    _one_line_error(result, "interrupted")
+    _one_line_error(result, "interrupted", "run the same command again to build the rest")
 
 
 # ---------------------------------------------------------------- nothing dropped silently
