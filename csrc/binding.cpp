@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/params.h"
+#include "decode/params.h"
 
 namespace {
 
@@ -134,6 +135,84 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
               cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
+const int32_t* optional_int32(const std::optional<at::Tensor>& t, const char* name) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kInt && t->is_cuda() && t->stride(-1) == 1, "flashtune: ", name,
+              " must be a CUDA int32 tensor with a contiguous last dimension");
+  return t->data_ptr<int32_t>();
+}
+
+// A decode launch (csrc/decode/): q (batch, seqlen_q, heads, hdim) or varlen (total_q, heads, hdim)
+// against a KV cache, contiguous (batch_cache, capacity, heads_kv, hdim) or paged (pages,
+// page_size, heads_kv, hdim) through block_table. Python checks every input first.
+void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& out, const std::optional<at::Tensor>& lse,
+            const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& seqused_k,
+            const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& leftpad_k,
+            const std::optional<at::Tensor>& block_table, int64_t max_seqlen_q, int64_t seqlen_k,
+            double softmax_scale, int64_t num_splits, const std::optional<at::Tensor>& o_partial,
+            const std::optional<at::Tensor>& lse_partial) {
+  TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
+  TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
+  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out}) {
+    TORCH_CHECK(t->stride(-1) == 1 && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                "flashtune: contiguous last dimension and 16-byte aligned start");
+  }
+  const bool varlen = cu_seqlens_q.has_value();
+  TORCH_CHECK(q.dim() == (varlen ? 3 : 4) && k_cache.dim() == 4 && v_cache.dim() == 4, "flashtune: ranks");
+  flashtune::DecodeParams p{};
+  p.q = q.data_ptr();
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  const int r = varlen ? 0 : 1;
+  p.q_batch_stride = varlen ? 0 : stride_of(q, 0);
+  p.o_batch_stride = varlen ? 0 : stride_of(out, 0);
+  p.q_row_stride = stride_of(q, r), p.q_head_stride = stride_of(q, r + 1);
+  p.o_row_stride = stride_of(out, r), p.o_head_stride = stride_of(out, r + 1);
+  p.k_batch_stride = stride_of(k_cache, 0), p.k_row_stride = stride_of(k_cache, 1), p.k_head_stride = stride_of(k_cache, 2);
+  p.v_batch_stride = stride_of(v_cache, 0), p.v_row_stride = stride_of(v_cache, 1), p.v_head_stride = stride_of(v_cache, 2);
+  p.heads_q = int32_t(q.size(r + 1));
+  p.heads_kv = int32_t(k_cache.size(2));
+  TORCH_CHECK(p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "flashtune: heads_q % heads_kv");
+  p.head_ratio = p.heads_q / p.heads_kv;
+  p.cu_seqlens_q = optional_int32(cu_seqlens_q, "cu_seqlens_q");
+  p.seqused_k = optional_int32(seqused_k, "cache_seqlens");
+  p.cache_batch_idx = optional_int32(cache_batch_idx, "cache_batch_idx");
+  p.leftpad_k = optional_int32(leftpad_k, "cache_leftpad");
+  p.block_table = optional_int32(block_table, "block_table");
+  if (block_table.has_value()) {
+    p.block_table_batch_stride = block_table->stride(0);
+    p.page_size = int32_t(k_cache.size(1));
+  }
+  if (varlen) {
+    p.batch = int32_t(cu_seqlens_q->numel() - 1);
+    p.seqlen_q = int32_t(max_seqlen_q);
+    p.total_q = int32_t(q.size(0));
+    if (lse.has_value()) p.lse_batch_stride = 0, p.lse_head_stride = lse->stride(0);
+  } else {
+    p.batch = int32_t(q.size(0));
+    p.seqlen_q = int32_t(q.size(1));
+    p.total_q = p.batch * p.seqlen_q;
+    if (lse.has_value()) p.lse_batch_stride = lse->stride(0), p.lse_head_stride = lse->stride(1);
+  }
+  p.seqlen_k = int32_t(seqlen_k);
+  p.softmax_scale = float(softmax_scale);
+  p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  p.num_splits = int32_t(num_splits);
+  if (num_splits > 1) {
+    TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
+    p.o_partial = o_partial->data_ptr<float>();
+    p.lse_partial = lse_partial->data_ptr<float>();
+  }
+  if (p.batch == 0 || p.seqlen_q == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const int err = reinterpret_cast<flashtune::DecodeLaunchFn>(launcher)(&p, stream);
+  TORCH_CHECK(err == 0, "flashtune: decode launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(flashtune_C, m) {
@@ -141,6 +220,14 @@ TORCH_LIBRARY(flashtune_C, m) {
       "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float softmax_scale, Tensor? q_descale, Tensor? k_descale) -> ()");
+  m.def(
+      "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
+      "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
+      "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
+      "Tensor(d!)? lse_partial) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) { m.impl("fwd", &fwd); }
+TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {
+  m.impl("fwd", &fwd);
+  m.impl("decode", &decode);
+}

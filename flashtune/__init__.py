@@ -7,7 +7,8 @@ __version__ = "0.1.0"
 
 _OPS = ("flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
         "FlashtuneInputError")
-__all__ = ["__version__", *_OPS]
+_KVCACHE = ("flash_attn_with_kvcache",)
+__all__ = ["__version__", *_OPS, *_KVCACHE]
 
 
 def __getattr__(name):
@@ -15,4 +16,8 @@ def __getattr__(name):
         from flashtune.runtime import ops
 
         return getattr(ops, name)
+    if name in _KVCACHE:
+        from flashtune.runtime import kvcache
+
+        return getattr(kvcache, name)
     raise AttributeError(f"module 'flashtune' has no attribute {name!r}")

@@ -31,7 +31,6 @@ from flashtune import __version__
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.paths import cache_dir, csrc_dir
 from flashtune.kernels.spec import KernelSpec
-from flashtune.kernels.tiles import shared_memory_bytes
 from flashtune.kernels.toolchain import Toolchain, check_build_toolchain, torch_versions
 
 BINDING_NAME = "flashtune_C"
@@ -258,7 +257,7 @@ def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
             raise BuildError(f"ptxas warned {', '.join(found)}: wgmma was serialised or setmaxnreg ignored, "
                              "which makes the kernel slow", spec.name, directory / "build.log")
         return {"arch": spec.arch, **parse_ptxas(log, spec.name),
-                "smem_bytes": shared_memory_bytes(spec.family, spec.hdim, spec.tile, spec.fp8, spec.nvcc_flags)}
+                "smem_bytes": spec.smem_bytes}
 
     return _build_entry(directory, spec.name, spec.source_hash(), force, spec.arch_facts, compile_kernel)
 
@@ -297,13 +296,13 @@ def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: boo
 
 def _binding_hash() -> str:
     h = hashlib.sha256()
-    for path in [csrc_dir() / "binding.cpp", csrc_dir() / "common" / "params.h"]:
+    for path in [csrc_dir() / "binding.cpp", csrc_dir() / "common" / "params.h", csrc_dir() / "decode" / "params.h"]:
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
 def build_binding(force: bool = False) -> BuildResult:
-    """The torch op flashtune_C::fwd (binding.cpp): built once per torch version."""
+    """The torch ops flashtune_C::fwd and flashtune_C::decode (binding.cpp): built once per torch version."""
     directory = binding_dir()
 
     def compile_binding(toolchain: Toolchain) -> dict:

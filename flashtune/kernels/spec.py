@@ -13,7 +13,8 @@ from pathlib import Path
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.paths import csrc_dir
 from flashtune.kernels.schedule import FIELD_NAMES, Schedule
-from flashtune.kernels.tiles import TileConfig, sm90_default_schedule, sm90_schedule, threads_per_cta, tile_problems
+from flashtune.kernels.tiles import (TileConfig, shared_memory_bytes, sm90_default_schedule, sm90_schedule,
+                                     threads_per_cta, tile_problems)
 
 DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
 
@@ -107,6 +108,10 @@ class KernelSpec:
     def threads(self) -> int:
         return threads_per_cta(self.family, self.tile)
 
+    @property
+    def smem_bytes(self) -> int:
+        return shared_memory_bytes(self.family, self.hdim, self.tile, self.fp8, self.causal)
+
     def source(self) -> str:
         """The generated translation unit: one extern "C" kernel with this spec's name."""
         elem = DTYPES[self.dtype][1]
@@ -170,12 +175,13 @@ extern "C" int {self.launcher_symbol}(const flashtune::FwdParams* params, void* 
 
 def family_source_files(family: str) -> list[Path]:
     """Every header a family's kernels include (they are part of each spec's cache key)."""
+    return source_files(IMPLEMENTED_FAMILIES[family])
+
+
+def source_files(folders) -> list[Path]:
+    """The headers under these csrc/ folders (the folders' .cu probes are not part of a spec)."""
     root = csrc_dir()
-    files: list[Path] = []
-    for folder in IMPLEMENTED_FAMILIES[family]:
-        # Headers only: kernels include them; the folders' .cu probes are not part of a spec.
-        files += sorted(p for p in (root / folder).rglob("*") if p.suffix in (".h", ".cuh"))
-    return files
+    return [p for folder in folders for p in sorted((root / folder).rglob("*")) if p.suffix in (".h", ".cuh")]
 
 
 def spec_for(profile, tile: TileConfig, dtype: str, hdim: int, causal: bool, fp8: bool = False,

@@ -1,0 +1,94 @@
+// The producer side of the decode kernel: where a sequence's key rows live (contiguous cache,
+// pages of whole tiles, or pages gathered row by row through the block table) and one warp's
+// cp.async copies of a [kBlockN][kHeadDim] K or V tile into its swizzled ring slot.
+// Waits on nothing and arrives at nothing: the caller commits and waits on the cp.async groups.
+#pragma once
+#include <stdint.h>
+
+#include "common/ptx_sm80.cuh"
+#include "decode/kernel_traits.cuh"
+#include "decode/params.h"
+#include "sm80/kernel_traits.cuh"
+
+namespace flashtune {
+namespace decode {
+
+// A sequence's K (or V) cache, as the element offset of key row j (relative to the sequence's
+// first valid key) from the tensor's base, for one KV head.
+template <class T>
+struct KvRows {
+  int64_t head_offset;  // kv_head * head_stride (+ cache row and left padding when contiguous)
+  int64_t row_stride, page_stride;
+  const int32_t* pages;  // this sequence's block_table row (paged), else null
+  int page_size;
+
+  // The offset of row j of a tile starting at j0 (j0 a multiple of kBlockN), kPages layout: the
+  // tile lies in one page.
+  __device__ __forceinline__ int64_t tile_base(int j0) const {
+    if constexpr (T::kPaging == Paging::kPages) {
+      const int page = pages[j0 / page_size];
+      return head_offset + int64_t(page) * page_stride + int64_t(j0 % page_size) * row_stride;
+    } else {
+      return head_offset + int64_t(j0) * row_stride;
+    }
+  }
+  // kGather: the offset of row j (< valid), one block_table lookup.
+  __device__ __forceinline__ int64_t row_offset(int j) const {
+    const int page = pages[j / page_size];
+    return head_offset + int64_t(page) * page_stride + int64_t(j - (j / page_size) * page_size) * row_stride;
+  }
+};
+
+// One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the swizzled tile at `smem`; rows at or
+// beyond `valid` are zero-filled (and their source never read). Each lane keeps one 16-byte
+// column chunk and walks rows 32 / kChunksPerRow apart.
+template <class T>
+__device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Elem* base, const KvRows<T>& rows,
+                                             int j0, int valid, int lane) {
+  constexpr int kChunks = T::kChunksPerRow;
+  constexpr int kRowsPerPass = 32 / kChunks > 0 ? 32 / kChunks : 1;
+  constexpr int kLanesPerRow = kChunks < 32 ? kChunks : 32;
+  constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // 2 at hdim 256 (32-lane rows of 32 chunks)
+  constexpr int kPasses = T::kBlockN / kRowsPerPass;
+  const int row0 = lane / kLanesPerRow;
+  const int chunk0 = lane % kLanesPerRow;
+  if constexpr (T::kPaging == Paging::kGather) {
+    // Each lane looks up the pages of rows lane and lane + 32 once; the copies take them by shuffle.
+    int64_t mine[(T::kBlockN + 31) / 32];
+#pragma unroll
+    for (int i = 0; i < (T::kBlockN + 31) / 32; ++i) {
+      const int j = j0 + lane + 32 * i;
+      mine[i] = j < valid ? rows.row_offset(j) : 0;
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = row0 + pass * kRowsPerPass;
+      // row / 32 is the pass's (row0 < kRowsPerPass, which divides 32): a compile-time index
+      const int64_t src = __shfl_sync(0xffffffffu, mine[pass * kRowsPerPass / 32], row % 32);
+      const bool ok = j0 + row < valid;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const int chunk = chunk0 + c * kLanesPerRow;
+        cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8), base + (ok ? src : 0) + chunk * 8, ok);
+      }
+    }
+  } else {
+    // A 64-bit tile base and 32-bit offsets inside the tile (kBlockN rows of a cache row stride).
+    const typename T::Elem* tile = base + rows.tile_base(j0);
+    const int row_stride = int(rows.row_stride);
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = row0 + pass * kRowsPerPass;
+      const bool ok = j0 + row < valid;
+#pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) {
+        const int chunk = chunk0 + c * kLanesPerRow;
+        cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8),
+                    tile + (ok ? row * row_stride + chunk * 8 : 0), ok);
+      }
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace flashtune

@@ -1,0 +1,38 @@
+// Host-side launch of one decode specialisation: the split kernel over (splits x row blocks,
+// KV heads, sequences), then, with more than one split, the combine kernel. No host reads of
+// device memory and no allocation: a launch can be captured in a CUDA graph.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "decode/combine_kernel.cuh"
+#include "decode/split_kernel.cuh"
+
+namespace flashtune {
+namespace decode {
+
+constexpr int kCombineWarps = 4;
+
+template <class T>
+int launch(void (*split)(const DecodeParams), void (*combine)(const DecodeParams), const DecodeParams& p,
+           void* stream) {
+  if (p.num_splits < 1 || (p.num_splits > 1 && (p.o_partial == nullptr || p.lse_partial == nullptr)))
+    return int(cudaErrorInvalidValue);
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_kv == 0) return int(cudaSuccess);
+  if (T::kSmemBytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (err != cudaSuccess) return int(err);
+  }
+  const int row_blocks = (p.seqlen_q * p.head_ratio + T::kRows - 1) / T::kRows;
+  const dim3 grid(p.num_splits * row_blocks, p.heads_kv, p.batch);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  split<<<grid, T::kThreads, T::kSmemBytes, s>>>(p);
+  if (p.num_splits > 1) {
+    const int64_t items = int64_t(p.total_q) * p.heads_q;
+    const int blocks = int((items + kCombineWarps - 1) / kCombineWarps);
+    if (blocks > 0) combine<<<blocks, kCombineWarps * 32, 0, s>>>(p);
+  }
+  return int(cudaGetLastError());
+}
+
+}  // namespace decode
+}  // namespace flashtune

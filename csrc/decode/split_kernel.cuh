@@ -1,0 +1,293 @@
+// The decode split kernel: one CTA computes its Work (work.cuh): the packed query rows of one KV
+// head against one split's share of the keys. Parts, in order:
+//   1. Q, gathered row by row from the heads of the group, into shared memory (all threads);
+//   2. each warp's mainloop over its own key blocks: a private cp.async ring of kStages K/V tiles
+//      (kv_loader.cuh), S = Q K^T on mma.sync, the online softmax in the exp2 domain, O += P V;
+//      the only synchronisation is the warp's own (cp.async groups, __syncwarp);
+//   3. the merge: every warp's (max, sum, O) through shared memory after one __syncthreads, then
+//      the rows normalised and written: to o (and lse) with one split, else as fp32 partials and
+//      their LSE for the combine kernel (combine_kernel.cuh).
+#pragma once
+#include <math.h>
+
+#include "common/convert.cuh"
+#include "common/ptx_sm80.cuh"
+#include "common/row_lse.cuh"
+#include "decode/kernel_traits.cuh"
+#include "decode/kv_loader.cuh"
+#include "decode/params.h"
+#include "decode/work.cuh"
+#include "sm80/kernel_traits.cuh"
+
+namespace flashtune {
+namespace decode {
+
+// One warp's running softmax state over its keys: rows g and g+8 of each m16 tile.
+template <class T>
+struct WarpState {
+  float o[T::kMTiles][T::kOTiles][4];
+  float row_max[T::kMTiles][2];  // raw scores
+  float row_sum[T::kMTiles][2];  // this thread's partial sum (its quad completes it at the end)
+};
+
+// S = Q K^T, mask, online softmax, O += P V for one key block already in shared memory.
+template <class T>
+__device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_t sV, const uint32_t (&q_addr)[4],
+                                          const uint32_t (&k_lane)[4], const uint32_t (&v_lane)[4], int block,
+                                          const Work& w, const int (&row_pos)[T::kMTiles][2], float scale_log2,
+                                          int lane) {
+  using Elem = typename T::Elem;
+  constexpr int MT = T::kMTiles, BN = T::kBlockN;
+  constexpr uint32_t kRowBytes = T::kRowBytes;
+  float s[MT][T::kSTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
+#pragma unroll
+    for (int nt = 0; nt < T::kSTiles; nt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sK + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<Elem>(s[mt][nt], a[mt], b[0], b[1]);
+        mma_16816<Elem>(s[mt][nt + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+
+  // Masks: keys past the sequence's end (the last block) and, causal, past a row's position.
+  const int t = lane & 3;
+  const bool tail = (block + 1) * BN > w.seqlen_k;
+  const bool diagonal = T::kCausal && (block + 1) * BN - 1 > w.causal_shift + row_pos[0][0];
+  if (tail || diagonal) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          if (col >= w.seqlen_k || (T::kCausal && col > row_pos[mt][e >> 1] + w.causal_shift))
+            s[mt][nt][e] = -INFINITY;
+        }
+  }
+
+  float alpha[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = st.row_max[mt][r];
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+      alpha[mt][r] = fast_exp2(st.row_max[mt][r] * scale_log2 - m_scaled);
+      st.row_max[mt][r] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled));
+          sum += s[mt][nt][e];
+        }
+      st.row_sum[mt][r] = st.row_sum[mt][r] * alpha[mt][r] + sum;
+    }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < T::kOTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[mt][dt][e] *= alpha[mt][e >> 1];
+
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    uint32_t p[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      p[mt][0] = pack2<Elem>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      p[mt][1] = pack2<Elem>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      p[mt][2] = pack2<Elem>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      p[mt][3] = pack2<Elem>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < T::kOTiles; dt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sV + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<Elem>(st.o[mt][dt], p[mt], b[0], b[1]);
+        mma_16816<Elem>(st.o[mt][dt + 1], p[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void split_body(const DecodeParams& p) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::kHeadDim, MT = T::kMTiles, W = T::kWarps, S = T::kStages;
+  constexpr uint32_t kRowBytes = T::kRowBytes;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t sQ = smem_addr(smem_raw);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t sRing = sQ + T::kQBytes + warp * T::kWarpRingBytes;
+
+  const Work w = schedule_work<T>(p);
+  const int first_row = w.row_block * T::kRows;
+  if (first_row >= w.packed_rows) return;  // CTA-uniform: no barrier is skipped
+
+  // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio)
+  const Elem* q = static_cast<const Elem*>(p.q) + w.q_offset;
+  for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
+    const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
+    const int packed = first_row + r;
+    const bool ok = packed < w.packed_rows;
+    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
+    const int64_t src = ok ? int64_t(pos) * p.q_row_stride + int64_t(head) * p.q_head_stride + chunk * 8 : 0;
+    cp_async_16(sQ + 2 * sm80::swizzled<D>(r, chunk * 8), q + src, ok);
+  }
+  cp_async_commit();
+
+  // ---- 2. This warp's keys: blocks block_begin + warp, + W, ...
+  const int first_block = w.block_begin + warp;
+  const int steps = first_block < w.block_end ? (w.block_end - first_block + W - 1) / W : 0;
+  KvRows<T> k_rows, v_rows;
+  const bool paged = T::kPaging != Paging::kContiguous;
+  const int32_t* pages = paged ? p.block_table + int64_t(w.batch) * p.block_table_batch_stride : nullptr;
+  k_rows.head_offset = int64_t(w.kv_head) * p.k_head_stride +
+                       (paged ? 0 : int64_t(w.cache_batch) * p.k_batch_stride + int64_t(w.leftpad) * p.k_row_stride);
+  v_rows.head_offset = int64_t(w.kv_head) * p.v_head_stride +
+                       (paged ? 0 : int64_t(w.cache_batch) * p.v_batch_stride + int64_t(w.leftpad) * p.v_row_stride);
+  k_rows.row_stride = p.k_row_stride, v_rows.row_stride = p.v_row_stride;
+  k_rows.page_stride = p.k_batch_stride, v_rows.page_stride = p.v_batch_stride;
+  k_rows.pages = v_rows.pages = pages;
+  k_rows.page_size = v_rows.page_size = p.page_size;
+  const Elem* k = static_cast<const Elem*>(p.k);
+  const Elem* v = static_cast<const Elem*>(p.v);
+  auto issue = [&](int step) {  // K and V of the warp's step-th block into ring slot step % S: one group
+    if (step < steps) {
+      const int j0 = (first_block + step * W) * T::kBlockN;
+      const uint32_t slot = sRing + (step % S) * 2 * T::kTileBytes;
+      load_kv_tile<T>(slot, k, k_rows, j0, w.seqlen_k, lane);
+      load_kv_tile<T>(slot + T::kTileBytes, v, v_rows, j0, w.seqlen_k, lane);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < S; ++s) issue(s);
+
+  // ldmatrix lane addresses (sm80/fwd_kernel.cuh explains the swizzle algebra).
+  const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1, g = lane >> 2;
+  uint32_t q_addr[4], k_lane[4], v_lane[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q_addr[i] = sQ + (mid * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + hi, x) << 4);
+    k_lane[i] = (hi * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + mid, x) << 4);
+    v_lane[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
+  }
+  int row_pos[MT][2];  // the query position of this thread's rows (causal masks)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_pos[mt][r] = (first_row + mt * 16 + g + 8 * r) / p.head_ratio;
+
+  WarpState<T> st;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.row_max[mt][r] = -INFINITY, st.row_sum[mt][r] = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < T::kOTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.f;
+  }
+
+  cp_async_wait<S - 1>();  // Q (and this warp's first block) landed for this thread
+  __syncthreads();         // ... and Q for every thread
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<S - 1>();  // the step's group landed for this thread
+    __syncwarp();            // ... and for the warp
+    const uint32_t slot = sRing + (step % S) * 2 * T::kTileBytes;
+    warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w, row_pos,
+                 p.softmax_scale_log2, lane);
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    issue(step + S);
+  }
+
+  // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring, which the merge's O buffer overlays
+  float* merge_o = reinterpret_cast<float*>(smem_raw + T::kQBytes);
+  float* merge_max = reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAfterQ);
+  float* merge_sum = merge_max + W * T::kRows;
+  const int t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = st.row_sum[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = mt * 16 + g + 8 * r;
+      if (t == 0) {
+        merge_max[warp * T::kRows + row] = st.row_max[mt][r];
+        merge_sum[warp * T::kRows + row] = l;
+      }
+      float* dst = merge_o + (warp * T::kRows + row) * T::kMergeRowFloats + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < T::kOTiles; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(st.o[mt][dt][2 * r], st.o[mt][dt][2 * r + 1]);
+    }
+  __syncthreads();
+
+  // Each thread finishes 4 columns of one row at a time.
+  constexpr int kQuads = D / 4;
+  for (int c = tid; c < T::kRows * kQuads; c += T::kThreads) {
+    const int row = c / kQuads, col = (c % kQuads) * 4;
+    const int packed = first_row + row;
+    if (packed >= w.packed_rows) continue;
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < W; ++i) m = fmaxf(m, merge_max[i * T::kRows + row]);
+    float l = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float mi = merge_max[i * T::kRows + row];
+      // A warp that saw no key of this row (max -inf) adds nothing.
+      const float f = mi == -INFINITY ? 0.f : fast_exp2((mi - m) * p.softmax_scale_log2);
+      l += f * merge_sum[i * T::kRows + row];
+      const float4 oi = *reinterpret_cast<const float4*>(merge_o + (i * T::kRows + row) * T::kMergeRowFloats + col);
+      o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
+    if (p.num_splits == 1) {
+      Elem* out = static_cast<Elem*>(p.o) + w.o_offset + int64_t(pos) * p.o_row_stride +
+                  int64_t(head) * p.o_head_stride + col;
+      *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(o.x, o.y), pack2<Elem>(o.z, o.w));
+      if (col == 0 && p.lse != nullptr)
+        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, p.softmax_scale, l);
+    } else {
+      const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
+      *reinterpret_cast<float4*>(p.o_partial + at * D + col) = o;
+      // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
+      if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, p.softmax_scale, l) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace flashtune

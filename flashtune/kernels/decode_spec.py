@@ -1,0 +1,160 @@
+"""DecodeSpec: one specialisation of the decode kernels (csrc/decode/), the split kernel and its
+combine kernel in one library, for few query rows against a KV cache.
+
+Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
+`flashtune_decode_bf16_h128_m16x32_w4_s3_c_paged_sm90a` (dtype, head dim, packed query rows x keys
+per warp step, warps, stages per warp, causal, how keys are addressed, arch) names the split
+kernel; `<name>_combine` is the combine kernel the profiler shows beside it. The kernels use
+mma.sync and cp.async, so one source serves the sm80 and sm90 families (decode is bound by the
+cache read, which cp.async rings per warp keep in flight without TMA).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from flashtune.kernels.arch import ArchFacts, get_arch
+from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, source_files
+from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
+
+DECODE_SOURCES = ("common", "sm80", "decode")  # csrc/ folders the kernels include
+PAGINGS = ("contiguous", "paged", "gather")  # csrc/decode/kernel_traits.cuh's Paging, in order
+DECODE_ROWS = (16, 32)
+DECODE_BLOCK_N = (16, 32, 48, 64)
+DECODE_WARPS = (2, 4, 8)
+DECODE_STAGES = (2, 3, 4)
+REGISTER_BUDGET = 192  # O and S accumulators per thread (kernel_traits.cuh's static_assert)
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    rows: int      # packed query rows per CTA (heads of a KV group x positions): 16 or 32
+    block_n: int   # keys per warp step
+    warps: int
+    stages: int    # K/V tiles in each warp's cp.async ring
+
+    @property
+    def label(self) -> str:
+        return f"m{self.rows}x{self.block_n}_w{self.warps}_s{self.stages}"
+
+
+def decode_smem_bytes(hdim: int, tile: DecodeTile) -> int:
+    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (or the merge's fp32 O over them), the
+    merge's maxima and sums."""
+    row_bytes = 2 * hdim
+    ring = tile.warps * tile.stages * 2 * tile.block_n * row_bytes
+    merge_o = tile.warps * tile.rows * (hdim + 8) * 4
+    return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * tile.rows * 4
+
+
+def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[str]:
+    """Why the kernel cannot be built with this tile (empty: it can); kernel_traits.cuh's rules."""
+    problems = []
+    if hdim not in (64, 128, 256):
+        problems.append(f"hdim {hdim}: the decode kernels take 64, 128 or 256")
+    for value, allowed, what in ((tile.rows, DECODE_ROWS, "rows"), (tile.block_n, DECODE_BLOCK_N, "block_n"),
+                                 (tile.warps, DECODE_WARPS, "warps"), (tile.stages, DECODE_STAGES, "stages")):
+        if value not in allowed:
+            problems.append(f"{what} {value}; allowed: {', '.join(map(str, allowed))}")
+    if (tile.rows // 16) * (hdim + tile.block_n) // 2 > REGISTER_BUDGET:
+        problems.append(f"rows {tile.rows} x (hdim {hdim} + block_n {tile.block_n}) accumulators do not fit "
+                        "in registers; use 16 rows")
+    smem = decode_smem_bytes(hdim, tile)
+    if smem + RESERVED_SMEM_PER_CTA > arch.max_smem_per_block:
+        problems.append(f"{smem} bytes of shared memory; {arch.name} allows {arch.max_smem_per_block}")
+    if not arch.mma_sync:
+        problems.append(f"{arch.name} has no mma.sync")
+    return problems
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    arch: str
+    dtype: str
+    hdim: int
+    tile: DecodeTile
+    causal: bool
+    paging: str = "contiguous"
+    nvcc_flags: tuple[str, ...] = ()
+
+    family = "decode"
+    fp8 = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SpecError(f"dtype {self.dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+        if self.paging not in PAGINGS:
+            raise SpecError(f"paging {self.paging!r}; allowed: {', '.join(PAGINGS)}")
+        problems = decode_tile_problems(self.hdim, self.tile, self.arch_facts)
+        if problems:
+            raise SpecError(f"decode tile {self.tile.label} for hdim {self.hdim} on {self.arch}: "
+                            + "; ".join(problems))
+
+    @property
+    def arch_facts(self) -> ArchFacts:
+        return get_arch(self.arch)
+
+    @property
+    def name(self) -> str:
+        parts = ["flashtune_decode", DTYPES[self.dtype][0], f"h{self.hdim}", self.tile.label]
+        if self.causal:
+            parts.append("c")
+        if self.paging != "contiguous":
+            parts.append(self.paging)
+        parts.append(self.arch.replace("_", ""))
+        return "_".join(parts)
+
+    @property
+    def combine_name(self) -> str:
+        return f"{self.name}_combine"
+
+    @property
+    def launcher_symbol(self) -> str:
+        return f"{self.name}_launch"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.tile.warps
+
+    @property
+    def smem_bytes(self) -> int:
+        return decode_smem_bytes(self.hdim, self.tile)
+
+    def source(self) -> str:
+        elem = DTYPES[self.dtype][1]
+        t = self.tile
+        paging = f"flashtune::decode::Paging({PAGINGS.index(self.paging)})"
+        causal = "true" if self.causal else "false"
+        return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
+#include "decode/launch.cuh"
+
+namespace {{
+using Cfg = flashtune::decode::Traits<{elem}, {self.hdim}, {t.rows}, {t.block_n}, {t.warps}, {t.stages}, {paging}, {causal}>;
+}}
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
+{self.name}(const __grid_constant__ flashtune::DecodeParams params) {{
+  flashtune::decode::split_body<Cfg>(params);
+}}
+
+extern "C" __global__ void __launch_bounds__(flashtune::decode::kCombineWarps * 32)
+{self.combine_name}(const __grid_constant__ flashtune::DecodeParams params) {{
+  flashtune::decode::combine_body<{elem}, {self.hdim}>(params);
+}}
+
+extern "C" int {self.launcher_symbol}(const flashtune::DecodeParams* params, void* stream) {{
+  return flashtune::decode::launch<Cfg>({self.name}, {self.combine_name}, *params, stream);
+}}
+"""
+
+    def nvcc_flags_all(self) -> list[str]:
+        return [*BASE_NVCC_FLAGS, *self.nvcc_flags]
+
+    def source_hash(self) -> str:
+        h = hashlib.sha256(self.source().encode())
+        h.update("\0".join(self.nvcc_flags_all()).encode())
+        h.update(self.arch_facts.torch_arch_list.encode())
+        for path in source_files(DECODE_SOURCES):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+        return h.hexdigest()

@@ -1,0 +1,123 @@
+"""Decode launches: which DecodeSpec serves a call (packed rows, tile, how keys are addressed), how
+many CTAs share a sequence's keys (num_splits=0: the heuristic), the split buffers, and the launch
+through the torch op flashtune_C::decode. Nothing here reads device memory on the host, so a call
+can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from flashtune.kernels.arch import ArchFacts
+from flashtune.kernels.build import load_binding, load_kernel
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_tile_problems
+from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
+from flashtune.runtime.checks import DTYPE_NAMES
+
+# Per head dim, the (keys per warp step, warps, stages) to try in order: the first that fits the
+# arch's shared memory. Decode is bound by the cache read, so the ring is sized to keep about
+# 100-200 KB in flight per SM where the arch has the memory (sm_90, sm_80), half that on the
+# 99 KB RTX parts.
+# 32 packed rows double the O accumulators: 16 keys a step keeps them in registers.
+DECODE_TILE_ORDER = {
+    (64, 16): ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2)),
+    (128, 16): ((32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2)),
+    (256, 16): ((16, 4, 3), (16, 4, 2), (16, 2, 2)),
+    (64, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2)),
+    (128, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2), (16, 2, 2)),
+}
+MAX_SPLITS = 128
+
+
+def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
+    """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
+    fit (hdim <= 128), else 16."""
+    return 32 if seqlen_q * head_ratio > 16 and hdim <= 128 else 16
+
+
+def decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
+    for block_n, warps, stages in DECODE_TILE_ORDER[hdim, rows]:
+        tile = DecodeTile(rows, block_n, warps, stages)
+        if not decode_tile_problems(hdim, tile, arch):
+            return tile
+    raise ValueError(f"no decode tile fits hdim {hdim} on {arch.name}")
+
+
+def paging_for(page_size: int | None, block_n: int) -> str:
+    """Contiguous caches; pages holding whole key tiles (one lookup per tile); else row gathers."""
+    if page_size is None:
+        return "contiguous"
+    return "paged" if page_size % block_n == 0 else "gather"
+
+
+@functools.lru_cache(maxsize=512)
+def decode_spec(arch: ArchFacts, nvcc_flags: tuple, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int,
+                head_ratio: int, page_size: int | None) -> DecodeSpec:
+    tile = decode_tile(arch, hdim, decode_rows(seqlen_q, head_ratio, hdim))
+    return DecodeSpec(arch.name, DTYPE_NAMES[dtype], hdim, tile, bool(causal), paging_for(page_size, tile.block_n),
+                      tuple(nvcc_flags))
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
+                  sm_count: int) -> int:
+    """FlashAttention-3's rule, for this kernel: no split while the CTAs fill 80% of the GPU's CTA
+    slots; else the fewest splits within 85% of the best wave efficiency, each split keeping every
+    warp at least two key blocks."""
+    tile = spec.tile
+    row_blocks = math.ceil(seqlen_q * head_ratio / tile.rows)
+    ctas = batch * heads_kv * row_blocks
+    per_sm = max(1, min(spec.arch_facts.smem_per_sm // (spec.smem_bytes + RESERVED_SMEM_PER_CTA),
+                        spec.arch_facts.max_threads_per_sm // spec.threads))
+    slots = sm_count * per_sm
+    if ctas == 0 or ctas >= 0.8 * slots:
+        return 1
+    blocks = math.ceil(seqlen_k / tile.block_n)
+    most = max(1, min(MAX_SPLITS, blocks // (2 * tile.warps)))
+
+    def efficiency(splits: int) -> float:
+        waves = ctas * splits / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+
+
+def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
+               leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
+               num_splits: int, with_lse: bool, out=None, poison: bool = False):
+    """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic."""
+    varlen = cu_seqlens_q is not None
+    heads_q, hdim = q.shape[-2], q.shape[-1]
+    heads_kv = k_cache.shape[2]
+    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
+    total_q = q.shape[0] if varlen else q.shape[0] * q.shape[1]
+    if num_splits <= 0:
+        num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, seqlen_k,
+                                   _sm_count(q.device.index))
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if with_lse:
+        shape = (heads_q, total_q) if varlen else (q.shape[0], heads_q, q.shape[1])
+        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+    o_partial = lse_partial = None
+    if num_splits > 1:  # from the caching allocator: no host sync, and graph capture keeps it
+        o_partial = torch.empty((num_splits, total_q, heads_q, hdim), dtype=torch.float32, device=q.device)
+        lse_partial = torch.empty((num_splits, total_q, heads_q), dtype=torch.float32, device=q.device)
+    if poison:
+        for t in (out, lse, o_partial, lse_partial):
+            if t is not None:
+                t.fill_(float("nan"))
+    kernel = load_kernel(spec)
+    load_binding()
+    torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
+                                 cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
+                                 num_splits, o_partial, lse_partial)
+    return out, lse

@@ -1,0 +1,221 @@
+"""`flash_attn_with_kvcache`, with FlashAttention's signature and semantics, on the decode kernels.
+
+New keys and values (k, v) are written into the cache in place at cache_seqlens (through
+block_table when the cache is paged), rotated first when rotary_cos/rotary_sin are given, as is
+q; then q attends to each sequence's cache. These steps are torch operations on the device, so the
+call needs no host synchronisation and can be captured in a CUDA graph; the check of the index
+values (cache room, page and batch indices) reads them once on the host unless the stream is
+capturing or FLASHTUNE_TRUST_CU_SEQLENS=1.
+"""
+from __future__ import annotations
+
+import torch
+
+from flashtune.runtime import checks, ops
+from flashtune.runtime.checks import DTYPE_NAMES, fail, scale_for
+from flashtune.runtime.decode import decode_spec, run_decode
+from flashtune.runtime.selection import active_profile
+
+HEAD_DIMS = (64, 128, 256)
+MAX_PAGE_SIZE = 512
+
+
+def _int32_vector(t, name: str, batch: int) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.shape != (batch,):
+        got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        fail(f"{name} must be an int32 tensor of shape (batch,) = ({batch},), got {got}")
+
+
+def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad) -> int | None:
+    """The shapes of q and the caches; returns the page size of a paged cache (else None)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            fail(f"{name} must be a 4-d tensor, got "
+                 + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
+        if t.dtype not in DTYPE_NAMES:
+            fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16")
+        if t.stride(-1) != 1 or any(s % 8 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+            fail(f"{name} needs a contiguous last dimension and strides of multiples of 8 elements, got "
+                 f"{tuple(t.stride())}; call .contiguous()")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        fail(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.shape != v_cache.shape:
+        fail(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    hdim = q.shape[-1]
+    if hdim not in HEAD_DIMS or k_cache.shape[-1] != hdim:
+        fail(f"head dim {hdim} (k_cache: {k_cache.shape[-1]}) is not served; the decode kernels take "
+             f"{', '.join(map(str, HEAD_DIMS))}, the same for q and the cache")
+    heads_q, heads_kv = q.shape[2], k_cache.shape[2]
+    if heads_kv == 0 or heads_q % heads_kv:
+        fail(f"q's {heads_q} heads must be a multiple of the cache's {heads_kv} KV heads")
+    if block_table is None:
+        return None
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
+            or block_table.shape[0] != q.shape[0] or block_table.stride(-1) != 1:
+        got = (f"{block_table.dtype} {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor)
+               else type(block_table).__name__)
+        fail(f"block_table must be a contiguous int32 tensor (batch, max_pages_per_sequence) with batch = "
+             f"{q.shape[0]}, got {got}")
+    page_size = k_cache.shape[1]
+    if page_size != 1 and (page_size % 16 or page_size > MAX_PAGE_SIZE):
+        fail(f"page size {page_size} (k_cache.shape[1]) is not served; allowed: 1 and multiples of 16 up to "
+             f"{MAX_PAGE_SIZE}")
+    if cache_batch_idx is not None:
+        fail("cache_batch_idx cannot be combined with block_table (the block table already maps each "
+             "sequence to its pages); pass None")
+    if cache_leftpad is not None:
+        fail("cache_leftpad cannot be combined with block_table (as in flash_attn); pass None")
+    return page_size
+
+
+def _check_new(q, k_cache, k, v) -> int:
+    """The new keys and values to append; returns their count per sequence (0 without them)."""
+    if (k is None) != (v is None):
+        fail("k and v (the new keys and values to append) go together; pass both or neither")
+    if k is None:
+        return 0
+    shape = (q.shape[0], k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1,
+             k_cache.shape[2], q.shape[3])
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != q.dtype:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            fail(f"{name} (new) must be (batch, seqlen_new, heads_kv, head_dim) = {shape} in {q.dtype}, got {got}")
+    return k.shape[1]
+
+
+def _check_rotary(rotary_cos, rotary_sin, hdim: int, appending: bool) -> int:
+    if (rotary_cos is None) != (rotary_sin is None):
+        fail("rotary_cos and rotary_sin go together; pass both or neither")
+    if rotary_cos is None:
+        return 0
+    if not appending:
+        fail("rotary_cos/rotary_sin rotate q and the new k (as in flash_attn, only when appending); pass k and v, "
+             "or rotate q yourself")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape != rotary_cos.shape or \
+                not t.is_floating_point():
+            fail(f"{name} must be a float tensor (seqlen_ro, rotary_dim / 2), the same shape for both")
+    rotary_dim = 2 * rotary_cos.shape[1]
+    if rotary_dim == 0 or rotary_dim > hdim:
+        fail(f"rotary_dim {rotary_dim} (2 x rotary_cos.shape[1]) must be in 2..head_dim ({hdim})")
+    return rotary_dim
+
+
+def _rotate(x, cos, sin, interleaved: bool):
+    """x (..., head_dim) rotated on its first 2 * cos.shape[-1] dims; cos/sin broadcast over heads."""
+    half = cos.shape[-1]
+    rot = x[..., :2 * half].float()
+    cos, sin = cos.float().unsqueeze(-2), sin.float().unsqueeze(-2)  # (..., 1, half): over heads
+    if interleaved:  # pairs (0, 1), (2, 3), ...
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        turned = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    else:  # halves (GPT-NeoX)
+        a, b = rot[..., :half], rot[..., half:]
+        turned = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new: int, capacity: int,
+                  batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int) -> None:
+    """The index values, read on the host once (skipped while capturing a graph, or trusted)."""
+    if checks.TRUST_CU_SEQLENS or torch.cuda.is_current_stream_capturing():
+        return
+    lens = cache_seqlens.long()
+    end = lens + seqlen_new
+    pad = cache_leftpad.long() if cache_leftpad is not None else torch.zeros_like(lens)
+    found = {
+        "cache_seqlens must be >= 0 (and >= cache_leftpad)": (lens < pad) | (pad < 0),
+        f"cache_seqlens + the {seqlen_new} new keys exceed the cache's capacity of {capacity}": end > capacity,
+    }
+    if cache_batch_idx is not None:
+        found[f"cache_batch_idx must index the cache's {batch_cache} rows"] = \
+            (cache_batch_idx < 0) | (cache_batch_idx >= batch_cache)
+    if block_table is not None:
+        pages_used = (end + page_size - 1) // page_size
+        used = torch.arange(block_table.shape[1], device=block_table.device) < pages_used[:, None]
+        found[f"block_table's pages in use must index the cache's {num_pages} pages"] = \
+            (used & ((block_table < 0) | (block_table >= num_pages))).any(dim=1)
+    if seqlen_ro:
+        found[f"rotary_cos has {seqlen_ro} positions; the new keys reach position cache_seqlens + seqlen_new"] = \
+            end > seqlen_ro
+    names = list(found)
+    bad = torch.stack([found[n].any() for n in names]).cpu()
+    for name, hit in zip(names, bad.tolist()):
+        if hit:
+            fail(name)
+
+
+def _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size) -> None:
+    """Write the new keys and values at their positions (batch, seqlen_new), in place."""
+    if block_table is None:
+        k_cache[rows[:, None], positions] = k
+        v_cache[rows[:, None], positions] = v
+    else:
+        pages = block_table.long().gather(1, positions // page_size)
+        k_cache[pages, positions % page_size] = k
+        v_cache[pages, positions % page_size] = v
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q against a KV cache, appending new keys/values first, as flash_attn's.
+
+    q: (batch, seqlen_q, heads, head_dim). k_cache, v_cache: (batch_cache, capacity, heads_kv,
+    head_dim), or paged (num_pages, page_size, heads_kv, head_dim) with block_table (batch,
+    max_pages) int32; page sizes 1 and multiples of 16 up to 512. cache_seqlens: int or (batch,)
+    int32, the keys each sequence has (None: the whole capacity). k, v: (batch, seqlen_new,
+    heads_kv, head_dim), written at cache_seqlens (rotated by rotary_cos/rotary_sin at those
+    positions when given, as is q: at cache_seqlens + i when causal, else at cache_seqlens).
+    cache_batch_idx: the cache row of each sequence; cache_leftpad: its first valid key.
+    causal: bottom-right aligned. num_splits: CTAs per sequence's keys (0: chosen from the SM count,
+    the tiles and the cache length). Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
+    """
+    checks.check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    page_size = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
+    seqlen_new = _check_new(q, k_cache, k, v)
+    rotary_dim = _check_rotary(rotary_cos, rotary_sin, q.shape[-1], seqlen_new > 0)
+    batch, seqlen_q, heads_q, hdim = q.shape
+    capacity = k_cache.shape[1] if page_size is None else block_table.shape[1] * page_size
+    if not isinstance(num_splits, int) or num_splits < 0 or num_splits > 256:
+        fail(f"num_splits must be an int in 0..256 (0: chosen by flashtune), got {num_splits!r}")
+    if cache_seqlens is None:
+        cache_seqlens = capacity - seqlen_new
+    if isinstance(cache_seqlens, int):
+        if not 0 <= cache_seqlens <= capacity - seqlen_new:
+            fail(f"cache_seqlens {cache_seqlens} + {seqlen_new} new keys must be within the capacity {capacity}")
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    _int32_vector(cache_seqlens, "cache_seqlens", batch)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _int32_vector(t, name, batch)
+    scale = scale_for(softmax_scale, hdim)
+    checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
+                         rotary_sin=rotary_sin)
+    _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new, capacity,
+                  k_cache.shape[0], k_cache.shape[0], page_size, rotary_cos.shape[0] if rotary_dim else 0)
+
+    seqused = cache_seqlens
+    if seqlen_new:
+        positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=q.device)
+        if rotary_dim:
+            k = _rotate(k, rotary_cos[positions], rotary_sin[positions], rotary_interleaved)
+            q_positions = (cache_seqlens.long()[:, None] + torch.arange(seqlen_q, device=q.device) if causal
+                           else cache_seqlens.long()[:, None].expand(batch, seqlen_q))
+            q = _rotate(q, rotary_cos[q_positions], rotary_sin[q_positions], rotary_interleaved)
+        rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=q.device)
+        _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size)
+        seqused = cache_seqlens + seqlen_new
+
+    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]):
+        q = q.contiguous()
+    profile = active_profile(q.device)
+    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), q.dtype, hdim, bool(causal), seqlen_q,
+                       heads_q // k_cache.shape[2], page_size)
+    out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused, cache_batch_idx=cache_batch_idx,
+                          leftpad_k=cache_leftpad, block_table=block_table, max_seqlen_q=seqlen_q,
+                          seqlen_k=capacity, softmax_scale=scale, num_splits=num_splits,
+                          with_lse=return_softmax_lse, poison=ops.poison_outputs)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,277 @@
+"""flash_attn_with_kvcache on the GPU against an fp32 reference: GQA/MQA packing, split-KV (1, 3
+and the heuristic's count), paged caches (page sizes 1 to 256, shuffled tables), appends with and
+without rotary, cache_batch_idx, cache_leftpad, causal query lengths 1-16, CUDA graph replays.
+Every output starts as NaN (ops.poison_outputs), so a row the kernels forget cannot pass."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import flashtune  # noqa: E402
+from flashtune.kernels.build import build_specs  # noqa: E402
+from flashtune.runtime import ops  # noqa: E402
+from flashtune.runtime.decode import decode_spec, run_decode  # noqa: E402
+from flashtune.runtime.selection import active_profile  # noqa: E402
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    monkeypatch.setattr(ops, "poison_outputs", True)
+
+
+def rotate_ref(x, cos, sin, interleaved):
+    """fp32 rotary of x (b, s, h, d) with cos/sin (b, s, rd/2), written independently of kvcache.py."""
+    x = x.float()
+    half = cos.shape[-1]
+    out = x.clone()
+    c, s = cos[:, :, None, :].float(), sin[:, :, None, :].float()
+    if interleaved:
+        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        out[..., 0:2 * half:2] = a * c - b * s
+        out[..., 1:2 * half:2] = a * s + b * c
+    else:
+        a, b = x[..., :half], x[..., half:2 * half]
+        out[..., :half] = a * c - b * s
+        out[..., half:2 * half] = a * s + b * c
+    return out
+
+
+def attention_ref(q, keys, values, causal, scale):
+    """q (sq, h, d) fp32 against keys/values (sk, hkv, d): out (sq, h, d), lse (h, sq); rows that see
+    no key: out 0, lse +inf."""
+    sq, h, _ = q.shape
+    sk, hkv, _ = keys.shape
+    kk = keys.repeat_interleave(h // hkv, dim=1)
+    vv = values.repeat_interleave(h // hkv, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = torch.einsum("hqk,khd->qhd", p, vv)
+    return out, torch.where(torch.isfinite(lse), lse, torch.full_like(lse, float("inf")))
+
+
+def make_case(batch, seqlen_q, heads, heads_kv, hdim, dtype, capacity, page_size=None, seqlens=None, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(batch, seqlen_q, heads, hdim, device=DEV, dtype=dtype, generator=g)
+    if seqlens is None:
+        seqlens = torch.randint(0, capacity + 1, (batch,), device=DEV, generator=g)
+    seqlens = torch.as_tensor(seqlens, device=DEV).to(torch.int32)
+    if page_size is None:
+        k_cache = torch.randn(batch, capacity, heads_kv, hdim, device=DEV, dtype=dtype, generator=g)
+        v_cache = torch.randn(batch, capacity, heads_kv, hdim, device=DEV, dtype=dtype, generator=g)
+        return q, k_cache, v_cache, seqlens, None
+    pages_per_seq = math.ceil(capacity / page_size)
+    num_pages = batch * pages_per_seq + 3  # spare pages nobody uses
+    k_cache = torch.randn(num_pages, page_size, heads_kv, hdim, device=DEV, dtype=dtype, generator=g)
+    v_cache = torch.randn(num_pages, page_size, heads_kv, hdim, device=DEV, dtype=dtype, generator=g)
+    table = torch.randperm(num_pages, device=DEV, generator=g)[:batch * pages_per_seq]
+    return q, k_cache, v_cache, seqlens, table.view(batch, pages_per_seq).to(torch.int32)
+
+
+def sequence_kv(cache, b, length, block_table, batch_idx=None, leftpad=0):
+    """Rows [leftpad, length) of sequence b's keys (or values), fp32."""
+    if block_table is None:
+        row = b if batch_idx is None else int(batch_idx[b])
+        return cache[row, leftpad:length].float()
+    page_size = cache.shape[1]
+    idx = torch.arange(length, device=cache.device)
+    pages = block_table[b].long()[idx // page_size]
+    return cache[pages, idx % page_size].float()
+
+
+def check(out, lse, q, k_cache, v_cache, seqlens, block_table, causal, batch_idx=None, leftpad=None):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    assert not torch.isnan(out).any(), "an output row was never written"
+    refs, lses = [], []
+    for b in range(q.shape[0]):
+        pad = 0 if leftpad is None else int(leftpad[b])
+        n = int(seqlens[b])
+        keys = sequence_kv(k_cache, b, n, block_table, batch_idx, pad)
+        values = sequence_kv(v_cache, b, n, block_table, batch_idx, pad)
+        o, l = attention_ref(q[b].float(), keys, values, causal, scale)
+        refs.append(o)
+        lses.append(l)
+    ref = torch.stack(refs)
+    rounding = ((ref.to(q.dtype).float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    err = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err <= 3 * rounding + 1e-6, f"relative L2 error {err:.2e}, rounding {rounding:.2e}"
+    if lse is not None:
+        ref_lse = torch.stack(lses)
+        inf = torch.isinf(ref_lse)
+        assert torch.equal(torch.isinf(lse), inf), "LSE +inf exactly where a row sees no key"
+        assert (lse[~inf] - ref_lse[~inf]).abs().max().item() < 2e-3 if (~inf).any() else True
+
+
+def kv_call(q, k_cache, v_cache, seqlens, table, causal, splits, lse=True, **kw):
+    return flashtune.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                             causal=causal, num_splits=splits, return_softmax_lse=lse, **kw)
+
+
+# Every decode kernel the cases below launch, compiled in parallel up front (one wait, not 30).
+@pytest.fixture(scope="module", autouse=True)
+def built_kernels():
+    profile = active_profile(torch.device(DEV))
+    specs = set()
+    for dtype in (torch.bfloat16, torch.float16):
+        for hdim in (64, 128, 256):
+            for causal in (False, True):
+                for seqlen_q, ratio in ((1, 4), (1, 32), (4, 4), (16, 4)):
+                    for page in (None, 1, 16, 64, 256):
+                        specs.add(decode_spec(profile.arch, tuple(profile.nvcc_flags), dtype, hdim, causal, seqlen_q,
+                                              ratio, page))
+    wanted = [s for s in specs if s.dtype == "bfloat16" or s.paging == "contiguous"]
+    _, failures = build_specs(wanted, jobs=16)
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("heads_kv", [8, 32, 1])
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_decode_one_query_gqa_mqa_and_splits(hdim, heads_kv, splits):
+    q, kc, vc, seqlens, _ = make_case(5, 1, 32, heads_kv, hdim, torch.bfloat16, 1000,
+                                      seqlens=[0, 1, 1000, 517, 64])
+    out, lse = kv_call(q, kc, vc, seqlens, None, False, splits)
+    check(out, lse, q, kc, vc, seqlens, None, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_decode_dtypes_long_cache(dtype, hdim):
+    q, kc, vc, seqlens, _ = make_case(2, 1, 32, 8, hdim, dtype, 9000, seqlens=[9000, 4099])
+    out, lse = kv_call(q, kc, vc, seqlens, None, False, 0)
+    check(out, lse, q, kc, vc, seqlens, None, False)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 2, 4, 7, 16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_causal_query_lengths(seqlen_q, splits):
+    q, kc, vc, seqlens, _ = make_case(4, seqlen_q, 32, 8, 128, torch.bfloat16, 700, seqlens=[0, 3, 700, 300])
+    out, lse = kv_call(q, kc, vc, seqlens, None, True, splits)
+    check(out, lse, q, kc, vc, seqlens, None, True)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize("causal,seqlen_q", [(False, 1), (True, 4)])
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_paged_cache(page_size, causal, seqlen_q, splits):
+    q, kc, vc, seqlens, table = make_case(3, seqlen_q, 32, 8, 128, torch.bfloat16, 1300, page_size,
+                                          seqlens=[1300, 5, 777])
+    out, lse = kv_call(q, kc, vc, seqlens, table, causal, splits)
+    check(out, lse, q, kc, vc, seqlens, table, causal)
+
+
+@pytest.mark.parametrize("hdim", [64, 256])
+def test_paged_other_head_dims(hdim):
+    q, kc, vc, seqlens, table = make_case(2, 1, 16, 2, hdim, torch.bfloat16, 600, 16, seqlens=[600, 33])
+    out, lse = kv_call(q, kc, vc, seqlens, table, False, 0)
+    check(out, lse, q, kc, vc, seqlens, table, False)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [None, "interleaved", "halves"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_append_with_and_without_rotary(paged, rotary, causal):
+    seqlen_q = 4 if causal else 1
+    q, kc, vc, seqlens, table = make_case(3, seqlen_q, 16, 4, 128, torch.bfloat16, 512, 16 if paged else None,
+                                          seqlens=[0, 100, 508])
+    g = torch.Generator(device=DEV).manual_seed(1)
+    k_new = torch.randn(3, seqlen_q, 4, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    v_new = torch.randn(3, seqlen_q, 4, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    kw = {}
+    q_ref, k_ref = q.float(), k_new.float()
+    if rotary:
+        angles = torch.rand(600, 32, device=DEV, generator=g) * 6.28
+        cos, sin = angles.cos(), angles.sin()
+        kw = dict(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=rotary == "interleaved")
+        pos = seqlens.long()[:, None] + torch.arange(seqlen_q, device=DEV)
+        qpos = pos if causal else seqlens.long()[:, None].expand(3, seqlen_q)
+        k_ref = rotate_ref(k_new, cos[pos], sin[pos], rotary == "interleaved")
+        q_ref = rotate_ref(q, cos[qpos], sin[qpos], rotary == "interleaved")
+    expected_k, expected_v = kc.clone(), vc.clone()
+    for b in range(3):
+        for i in range(seqlen_q):
+            p = int(seqlens[b]) + i
+            if table is None:
+                expected_k[b, p], expected_v[b, p] = k_ref[b, i].to(kc.dtype), v_new[b, i]
+            else:
+                page = int(table[b, p // 16])
+                expected_k[page, p % 16], expected_v[page, p % 16] = k_ref[b, i].to(kc.dtype), v_new[b, i]
+    out, lse = kv_call(q, kc, vc, seqlens, table, causal, 0, k=k_new, v=v_new, **kw)
+    assert (kc.float() - expected_k.float()).abs().max().item() <= 0.02, "appended keys"
+    assert torch.equal(vc, expected_v), "appended values"
+    check(out, lse, q_ref.to(q.dtype), kc, vc, seqlens + seqlen_q, table, causal)
+
+
+def test_cache_batch_idx_and_leftpad():
+    q, kc, vc, _, _ = make_case(3, 1, 32, 8, 128, torch.bfloat16, 800)
+    kc5 = torch.randn(5, 800, 8, 128, device=DEV, dtype=torch.bfloat16)
+    vc5 = torch.randn(5, 800, 8, 128, device=DEV, dtype=torch.bfloat16)
+    batch_idx = torch.tensor([4, 0, 2], device=DEV, dtype=torch.int32)
+    seqlens = torch.tensor([800, 10, 500], device=DEV, dtype=torch.int32)
+    out, lse = kv_call(q, kc5, vc5, seqlens, None, False, 3, cache_batch_idx=batch_idx)
+    check(out, lse, q, kc5, vc5, seqlens, None, False, batch_idx=batch_idx)
+    leftpad = torch.tensor([100, 0, 500], device=DEV, dtype=torch.int32)
+    out, lse = kv_call(q, kc, vc, seqlens, None, False, 0, cache_leftpad=leftpad)
+    check(out, lse, q, kc, vc, seqlens, None, False, leftpad=leftpad)
+
+
+def test_two_identical_calls_are_bit_identical_and_splits_agree():
+    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 20000, 64, seqlens=[20000, 12345])
+    first = kv_call(q, kc, vc, seqlens, table, False, 0)
+    second = kv_call(q, kc, vc, seqlens, table, False, 0)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    one = kv_call(q, kc, vc, seqlens, table, False, 1)
+    many = kv_call(q, kc, vc, seqlens, table, False, 37)
+    assert (one[0].float() - many[0].float()).abs().max().item() < 2e-2
+    assert (one[1] - many[1]).abs().max().item() < 1e-4
+
+
+def test_cuda_graph_replay_follows_new_seqlens_and_block_table():
+    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 2048, 64, seqlens=[2048, 100])
+    kv_call(q, kc, vc, seqlens, table, False, 4)  # builds and loads the kernel outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            out, lse = kv_call(q, kc, vc, seqlens, table, False, 4)
+    torch.cuda.current_stream().wait_stream(stream)
+    for new_lens, flip in (([1000, 2048], False), ([1, 1500], True)):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        if flip:
+            table.copy_(table.flip(1))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q, kc, vc, seqlens, table, False)
+
+
+def test_run_decode_honours_an_explicit_split_count_on_the_heuristics_kernel():
+    profile = active_profile(torch.device(DEV))
+    q, kc, vc, seqlens, _ = make_case(1, 1, 32, 8, 128, torch.bfloat16, 4096, seqlens=[4096])
+    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), torch.bfloat16, 128, False, 1, 4, None)
+    for splits in (1, 2, 5, 64):
+        out, lse = run_decode(spec, q, kc, vc, seqused_k=seqlens, max_seqlen_q=1, seqlen_k=4096,
+                              softmax_scale=128 ** -0.5, num_splits=splits, with_lse=True, poison=True)
+        check(out, lse, q, kc, vc, seqlens, None, False)
+
+
+def test_index_values_out_of_range_are_clear_errors():
+    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 128, 16, seqlens=[128, 5])
+    k_new = torch.randn(2, 1, 8, 128, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(flashtune.FlashtuneInputError, match="exceed the cache's capacity of 128"):
+        kv_call(q, kc, vc, seqlens, table, False, 0, k=k_new, v=k_new)
+    bad = table.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(flashtune.FlashtuneInputError, match="block_table's pages in use"):
+        kv_call(q, kc, vc, seqlens, bad, False, 0)

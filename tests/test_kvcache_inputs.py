@@ -1,0 +1,46 @@
+"""flash_attn_with_kvcache's bad inputs, each one clear FlashtuneInputError raised before anything
+runs (CPU tensors: devices are checked last)."""
+import pytest
+import torch
+
+import flashtune
+
+BF16 = torch.bfloat16
+
+
+def call(**overrides):
+    args = dict(q=torch.zeros(2, 1, 32, 128, dtype=BF16), k_cache=torch.zeros(2, 64, 8, 128, dtype=BF16),
+                v_cache=torch.zeros(2, 64, 8, 128, dtype=BF16))
+    args.update(overrides)
+    flashtune.flash_attn_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(k_cache=torch.zeros(6, 24, 8, 128, dtype=BF16), v_cache=torch.zeros(6, 24, 8, 128, dtype=BF16),
+          block_table=torch.zeros(2, 3, dtype=torch.int32)), "page size 24"),
+    (dict(k_cache=torch.zeros(6, 1024, 8, 128, dtype=BF16), v_cache=torch.zeros(6, 1024, 8, 128, dtype=BF16),
+          block_table=torch.zeros(2, 3, dtype=torch.int32)), "up to 512"),
+    (dict(block_table=torch.zeros(3, 3, dtype=torch.int32)), "block_table must be"),
+    (dict(block_table=torch.zeros(2, 3, dtype=torch.int64)), "block_table must be"),
+    (dict(cache_seqlens=torch.zeros(2, dtype=torch.int64)), "cache_seqlens must be an int32"),
+    (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), "shape \\(batch,\\) = \\(2,\\)"),
+    (dict(cache_seqlens=65), "within the capacity 64"),
+    (dict(k=torch.zeros(2, 1, 8, 128, dtype=BF16)), "k and v .* go together"),
+    (dict(k=torch.zeros(2, 1, 4, 128, dtype=BF16), v=torch.zeros(2, 1, 4, 128, dtype=BF16)), "k \\(new\\) must be"),
+    (dict(rotary_cos=torch.zeros(64, 32), rotary_sin=torch.zeros(64, 32)), "only when appending"),
+    (dict(k=torch.zeros(2, 1, 8, 128, dtype=BF16), v=torch.zeros(2, 1, 8, 128, dtype=BF16),
+          rotary_cos=torch.zeros(64, 80), rotary_sin=torch.zeros(64, 80)), "rotary_dim 160"),
+    (dict(window_size=(8, 0)), "sliding-window"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(num_splits=-1), "num_splits"),
+    (dict(q=torch.zeros(2, 1, 32, 96, dtype=BF16)), "head dim 96"),
+    (dict(q=torch.zeros(2, 1, 12, 128, dtype=BF16)), "multiple of the cache's 8 KV heads"),
+    (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=torch.float16)), "share a dtype"),
+    (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32), block_table=torch.zeros(2, 1, dtype=torch.int32),
+          k_cache=torch.zeros(4, 64, 8, 128, dtype=BF16), v_cache=torch.zeros(4, 64, 8, 128, dtype=BF16)),
+     "cache_batch_idx cannot be combined"),
+    (dict(q=torch.zeros(2, 1, 32, 128, dtype=BF16)), "on cpu"),  # everything else right: the device
+])
+def test_bad_input_is_one_clear_error(overrides, message):
+    with pytest.raises(flashtune.FlashtuneInputError, match=message):
+        call(**overrides)
