@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune.commands.common import EXIT_FAILED, EXIT_OK
+from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.measure.problem import Problem, make_inputs
 
 # Kernel names that mean some attention implementation ran (besides the expected one).
@@ -31,7 +32,7 @@ ATTENTION_KERNEL_RE = re.compile(
     r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
 
 # Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
-FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG")}
+FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG"), "decode": ("HMMA", "LDSM", "LDGSTS")}
 # ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync m16n8k32 e4m3 (QMMA on
 # sm_89/sm_120). Plain sm_90 has no native FP8 mma.sync: ptxas unpacks e4m3 to f16 for HMMA
 # (F2FP ... E4M3.UNPACK_B), correct but slow; Hopper's fast FP8 path is the sm90 family.
@@ -117,6 +118,11 @@ def correctness_cases(profile) -> list[Problem]:
                           heads=8, heads_kv=2))
         cases.append(_problem(f"{dtype} d{hdim} MQA 8:1 300", dtype, hdim, False, 300, 300, heads=8, heads_kv=1))
         cases.append(_problem(f"{dtype} d{hdim} varlen causal", dtype, hdim, True, 0, 0, batch=4, varlen=True))
+        for hdim in profile.head_dims:  # the decode kernels: one query, and four (causal), GQA 32:8
+            cases.append(_problem(f"decode {dtype} d{hdim} GQA 32:8 1/5000", dtype, hdim, False, 1, 5000,
+                                  heads=32, heads_kv=8))
+            cases.append(_problem(f"decode {dtype} d{hdim} GQA 32:8 causal 4/777", dtype, hdim, True, 4, 777,
+                                  heads=32, heads_kv=8))
     if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
         dtype = profile.dtypes[-1]
         for hdim in profile.head_dims:
@@ -132,9 +138,10 @@ def correctness_cases(profile) -> list[Problem]:
 
 # ---------------------------------------------------------------------------- pure helpers
 
-def unexpected_attention_kernels(names: list[str], expected: str) -> list[str]:
-    """Kernels in `names` that look like attention work other than the expected kernel."""
-    return [n for n in names if n != expected and ATTENTION_KERNEL_RE.search(n)]
+def unexpected_attention_kernels(names: list[str], expected: str, companions: tuple[str, ...] = ()) -> list[str]:
+    """Kernels in `names` that look like attention work other than the expected kernel and its
+    companions (a decode kernel's combine kernel)."""
+    return [n for n in names if n != expected and n not in companions and ATTENTION_KERNEL_RE.search(n)]
 
 
 def parse_sass(text: str, kernel: str) -> dict:
@@ -180,8 +187,9 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    fp8_op = FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family]
-    wanted = FAMILY_SASS[spec.family] + ((fp8_op,) if spec.fp8 else ())
+    wanted = FAMILY_SASS[spec.family]
+    if spec.fp8:
+        wanted += (FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family],)
     missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]
     if missing:
         problems.append(f"missing {', '.join(missing)}")
@@ -240,12 +248,15 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.timing import kernel_names
     from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference
+    from flashtune.runtime.selection import kernel_for
 
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
     sq, sk = (varlen_args[2], varlen_args[3]) if varlen_args else (case.seqlen_q, case.seqlen_k)
-    spec = ops.select_spec(profile, case.dtype, case.hdim, case.causal, sq, sk, fp8=case.fp8)
+    spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
+                      fp8=case.fp8, varlen=case.varlen)
     expected = expected_kernel or spec.name
+    companions = (spec.combine_name,) if isinstance(spec, DecodeSpec) else ()
 
     ops.poison_outputs = True
     try:
@@ -278,7 +289,7 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     if end_to_end is not None:
         correct.detail += (f"; vs 16-bit inputs {end_to_end:.1e}" if end_to_end_ok else
                            f"; vs 16-bit inputs {end_to_end:.1e} > {FP8_END_TO_END_MAX_REL_ERR:.0e}")
-    others = unexpected_attention_kernels(names, expected)
+    others = unexpected_attention_kernels(names, expected, companions)
     launched = expected in names
     identity = Check("identity", expected, launched and not others,
                      ("launched" if launched else f"expected kernel did not launch; saw {names}")

@@ -2,8 +2,9 @@
 
 `flash_attn_func` / `flash_attn_varlen_func` validate their inputs (runtime/checks.py: a clear
 error for each bad one), then call the custom op `flashtune::attention_fwd`, whose implementation picks
-the KernelSpec for the call's shape from the active profile (runtime/selection.py), builds or loads it, and
-launches it through `flashtune_C::fwd`. The custom op has a fake implementation, so
+the kernel for the call's shape (runtime/selection.py's kernel_for: the active profile's tile, or the
+decode kernel for queries of at most 16 rows), builds or loads it, and launches it through
+`flashtune_C::fwd` (or `flashtune_C::decode`, runtime/decode.py). The custom op has a fake implementation, so
 `torch.compile` traces calls without graph breaks.
 """
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
+from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, check_cu_seqlens, check_devices, check_fp8_args,
                                       check_tensors, check_unsupported, fail, scale_for)
 from flashtune.runtime.fp8 import fp8_operands, quantise_qk
-from flashtune.runtime.selection import active_profile, select_spec, use_profile
+from flashtune.runtime.decode import run_decode
+from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
            "select_spec", "quantise_qk", "FlashtuneInputError"]
@@ -35,7 +38,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.numel() == 0:
         return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
     profile = active_profile(q.device)
-    spec = select_spec(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, fp8=q.dtype == FP8)
+    varlen = cu_seqlens_q is not None
+    spec = kernel_for(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, q.shape[-2] // k.shape[-2],
+                      fp8=q.dtype == FP8, varlen=varlen)
+    if isinstance(spec, DecodeSpec):  # short queries: runtime/decode.py, the same outputs
+        out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
+                              softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs)
+        return out, lse if lse is not None else _empty_outputs(q, v.dtype, varlen, False)[1]
     if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):

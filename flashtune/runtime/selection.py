@@ -11,6 +11,7 @@ import torch
 
 from flashtune.kernels.gpu import GpuInfo, detect_gpus
 from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
+from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
@@ -110,3 +111,23 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
     if spec is None:
         spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8)
     return spec
+
+
+# Query lengths up to this (decode, speculative decoding) go to the decode kernels: their query
+# heads of one KV head share a tile and their keys are split across CTAs, where a prefill tile of
+# 64-192 rows per head would be nearly empty and one CTA per head would leave most SMs idle.
+DECODE_MAX_SEQLEN_Q = 16
+
+
+def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
+               head_ratio: int = 1, fp8: bool = False, varlen: bool = False) -> KernelSpec | DecodeSpec:
+    """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
+    decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
+    (select_spec). The one place that decides; `flashtune verify` asks it for the expected name."""
+    spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8)  # validates the call
+    if fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q:
+        return spec
+    from flashtune.runtime.decode import decode_spec
+
+    dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
+    return decode_spec(profile.arch, tuple(profile.nvcc_flags), dtype, hdim, bool(causal), seqlen_q, head_ratio, None)

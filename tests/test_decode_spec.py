@@ -1,0 +1,102 @@
+"""DecodeSpec (csrc/decode/'s kernels as a spec), the decode tile choice, the split heuristic and
+which calls go to the decode kernels; no GPU."""
+import pytest
+import torch
+
+from flashtune.kernels.arch import ARCHS, get_arch
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_smem_bytes
+from flashtune.kernels.profiles import find_profile
+from flashtune.kernels.spec import KernelSpec, SpecError
+from flashtune.runtime.decode import choose_splits, decode_rows, decode_spec, decode_tile, paging_for
+from flashtune.runtime.selection import kernel_for
+
+H200 = get_arch("sm_90a")
+
+
+def test_the_name_spells_every_setting_and_names_the_combine_kernel():
+    spec = DecodeSpec("sm_90a", "bfloat16", 128, DecodeTile(16, 32, 4, 3), True, "paged")
+    assert spec.name == "flashtune_decode_bf16_h128_m16x32_w4_s3_c_paged_sm90a"
+    assert spec.combine_name == spec.name + "_combine" and spec.launcher_symbol == spec.name + "_launch"
+    plain = DecodeSpec("sm_89", "float16", 64, DecodeTile(32, 16, 4, 2), False)
+    assert plain.name == "flashtune_decode_f16_h64_m32x16_w4_s2_sm89"
+    source = spec.source()
+    assert f"{spec.name}(" in source and f"{spec.combine_name}(" in source and "Paging(1)" in source
+
+
+def test_equal_specs_share_source_and_cache_key_and_different_ones_do_not():
+    a = DecodeSpec("sm_90a", "bfloat16", 128, DecodeTile(16, 32, 4, 3), False)
+    b = DecodeSpec("sm_90a", "bfloat16", 128, DecodeTile(16, 32, 4, 3), False)
+    c = DecodeSpec("sm_90a", "bfloat16", 128, DecodeTile(16, 32, 4, 3), False, "gather")
+    assert a == b and a.source_hash() == b.source_hash()
+    assert a.name != c.name and a.source_hash() != c.source_hash()
+
+
+@pytest.mark.parametrize("hdim,tile,message", [
+    (128, DecodeTile(48, 32, 4, 3), "rows 48"),
+    (128, DecodeTile(16, 24, 4, 3), "block_n 24"),
+    (256, DecodeTile(32, 16, 2, 2), "do not fit in registers"),
+    (128, DecodeTile(16, 64, 8, 4), "shared memory"),
+])
+def test_impossible_tiles_are_refused_with_the_reason(hdim, tile, message):
+    with pytest.raises(SpecError, match=message):
+        DecodeSpec("sm_90a", "bfloat16", hdim, tile, False)
+
+
+def test_shared_memory_is_the_ring_or_the_merge_buffer_over_it():
+    tile = DecodeTile(16, 32, 4, 3)
+    assert decode_smem_bytes(128, tile) == 16 * 256 + 4 * 3 * 2 * 32 * 256 + 2 * 4 * 16 * 4
+    small = DecodeTile(32, 16, 2, 2)  # the merge's fp32 O is larger than this ring
+    assert decode_smem_bytes(128, small) == 32 * 256 + 2 * 32 * 136 * 4 + 2 * 2 * 32 * 4
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS.values() if a.mma_sync])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,ratio", [(1, 4), (4, 8), (16, 8)])
+def test_every_arch_has_a_decode_tile_for_every_head_dim(arch, hdim, seqlen_q, ratio):
+    rows = decode_rows(seqlen_q, ratio, hdim)
+    spec = DecodeSpec(arch.name, "bfloat16", hdim, decode_tile(arch, hdim, rows), False)
+    assert spec.smem_bytes + 1024 <= arch.max_smem_per_block
+    assert rows == (32 if seqlen_q * ratio > 16 and hdim <= 128 else 16)
+
+
+def test_paging_bulk_where_pages_hold_whole_tiles_else_gather():
+    assert paging_for(None, 32) == "contiguous"
+    assert paging_for(64, 32) == "paged" and paging_for(256, 16) == "paged"
+    assert paging_for(16, 32) == "gather" and paging_for(1, 16) == "gather" and paging_for(48, 32) == "gather"
+
+
+def test_splits_only_when_the_ctas_do_not_fill_the_gpu():
+    spec = decode_spec(H200, (), torch.bfloat16, 128, False, 1, 4, None)
+    assert choose_splits(spec, 64, 8, 1, 4, 32768, 132) == 1  # 512 CTAs: no split
+    one = choose_splits(spec, 1, 8, 1, 4, 16384, 132)  # 8 CTAs for 132 SMs
+    assert 8 <= one <= 128 and 8 * one <= 2 * 132
+    assert choose_splits(spec, 1, 8, 1, 4, 128, 132) == 1  # 4 blocks of keys: nothing to share
+    # every split keeps each warp at least two blocks of keys
+    assert choose_splits(spec, 1, 1, 1, 32, 2048, 132) <= 2048 // 32 // 8
+
+
+def test_short_16_bit_fixed_length_queries_go_to_the_decode_kernel():
+    profile = find_profile("h200")
+    decode = kernel_for(profile, "bfloat16", 128, False, 1, 5000, head_ratio=4)
+    assert isinstance(decode, DecodeSpec) and decode.arch == "sm_90a"
+    assert isinstance(kernel_for(profile, "bfloat16", 128, True, 16, 5000, head_ratio=4), DecodeSpec)
+    assert isinstance(kernel_for(profile, "bfloat16", 128, True, 17, 5000, head_ratio=4), KernelSpec)
+    assert isinstance(kernel_for(profile, "bfloat16", 128, False, 1, 5000, varlen=True), KernelSpec)
+    assert isinstance(kernel_for(profile, "bfloat16", 128, False, 1, 5000, fp8=True), KernelSpec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_120"])
+def test_decode_kernels_compile_for_the_rtx_and_a100_targets(arch):
+    """The sm_90a kernels run on the H200; these targets are compile-checked here. hdim 256 on the 99 KB
+    parts runs two warps at the register limit and may spill a few bytes (24 on sm_120 today); more
+    than the tuner's default budget (64 bytes) would be a regression."""
+    from flashtune.kernels.build import build_specs
+
+    facts = get_arch(arch)
+    specs = [decode_spec(facts, (), torch.bfloat16, 128, True, 4, 8, 1),
+             decode_spec(facts, (), torch.float16, 256, False, 1, 4, None)]
+    results, failures = build_specs(specs, jobs=2)
+    assert not failures, failures
+    assert all((r.spill_stores or 0) <= 64 for r in results), [(r.name, r.spill_stores) for r in results]
+    assert all(not r.spills for r in results if "_h128_" in r.name), [(r.name, r.spill_stores) for r in results]
