@@ -442,9 +442,9 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @profile_option
 @list_option("--seqlens", "--seqlen", "Sequence lengths (default 512,...,16384).")
 @hdims_option("Head dims (default 64,128,256).")
-@click.option("--batch", type=click.IntRange(min=1), help="Default 16384 // seqlen.")
-@click.option("--heads", type=click.IntRange(min=1), help="Default 2048 // hdim.")
-@click.option("--heads-kv", type=click.IntRange(min=1), help="K/V heads for GQA/MQA (default = heads).")
+@list_option("--batches", "--batch", "Batch sizes (default 16384 // seqlen; --model: 1; --decode: 1,8,32,128).")
+@click.option("--heads", type=click.IntRange(min=1), help="Query heads (default 2048 // hdim; --decode: 32).")
+@list_option("--heads-kv", None, "K/V heads for GQA/MQA (default = heads; --decode: 1,8,32).")
 @causal_option
 @dtypes_option("Dtypes (default bfloat16).")
 @list_option("--backends", "--backend", f"Absent ones show as such (default {','.join(DEFAULT_BACKENDS)}).",
@@ -465,8 +465,16 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @list_option("--prefill", None, "With --model: prompt lengths (default 1024,4096,16384).")
 @click.option("--decode-steps", type=click.IntRange(min=2), default=128, show_default=True,
               help="With --model: greedy tokens generated with the KV cache.")
-def bench_command(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, dtypes, backends, repeats, as_json,
-                  json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps) -> None:
+@click.option("--decode", is_flag=True,
+              help="Decode steps instead of the prefill grid: query tokens against a full KV cache (flashtune's "
+                   "flash_attn_with_kvcache, SDPA's backends, flash-attn's KV-cache functions); microseconds, GB/s "
+                   "of K/V read and its fraction of a device-to-device copy.")
+@list_option("--caches", "--cache", "With --decode: keys per sequence (default 1024,16384,131072).")
+@list_option("--seqlens-q", "--seqlen-q", "With --decode: query tokens per sequence, causal above 1 (default 1,4).")
+@list_option("--pages", "--page", "With --decode: page sizes of a paged cache, 0 for contiguous (default 0).")
+def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
+                  as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
+                  seqlens_q, pages) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -476,6 +484,7 @@ def bench_command(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, 
     \b
         flashtune bench --hdims 128 --seqlens 1024,4096 --out out.json --plot out.png
         flashtune bench --hdims 128 --seqlens 4096 --heads 32 --heads-kv 8 --causal --csv -
+        flashtune bench --decode --hdims 128 --heads-kv 8 --batches 1,32 --caches 16384 --pages 0,64
 
     Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
@@ -486,24 +495,46 @@ def bench_command(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, 
         from flashtune.runtime import ops
 
         ops.use_profile(profile_name)
-    _check_bench_mode(model_name)
+    _check_bench_mode(model_name, decode)
     console = make_console(stderr=as_json or csv_path == "-")  # stdout carries the data then
     if model_name:
         from flashtune.commands import bench_model as bench
 
         if len(dtypes or ()) > 1:
             raise click.BadParameter("one dtype with --model", param_hint="--dtypes")
+        if len(batches or ()) > 1:
+            raise click.BadParameter("one batch size with --model", param_hint="--batches")
         result = bench.run_model_bench(model_name, bench.backend_names(backends), prefill or [1024, 4096, 16384],
-                                       batch=batch or 1, decode_steps=decode_steps, layers=layers,
+                                       batch=(batches or [1])[0], decode_steps=decode_steps, layers=layers,
                                        dtype=(dtypes or ["bfloat16"])[0])
+    elif decode:
+        from flashtune.commands import bench_decode as bench
+        from flashtune.measure import decode_problem as grid
+
+        names = bench.backend_names(backends)
+        problems, too_big = [], 0
+        for dtype in dtypes or ["bfloat16"]:
+            found, skipped = grid.decode_grid(hdims or grid.DECODE_HDIMS, heads_kv or grid.DECODE_HEADS_KV,
+                                              batches or grid.DECODE_BATCHES, caches or grid.DECODE_CACHES,
+                                              seqlens_q or grid.DECODE_SEQLENS_Q, pages or (0,), dtype,
+                                              heads or grid.DECODE_HEADS)
+            problems, too_big = problems + found, too_big + skipped
+        if too_big:
+            console.print(f"[yellow]{too_big} cells left out: their K/V is over "
+                          f"{grid.MAX_KV_BYTES / 2**30:.0f} GiB[/]")
+        with progress_bar("bench --decode", console, len(problems)) as bar:
+            result = bench.run_decode_bench(problems, names, repeats, on_problem=lambda p: bar.advance(p.label))
+        if csv_path:
+            write_text(csv_path, bench.to_csv(result.rows))
     else:
         from flashtune.commands import bench
         from flashtune.measure.problem import HDIMS, SEQLENS, fa_grid
 
         names = bench.backend_names(backends)
-        shapes = [shape for dtype in dtypes or ["bfloat16"]
+        shapes = [shape for dtype in dtypes or ["bfloat16"] for batch in batches or [None]
+                  for kv in heads_kv or [None]
                   for shape in fa_grid(seqlens or SEQLENS, hdims or HDIMS, _causal_values(causal), dtype, batch,
-                                       heads, heads_kv)]
+                                       heads, kv)]
         with progress_bar("bench", console, len(shapes)) as bar:
             result = bench.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.advance(
                 f"{shape.dtype} hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"))
@@ -518,22 +549,33 @@ def bench_command(profile_name, seqlens, hdims, batch, heads, heads_kv, causal, 
         bench.plot(result, plot_path)
 
 
-GRID_OPTIONS = {"seqlens": "--seqlens", "hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv",
-                "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv"}
-MODEL_OPTIONS = {"layers": "--layers", "prefill": "--prefill", "decode_steps": "--decode-steps"}
+# Which options each bench mode takes (the prefill grid, --decode, --model); any other is an error,
+# not silently ignored.
+MODE_OPTIONS = {
+    "grid": {"seqlens": "--seqlens", "hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv",
+             "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv", "batches": "--batches"},
+    "decode": {"hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv", "batches": "--batches",
+               "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
+               "csv_path": "--csv"},
+    "model": {"layers": "--layers", "prefill": "--prefill", "decode_steps": "--decode-steps", "batches": "--batches"},
+}
+MODE_NAMES = {"grid": "the prefill grid", "decode": "bench --decode", "model": "bench --model"}
 
 
-def _check_bench_mode(model_name: str | None) -> None:
-    """bench measures the kernel grid, or a model with --model: an option of the other is an error,
-    not silently ignored."""
+def _check_bench_mode(model_name: str | None, decode: bool) -> None:
+    if model_name and decode:
+        raise click.UsageError("--model and --decode are two different benches; give one")
+    mode = "model" if model_name else "decode" if decode else "grid"
     ctx = click.get_current_context()
-    given = [flag for name, flag in {**GRID_OPTIONS, **MODEL_OPTIONS}.items()
+    flags = {name: flag for options in MODE_OPTIONS.values() for name, flag in options.items()}
+    given = [flag for name, flag in flags.items()
              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-             and (name in GRID_OPTIONS) == bool(model_name)]
+             and name not in MODE_OPTIONS[mode]]
     if given:
-        what = "the kernel grid; with --model use --prefill, --layers, --decode-steps" if model_name else \
-            "bench --model"
-        raise click.UsageError(f"{', '.join(given)}: only for {what}")
+        where = [MODE_NAMES[m] for m, options in MODE_OPTIONS.items()
+                 if m != mode and all(f in options.values() for f in given)]
+        raise click.UsageError(f"{', '.join(given)}: not an option of {MODE_NAMES[mode]}"
+                               + (f" (only of {' or '.join(where)})" if where else ""))
 
 
 def main() -> None:

@@ -102,8 +102,20 @@ def test_bench_json_file_is_the_old_spelling_of_out(monkeypatch, tmp_path, one_g
 
 def test_bench_refuses_options_of_the_other_mode(one_gpu):
     grid_with_model = run("bench", "--model", "llama3-8b-like", "--seqlens", "512")
-    assert grid_with_model.exit_code == 2 and "--seqlens: only for the kernel grid" in grid_with_model.stderr
+    assert grid_with_model.exit_code == 2
+    assert "--seqlens: not an option of bench --model (only of the prefill grid)" in grid_with_model.stderr
     model_without = run("bench", "--prefill", "512")
-    assert model_without.exit_code == 2 and "--prefill: only for bench --model" in model_without.stderr
+    assert model_without.exit_code == 2 and "--prefill: not an option of the prefill grid (only of bench --model)" \
+        in model_without.stderr
+    decode_only = run("bench", "--caches", "1024")
+    assert decode_only.exit_code == 2 and "--caches: not an option of the prefill grid (only of bench --decode)" \
+        in decode_only.stderr
+    grid_with_decode = run("bench", "--decode", "--seqlens", "512", "--causal")
+    assert grid_with_decode.exit_code == 2 and "--seqlens, --causal: not an option of bench --decode" \
+        in grid_with_decode.stderr
+    both = run("bench", "--decode", "--model", "llama3-8b-like")
+    assert both.exit_code == 2 and "two different benches" in both.stderr
+    many_batches = run("bench", "--model", "llama3-8b-like", "--batches", "1,2")
+    assert many_batches.exit_code == 2 and "one batch size with --model" in many_batches.stderr
     both_stdout = run("bench", "--json", "--csv", "-")
     assert both_stdout.exit_code == 2 and "both write to stdout" in both_stdout.stderr

@@ -3,9 +3,11 @@
 New keys and values (k, v) are written into the cache in place at cache_seqlens (through
 block_table when the cache is paged), rotated first when rotary_cos/rotary_sin are given, as is
 q; then q attends to each sequence's cache. These steps are torch operations on the device, so the
-call needs no host synchronisation and can be captured in a CUDA graph; the check of the index
-values (cache room, page and batch indices) reads them once on the host unless the stream is
-capturing or FLASHTUNE_TRUST_CU_SEQLENS=1.
+call needs no host synchronisation and can be captured in a CUDA graph. The index tensors a caller
+passes (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) are checked against the cache
+(room for the new keys, page and row indices in range) by one read on the host, a device sync,
+unless the stream is capturing a graph or FLASHTUNE_TRUST_CU_SEQLENS=1 (as flash_attn, which never
+checks: a wrong value then reads or writes the wrong rows).
 """
 from __future__ import annotations
 
@@ -180,6 +182,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     capacity = k_cache.shape[1] if page_size is None else block_table.shape[1] * page_size
     if not isinstance(num_splits, int) or num_splits < 0 or num_splits > 256:
         fail(f"num_splits must be an int in 0..256 (0: chosen by flashtune), got {num_splits!r}")
+    caller_seqlens = isinstance(cache_seqlens, torch.Tensor)  # values only known on the device
     if cache_seqlens is None:
         cache_seqlens = capacity - seqlen_new
     if isinstance(cache_seqlens, int):
@@ -194,8 +197,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
                          rotary_sin=rotary_sin)
-    _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new, capacity,
-                  k_cache.shape[0], k_cache.shape[0], page_size, rotary_cos.shape[0] if rotary_dim else 0)
+    if caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None or block_table is not None:
+        _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new, capacity,
+                      k_cache.shape[0], k_cache.shape[0], page_size, rotary_cos.shape[0] if rotary_dim else 0)
 
     seqused = cache_seqlens
     if seqlen_new:

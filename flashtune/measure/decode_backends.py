@@ -1,0 +1,121 @@
+"""The backends `flashtune bench --decode` puts side by side: flashtune's flash_attn_with_kvcache,
+SDPA's backends and flash-attn's KV-cache functions where importable. Each takes the inputs of a
+DecodeProblem (measure/decode_problem.py) and returns a callable for one decode step, or raises
+Unavailable with the reason. Layout work (SDPA's transposes, a paged cache gathered for backends
+without paging, GQA heads repeated for SDPA backends without GQA) happens once, outside the timing.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from flashtune.measure.backends import Runner, Unavailable
+from flashtune.measure.decode_problem import contiguous_kv
+
+
+def _flashtune(inputs: dict, causal: bool, scale: float) -> Runner:
+    from flashtune.runtime import kvcache
+
+    def run():
+        return kvcache.flash_attn_with_kvcache(inputs["q"], inputs["k"], inputs["v"], block_table=inputs["block_table"],
+                                               softmax_scale=scale, causal=causal)
+
+    try:
+        run()
+    except ValueError as e:  # FlashtuneInputError, SpecError
+        raise Unavailable(str(e).splitlines()[0][:300]) from e
+    return run
+
+
+def _sdpa(backend_name: str | None) -> Callable[[dict, bool, float], Runner]:
+    """SDPA with GQA passed as SDPA takes it (enable_gqa) where the backend accepts it, else K/V
+    repeated to every query head; paged caches gathered into contiguous ones first."""
+    def make(inputs: dict, causal: bool, scale: float) -> Runner:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q = inputs["q"].transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in contiguous_kv(inputs))
+        mask = None
+        if causal:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(q.shape[2], k.shape[2])
+        backend = getattr(SDPBackend, backend_name) if backend_name else None
+
+        def call(k, v, gqa):
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+        try:
+            call(k, v, True)
+            return lambda: call(k, v, True).transpose(1, 2)
+        except RuntimeError:
+            pass
+        ratio = q.shape[1] // k.shape[1]
+        try:
+            kr, vr = k.repeat_interleave(ratio, dim=1), v.repeat_interleave(ratio, dim=1)
+            call(kr, vr, False)
+        except torch.cuda.OutOfMemoryError as e:
+            raise Unavailable("out of memory repeating K/V for every query head") from e
+        except RuntimeError as e:
+            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+        return lambda: call(kr, vr, False).transpose(1, 2)
+
+    return make
+
+
+def _flash_attn_kvcache(module: str) -> Callable[[dict, bool, float], Runner]:
+    """flash-attn 2/3's flash_attn_with_kvcache (paged where the page size is one it takes)."""
+    def make(inputs: dict, causal: bool, scale: float) -> Runner:
+        try:
+            fn = getattr(importlib.import_module(module), "flash_attn_with_kvcache")
+        except Exception as e:
+            raise Unavailable(f"{module} is not importable ({type(e).__name__})") from e
+
+        def run():
+            out = fn(inputs["q"], inputs["k"], inputs["v"], block_table=inputs["block_table"], softmax_scale=scale,
+                     causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        try:
+            run()
+        except Exception as e:
+            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+        return run
+
+    return make
+
+
+def _flash_attn4(inputs: dict, causal: bool, scale: float) -> Runner:
+    """FA4's flash_attn_func on the (gathered) cache: it has no KV-cache entry point of its own."""
+    try:
+        fn = importlib.import_module("flash_attn.cute").flash_attn_func
+    except Exception as e:
+        raise Unavailable(f"flash_attn.cute is not importable ({type(e).__name__})") from e
+    k, v = contiguous_kv(inputs)
+
+    def run():
+        out = fn(inputs["q"], k, v, softmax_scale=scale, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    try:
+        run()
+    except Exception as e:
+        raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+    return run
+
+
+DECODE_BACKENDS: dict[str, Callable[[dict, bool, float], Runner]] = {
+    "flashtune": _flashtune,
+    "sdpa-default": _sdpa(None),
+    "sdpa-flash": _sdpa("FLASH_ATTENTION"),
+    "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),
+    "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
+    "flash-attn2": _flash_attn_kvcache("flash_attn"),
+    "flash-attn3": _flash_attn_kvcache("flash_attn_interface"),
+    "flash-attn4": _flash_attn4,
+}
