@@ -275,3 +275,29 @@ def test_index_values_out_of_range_are_clear_errors():
     bad[1, 0] = 10_000
     with pytest.raises(flashtune.FlashtuneInputError, match="block_table's pages in use"):
         kv_call(q, kc, vc, seqlens, bad, False, 0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("lengths_from", ["seqused_k", "cu_seqlens_k"])
+def test_vllms_paged_varlen_call(page_size, lengths_from):
+    """flash_attn_varlen_func(q packed, k=key_cache, v=value_cache, out=, cu_seqlens_q, max_seqlen_q, seqused_k,
+    max_seqlen_k, causal=True, block_table): prefill chunks and decode tokens in one call."""
+    lens_q, lens_k = [1, 4, 0, 9], [300, 17, 5, 640]
+    q_all, kc, vc, seqlens, table = make_case(4, 9, 32, 8, 128, torch.bfloat16, 640, page_size, seqlens=lens_k)
+    q = torch.cat([q_all[b, :n] for b, n in enumerate(lens_q)])
+    cu_q = torch.tensor([0, 1, 5, 5, 14], device=DEV, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    kw = dict(seqused_k=seqlens) if lengths_from == "seqused_k" else {}
+    cu_k = torch.tensor([0, 300, 317, 322, 962], device=DEV, dtype=torch.int32) if not kw else None
+    got, lse = flashtune.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 9, 640, causal=True, block_table=table, out=out,
+                                                return_lse=True, **kw)
+    assert got.data_ptr() == out.data_ptr()
+    for b, (start, n) in enumerate(zip(cu_q.tolist(), lens_q)):
+        if n == 0:
+            continue
+        ref, ref_lse = attention_ref(q[start:start + n].float(), sequence_kv(kc, b, lens_k[b], table),
+                                     sequence_kv(vc, b, lens_k[b], table), True, 128 ** -0.5)
+        err = ((out[start:start + n].float() - ref).norm() / ref.norm()).item()
+        rounding = ((ref.to(q.dtype).float() - ref).norm() / ref.norm()).item()
+        assert err <= 3 * rounding, (b, err, rounding)
+        assert (lse[:, start:start + n] - ref_lse).abs().max().item() < 2e-3

@@ -44,3 +44,27 @@ def call(**overrides):
 def test_bad_input_is_one_clear_error(overrides, message):
     with pytest.raises(flashtune.FlashtuneInputError, match=message):
         call(**overrides)
+
+
+def paged_varlen_call(**overrides):
+    args = dict(q=torch.zeros(5, 32, 128, dtype=BF16), k=torch.zeros(8, 16, 8, 128, dtype=BF16),
+                v=torch.zeros(8, 16, 8, 128, dtype=BF16), cu_seqlens_q=torch.tensor([0, 1, 5], dtype=torch.int32),
+                cu_seqlens_k=None, max_seqlen_q=4, max_seqlen_k=64,
+                block_table=torch.zeros(2, 4, dtype=torch.int32), seqused_k=torch.tensor([3, 64], dtype=torch.int32))
+    args.update(overrides)
+    flashtune.flash_attn_varlen_func(**args)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(block_table=None), "seqused_k is served with a paged cache"),
+    (dict(seqused_k=None), "seqused_k, or cu_seqlens_k"),
+    (dict(seqused_k=torch.tensor([3, 64, 1], dtype=torch.int32)), "seqused_k must be an int32 tensor of shape"),
+    (dict(block_table=torch.zeros(3, 4, dtype=torch.int32)), "batch = 2"),
+    (dict(k=torch.zeros(8, 24, 8, 128, dtype=BF16), v=torch.zeros(8, 24, 8, 128, dtype=BF16)), "page size 24"),
+    (dict(out=torch.zeros(5, 32, 64, dtype=BF16)), "out must be a tensor like q"),
+    (dict(q=torch.zeros(1, 5, 32, 128, dtype=BF16)), "q must be \\(total_q, heads, head_dim\\)"),
+    (dict(), "on cpu"),
+])
+def test_vllms_paged_varlen_call_checks_its_inputs(overrides, message):
+    with pytest.raises(flashtune.FlashtuneInputError, match=message):
+        paged_varlen_call(**overrides)

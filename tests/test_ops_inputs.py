@@ -84,7 +84,8 @@ def test_varlen_cu_seqlens_checks():
             torch.tensor([0, 4, 12], dtype=torch.int32), 5, 8)
     _raises("more than max_seqlen 4", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 4, 6)
     _raises("same length", flash_attn_varlen_func, q, k, v, cu_q, torch.tensor([0, 10], dtype=torch.int32), 5, 10)
-    _raises("paged KV", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 5, 6, block_table=torch.zeros(1))
+    _raises("with block_table, k is a paged cache", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 5, 6,
+            block_table=torch.zeros(1))
     _raises(r"\(total, heads, head_dim\)", flash_attn_varlen_func, q[None], k, v, cu_q, cu_k, 5, 6)
     _raises("q is on cpu", flash_attn_varlen_func, q, k, v, cu_q, cu_k, 5, 6)
 

@@ -52,21 +52,27 @@ def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpa
         fail(f"q's {heads_q} heads must be a multiple of the cache's {heads_kv} KV heads")
     if block_table is None:
         return None
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
-            or block_table.shape[0] != q.shape[0] or block_table.stride(-1) != 1:
-        got = (f"{block_table.dtype} {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor)
-               else type(block_table).__name__)
-        fail(f"block_table must be a contiguous int32 tensor (batch, max_pages_per_sequence) with batch = "
-             f"{q.shape[0]}, got {got}")
-    page_size = k_cache.shape[1]
-    if page_size != 1 and (page_size % 16 or page_size > MAX_PAGE_SIZE):
-        fail(f"page size {page_size} (k_cache.shape[1]) is not served; allowed: 1 and multiples of 16 up to "
-             f"{MAX_PAGE_SIZE}")
+    page_size = _check_pages(block_table, k_cache, q.shape[0])
     if cache_batch_idx is not None:
         fail("cache_batch_idx cannot be combined with block_table (the block table already maps each "
              "sequence to its pages); pass None")
     if cache_leftpad is not None:
         fail("cache_leftpad cannot be combined with block_table (as in flash_attn); pass None")
+    return page_size
+
+
+def _check_pages(block_table, k_cache, batch: int) -> int:
+    """A block table for `batch` sequences over a paged cache; returns the page size."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
+            or block_table.shape[0] != batch or block_table.stride(-1) != 1:
+        got = (f"{block_table.dtype} {tuple(block_table.shape)}" if isinstance(block_table, torch.Tensor)
+               else type(block_table).__name__)
+        fail(f"block_table must be a contiguous int32 tensor (batch, max_pages_per_sequence) with batch = "
+             f"{batch}, got {got}")
+    page_size = k_cache.shape[1]
+    if page_size != 1 and (page_size % 16 or page_size > MAX_PAGE_SIZE):
+        fail(f"page size {page_size} (k_cache.shape[1]) is not served; allowed: 1 and multiples of 16 up to "
+             f"{MAX_PAGE_SIZE}")
     return page_size
 
 
@@ -223,3 +229,48 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                           seqlen_k=capacity, softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs)
     return (out, lse) if return_softmax_lse else out
+
+
+def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                 seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool):
+    """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
+    head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
+    (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
+    lengths cu_seqlens_k delimits); `out` written in place when given. Returns (out, lse or None)."""
+    if block_table is None:
+        fail("seqused_k is served with a paged cache (block_table); pass block_table, or cu_seqlens_k alone "
+             "for packed keys")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        fail(f"q must be (total_q, heads, head_dim) with a paged cache, got "
+             + (f"shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
+    for name, t in (("k", k_cache), ("v", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            fail(f"with block_table, {name} is a paged cache (num_pages, page_size, heads_kv, head_dim), got "
+                 + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
+    _check_cache(q[None], k_cache, v_cache, None, None, None)  # dtypes, head dims, heads, strides
+    checks.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, covers_all=True)
+    batch = cu_seqlens_q.numel() - 1
+    page_size = _check_pages(block_table, k_cache, batch)
+    capacity = block_table.shape[1] * page_size
+    if seqused_k is None:
+        if cu_seqlens_k is None:
+            fail("a paged cache needs each sequence's key count: seqused_k, or cu_seqlens_k")
+        checks.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", batch * capacity, max_seqlen_k, covers_all=False)
+        if cu_seqlens_k.numel() != batch + 1:
+            fail(f"cu_seqlens_k must have batch+1 = {batch + 1} entries like cu_seqlens_q, got {cu_seqlens_k.numel()}")
+        seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    else:
+        _int32_vector(seqused_k, "seqused_k", batch)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
+                            or out.stride(-1) != 1 or any(st % 8 for st in out.stride()[:-1])):
+        fail(f"out must be a tensor like q: {tuple(q.shape)} {q.dtype}, contiguous last dimension, strides of "
+             "multiples of 8 elements")
+    checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                         block_table=block_table, out=out)
+    _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
+    profile = active_profile(q.device)
+    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), q.dtype, q.shape[-1], bool(causal),
+                       int(max_seqlen_q), q.shape[1] // k_cache.shape[2], page_size)
+    return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                      block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
+                      num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None)

@@ -134,14 +134,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, return_lse=False):
+                           return_attn_probs=False, block_table=None, *, return_lse=False, seqused_k=None,
+                           out=None):
     """Attention over packed (total, heads, head_dim) sequences delimited by int32 cu_seqlens.
 
-    As flash_attn.flash_attn_varlen_func; lse is (heads, total_q).
+    As flash_attn.flash_attn_varlen_func; lse is (heads, total_q). With block_table, k and v are a
+    paged KV cache (num_pages, page_size, heads_kv, head_dim), each sequence's keys counted by
+    seqused_k (int32, (batch,)) or delimited by cu_seqlens_k (which may then be None), and `out`
+    (like q) is written in place when given: vLLM's call.
     """
     check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    if block_table is not None:
-        fail("block_table (paged KV cache) is not supported; pass None")
+    if block_table is not None or seqused_k is not None:
+        from flashtune.runtime.kvcache import paged_varlen
+
+        scale = scale_for(softmax_scale, q.shape[-1])
+        out, lse = paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                block_table, scale, causal, out, return_lse or return_attn_probs)
+        return _pack(out, lse, return_lse, return_attn_probs)
+    if out is not None:
+        fail("out= is served with a paged cache (block_table) here; drop it, or use the returned tensor")
     check_tensors(q, k, v, varlen=True)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
