@@ -30,6 +30,21 @@ FP8_PRELUDE = """
 qd = torch.ones(2, 8, device="cuda", dtype=torch.float32)
 kd = torch.ones(2, 8, device="cuda", dtype=torch.float32)
 """
+KVCACHE_PRELUDE = """
+q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+k_cache = torch.randn(64, 16, 8, 128, device="cuda", dtype=torch.bfloat16)  # 64 pages of 16 tokens
+v_cache = torch.randn_like(k_cache)
+key_cache, value_cache = k_cache, v_cache
+pages = torch.randperm(64, device="cuda").to(torch.int32).view(2, 32)
+lens = torch.tensor([100, 5], device="cuda", dtype=torch.int32)
+k_new = v_new = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+angles = torch.rand(1024, 64, device="cuda")
+cos, sin = angles.cos(), angles.sin()
+q_packed = torch.randn(3, 32, 128, device="cuda", dtype=torch.bfloat16)
+cu_seqlens_q = torch.tensor([0, 1, 3], device="cuda", dtype=torch.int32)
+max_seqlen_q, max_seqlen_k = 2, 512
+out_packed = torch.empty_like(q_packed)
+"""
 HF_PRELUDE = """
 import tempfile
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -94,8 +109,12 @@ def main():
         rows.append((example,) + run(cmd, work, out / f"cli_{i:02d}.txt", timeout))
     if args.python:
         blocks = python_blocks()
-        basic, fp8, hf = blocks[0], blocks[1], blocks[2]
+        basic = blocks[0]
+        kvcache, = (b for b in blocks if "flash_attn_with_kvcache" in b)
+        fp8, = (b for b in blocks if "q_descale" in b)
+        hf, = (b for b in blocks if "flashtune.hf" in b)
         scripts = {"python-api": PYTHON_PRELUDE + basic,
+                   "python-kvcache": PYTHON_PRELUDE + KVCACHE_PRELUDE + kvcache,
                    "python-fp8": PYTHON_PRELUDE + basic + FP8_PRELUDE + fp8,
                    "python-hf": PYTHON_PRELUDE + HF_PRELUDE + hf + HF_EPILOGUE}
         for name, text in scripts.items():
