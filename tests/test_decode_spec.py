@@ -4,13 +4,21 @@ import pytest
 import torch
 
 from flashtune.kernels.arch import ARCHS, get_arch
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_smem_bytes
-from flashtune.kernels.profiles import find_profile
+import dataclasses
+
+from flashtune.kernels.decode_spec import (DecodeSpec, DecodeSplitPolicy, DecodeTile, decode_rows, decode_smem_bytes,
+                                           default_decode_tile)
+from flashtune.kernels.profiles import ProfileError, find_profile, load_profile
 from flashtune.kernels.spec import KernelSpec, SpecError
-from flashtune.runtime.decode import choose_splits, decode_rows, decode_spec, decode_tile, paging_for
+from flashtune.runtime.decode import choose_splits, decode_spec, paging_for
 from flashtune.runtime.selection import kernel_for
 
-H200 = get_arch("sm_90a")
+H200 = find_profile("h200")
+
+
+def on_arch(arch: str):
+    """The h200 profile retargeted (its decode tiles are the family defaults for that arch)."""
+    return dataclasses.replace(H200, arch=get_arch(arch), family="sm80")
 
 
 def test_the_name_spells_every_setting_and_names_the_combine_kernel():
@@ -54,7 +62,7 @@ def test_shared_memory_is_the_ring_or_the_merge_buffer_over_it():
 @pytest.mark.parametrize("seqlen_q,ratio", [(1, 4), (4, 8), (16, 8)])
 def test_every_arch_has_a_decode_tile_for_every_head_dim(arch, hdim, seqlen_q, ratio):
     rows = decode_rows(seqlen_q, ratio, hdim)
-    spec = DecodeSpec(arch.name, "bfloat16", hdim, decode_tile(arch, hdim, rows), False)
+    spec = DecodeSpec(arch.name, "bfloat16", hdim, default_decode_tile(arch, hdim, rows), False)
     assert spec.smem_bytes + 1024 <= arch.max_smem_per_block
     assert rows == (32 if seqlen_q * ratio > 16 and hdim <= 128 else 16)
 
@@ -66,13 +74,17 @@ def test_paging_bulk_where_pages_hold_whole_tiles_else_gather():
 
 
 def test_splits_only_when_the_ctas_do_not_fill_the_gpu():
-    spec = decode_spec(H200, (), torch.bfloat16, 128, False, 1, 4, None)
+    spec = decode_spec(H200, torch.bfloat16, 128, False, 1, 4, None)
     assert choose_splits(spec, 64, 8, 1, 4, 32768, 132) == 1  # 512 CTAs: no split
     one = choose_splits(spec, 1, 8, 1, 4, 16384, 132)  # 8 CTAs for 132 SMs
     assert 8 <= one <= 128 and 8 * one <= 2 * 132
     assert choose_splits(spec, 1, 8, 1, 4, 128, 132) == 1  # 4 blocks of keys: nothing to share
     # every split keeps each warp at least two blocks of keys
     assert choose_splits(spec, 1, 1, 1, 32, 2048, 132) <= 2048 // 32 // 8
+    # a profile's policy: never split, or split whenever the GPU is not full
+    assert choose_splits(spec, 1, 8, 1, 4, 16384, 132, DecodeSplitPolicy(max_splits=1)) == 1
+    assert choose_splits(spec, 14, 8, 1, 4, 16384, 132) == 1  # 112 CTAs: over 80% of the 132 SMs
+    assert choose_splits(spec, 14, 8, 1, 4, 16384, 132, DecodeSplitPolicy(fill=1.0)) > 1
 
 
 def test_short_16_bit_fixed_length_queries_go_to_the_decode_kernel():
@@ -93,10 +105,44 @@ def test_decode_kernels_compile_for_the_rtx_and_a100_targets(arch):
     than the tuner's default budget (64 bytes) would be a regression."""
     from flashtune.kernels.build import build_specs
 
-    facts = get_arch(arch)
-    specs = [decode_spec(facts, (), torch.bfloat16, 128, True, 4, 8, 1),
-             decode_spec(facts, (), torch.float16, 256, False, 1, 4, None)]
+    profile = on_arch(arch)
+    specs = [decode_spec(profile, torch.bfloat16, 128, True, 4, 8, 1),
+             decode_spec(profile, torch.float16, 256, False, 1, 4, None)]
     results, failures = build_specs(specs, jobs=2)
     assert not failures, failures
     assert all((r.spill_stores or 0) <= 64 for r in results), [(r.name, r.spill_stores) for r in results]
     assert all(not r.spills for r in results if "_h128_" in r.name), [(r.name, r.spill_stores) for r in results]
+
+
+def write_profile(tmp_path, decode: str):
+    text = (H200.path.read_text().split("\nprovenance:")[0]).replace("name: h200", "name: h200-decode")
+    path = tmp_path / "h200-decode.yaml"
+    path.write_text(text + "\n" + decode)
+    return path
+
+
+def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
+    profile = load_profile(write_profile(tmp_path, """decode:
+  tiles:
+    - {hdim: 128, rows: 16, block_n: 64, warps: 2, stages: 2}
+  split: {fill: 0.5, max_splits: 16}
+"""))
+    assert profile.decode_tile(128, 16) == DecodeTile(16, 64, 2, 2)
+    assert profile.decode_tile(64, 16) == default_decode_tile(profile.arch, 64, 16)  # the rest: defaults
+    assert profile.decode_split == DecodeSplitPolicy(fill=0.5, efficiency=0.85, max_splits=16)
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
+        "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
+
+
+@pytest.mark.parametrize("section,message", [
+    ("decode:\n  tiles:\n    - {hdim: 128, rows: 16, block_n: 64, warps: 8, stages: 4}\n", "shared memory"),
+    ("decode:\n  tiles:\n    - {hdim: 96, rows: 16, block_n: 32, warps: 4, stages: 2}\n", "not in head_dims"),
+    ("decode:\n  tiles:\n    - {hdim: 128, rows: 16, block_n: 32}\n", "missing"),
+    ("decode:\n  tiles:\n    - {hdim: 128, rows: 16, block_n: 32, warps: 4, stages: 2}\n"
+     "    - {hdim: 128, rows: 16, block_n: 16, warps: 4, stages: 2}\n", "a second tile"),
+    ("decode:\n  split: {fill: 1.5}\n", "fill and efficiency in"),
+    ("decode:\n  splits: {}\n", "splits"),
+])
+def test_a_bad_decode_section_names_the_key(tmp_path, section, message):
+    with pytest.raises(ProfileError, match=message):
+        load_profile(write_profile(tmp_path, section))

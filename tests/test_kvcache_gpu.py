@@ -127,8 +127,7 @@ def built_kernels():
             for causal in (False, True):
                 for seqlen_q, ratio in ((1, 4), (1, 32), (4, 4), (16, 4)):
                     for page in (None, 1, 16, 64, 256):
-                        specs.add(decode_spec(profile.arch, tuple(profile.nvcc_flags), dtype, hdim, causal, seqlen_q,
-                                              ratio, page))
+                        specs.add(decode_spec(profile, dtype, hdim, causal, seqlen_q, ratio, page))
     wanted = [s for s in specs if s.dtype == "bfloat16" or s.paging == "contiguous"]
     _, failures = build_specs(wanted, jobs=16)
     assert not failures, failures
@@ -259,7 +258,7 @@ def test_cuda_graph_replay_follows_new_seqlens_and_block_table():
 def test_run_decode_honours_an_explicit_split_count_on_the_heuristics_kernel():
     profile = active_profile(torch.device(DEV))
     q, kc, vc, seqlens, _ = make_case(1, 1, 32, 8, 128, torch.bfloat16, 4096, seqlens=[4096])
-    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), torch.bfloat16, 128, False, 1, 4, None)
+    spec = decode_spec(profile, torch.bfloat16, 128, False, 1, 4, None)
     for splits in (1, 2, 5, 64):
         out, lse = run_decode(spec, q, kc, vc, seqused_k=seqlens, max_seqlen_q=1, seqlen_k=4096,
                               softmax_scale=128 ** -0.5, num_splits=splits, with_lse=True, poison=True)

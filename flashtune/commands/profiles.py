@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashtune.commands.common import human_bytes
+from flashtune.kernels.decode_spec import decode_smem_bytes
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.schedule import suffix_words
 from flashtune.kernels.spec import spec_for
@@ -61,7 +62,22 @@ def details(profile: Profile) -> dict:
     the 16-bit kernels', for `fp8.configs` the FP8 twins')."""
     return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags),
             "configs": [_config_row(profile, e, False) for e in profile.configs],
-            "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs]}
+            "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs],
+            "decode": decode_details(profile)}
+
+
+def decode_details(profile: Profile) -> dict:
+    """The decode kernels' tile per (head dim, packed rows) and where it comes from, and the split
+    policy."""
+    own = {(hdim, rows) for hdim, rows, _ in profile.decode_tiles}
+    tiles = []
+    for hdim in profile.head_dims:
+        for rows in ((16, 32) if hdim <= 128 else (16,)):
+            tile = profile.decode_tile(hdim, rows)
+            tiles.append({"hdim": hdim, "rows": rows, "block_n": tile.block_n, "warps": tile.warps,
+                          "stages": tile.stages, "smem_bytes": decode_smem_bytes(hdim, tile),
+                          "source": "profile" if (hdim, rows) in own else "default"})
+    return {"tiles": tiles, "split": asdict(profile.decode_split)}
 
 
 def _config_row(profile: Profile, entry, fp8: bool) -> dict:
@@ -137,6 +153,17 @@ def render_details(profile: Profile, console: Console) -> None:
                           f"{row['smem_bytes']} B", f"{row['smem_percent_of_limit']}%",
                           str(row["registers"] or "-"), str(row["ctas_per_sm"]))
         console.print(table)
+    decode = Table(title="decode kernels (queries of at most 16 rows, and the KV-cache functions)",
+                   title_justify="left")
+    for column in ("hdim", "packed rows", "keys/step", "warps", "stages", "smem", "from"):
+        decode.add_column(column, no_wrap=True)
+    for row in data["decode"]["tiles"]:
+        decode.add_row(str(row["hdim"]), str(row["rows"]), str(row["block_n"]), str(row["warps"]),
+                       str(row["stages"]), f"{row['smem_bytes']} B", row["source"])
+    console.print(decode)
+    split = data["decode"]["split"]
+    console.print(f"decode splits: none while the CTAs fill {split['fill']:.0%} of the CTA slots; else the fewest "
+                  f"within {split['efficiency']:.0%} of the best wave efficiency, at most {split['max_splits']}")
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

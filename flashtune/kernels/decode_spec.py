@@ -25,6 +25,19 @@ DECODE_WARPS = (2, 4, 8)
 DECODE_STAGES = (2, 3, 4)
 REGISTER_BUDGET = 192  # O and S accumulators per thread (kernel_traits.cuh's static_assert)
 
+# The family's default tiles, per (head dim, packed rows): the (keys per warp step, warps, stages)
+# to try in order, the first that fits the arch's shared memory. Decode is bound by the cache
+# read, so the ring is sized to keep 100-200 KB in flight per SM where the arch has the memory
+# (sm_90, sm_80), about half that on the 99 KB RTX parts; 32 packed rows double the O
+# accumulators, so they take 16 keys a step. A profile's `decode: {tiles: ...}` overrides them.
+DEFAULT_TILE_ORDER = {
+    (64, 16): ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2)),
+    (128, 16): ((32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2)),
+    (256, 16): ((16, 4, 3), (16, 4, 2), (16, 2, 2)),
+    (64, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2)),
+    (128, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2), (16, 2, 2)),
+}
+
 
 @dataclass(frozen=True)
 class DecodeTile:
@@ -65,6 +78,30 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[s
     if not arch.mma_sync:
         problems.append(f"{arch.name} has no mma.sync")
     return problems
+
+
+def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
+    """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
+    fit (hdim <= 128), else 16."""
+    return 32 if seqlen_q * head_ratio > 16 and hdim <= 128 else 16
+
+
+def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
+    for block_n, warps, stages in DEFAULT_TILE_ORDER[hdim, rows]:
+        tile = DecodeTile(rows, block_n, warps, stages)
+        if not decode_tile_problems(hdim, tile, arch):
+            return tile
+    raise ValueError(f"no decode tile fits hdim {hdim} on {arch.name}")
+
+
+@dataclass(frozen=True)
+class DecodeSplitPolicy:
+    """When and how far decode splits a sequence's keys across CTAs (runtime/decode.py's
+    choose_splits): not while the CTAs fill `fill` of the GPU's CTA slots; else the fewest splits
+    within `efficiency` of the best wave efficiency, at most `max_splits`."""
+    fill: float = 0.8
+    efficiency: float = 0.85
+    max_splits: int = 128
 
 
 @dataclass(frozen=True)

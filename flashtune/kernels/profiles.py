@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from flashtune.kernels.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch, known_arch_names
+from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile, decode_tile_problems, default_decode_tile
 from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
@@ -32,9 +33,10 @@ def how_to_write() -> str:
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
              "nvcc_flags": list, "schedule": dict, "configs": list, "configs_from": str,
-             "configs_replace": list, "provenance": dict}
+             "configs_replace": list, "provenance": dict, "decode": dict}
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
+_DECODE_TILE_KEYS = ("hdim", "rows", "block_n", "warps", "stages")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
                 "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", *SCHEDULE_KEYS)}
 _REQUIRED_CONFIG = {"sm80": ("hdim", "block_m", "block_n", "num_warps", "stages"),
@@ -87,6 +89,18 @@ class Profile:
     fp8_configs: tuple[ProfileConfig, ...] = ()
     # Where the tiles came from (`flashtune tune` writes GPU, versions, date, measured TFLOPS).
     provenance: dict | None = field(default=None, hash=False, compare=False)
+    # `decode: {tiles: [...], split: {...}}`: the decode kernels' tiles per (hdim, packed rows), over
+    # the family's defaults for the arch, and the split policy.
+    decode_tiles: tuple[tuple[int, int, DecodeTile], ...] = ()
+    decode_split: DecodeSplitPolicy = DecodeSplitPolicy()
+
+    def decode_tile(self, hdim: int, rows: int) -> DecodeTile:
+        """The decode kernel's tile for this head dim and packed rows: the profile's, else the
+        family's default for its arch (kernels/decode_spec.py)."""
+        for entry_hdim, entry_rows, tile in self.decode_tiles:
+            if (entry_hdim, entry_rows) == (hdim, rows):
+                return tile
+        return default_decode_tile(self.arch, hdim, rows)
 
     @property
     def fp8_qk(self) -> bool:
@@ -204,7 +218,40 @@ class _Validator:
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
                        nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
-                       provenance=data.get("provenance"))
+                       provenance=data.get("provenance"), **self.decode(data.get("decode"), arch, head_dims))
+
+    def decode(self, value: dict | None, arch: ArchFacts, head_dims: tuple[int, ...]) -> dict:
+        """The `decode:` section: tiles per (hdim, rows) and the split policy, each checked against the
+        decode kernels' rules for this arch."""
+        if not value:
+            return {}
+        self.check_keys(value, "decode", ("tiles", "split"))
+        tiles, seen = [], set()
+        entries = self.expect(value.get("tiles", []), list, "decode.tiles", "a list of decode tiles")
+        for i, entry in enumerate(entries):
+            key = f"decode.tiles[{i}]"
+            self.expect(entry, dict, key, "{hdim, rows, block_n, warps, stages}")
+            self.check_keys(entry, key, _DECODE_TILE_KEYS, _DECODE_TILE_KEYS)
+            for name in _DECODE_TILE_KEYS:
+                self.expect(entry[name], int, f"{key}.{name}", "an integer")
+            if entry["hdim"] not in head_dims:
+                raise self.fail(f"{key}.hdim", f"head dim {entry['hdim']} is not in head_dims",
+                                ", ".join(map(str, head_dims)))
+            tile = DecodeTile(entry["rows"], entry["block_n"], entry["warps"], entry["stages"])
+            problems = decode_tile_problems(entry["hdim"], tile, arch)
+            if problems:
+                raise self.fail(key, "; ".join(problems), "a tile the decode kernels take on " + arch.name)
+            if (entry["hdim"], entry["rows"]) in seen:
+                raise self.fail(key, f"a second tile for hdim {entry['hdim']}, rows {entry['rows']}",
+                                "one tile per (hdim, rows)")
+            seen.add((entry["hdim"], entry["rows"]))
+            tiles.append((entry["hdim"], entry["rows"], tile))
+        split = self.expect(value.get("split", {}), dict, "decode.split", "{fill, efficiency, max_splits}")
+        self.check_keys(split, "decode.split", ("fill", "efficiency", "max_splits"), ())
+        policy = DecodeSplitPolicy(**split)
+        if not (0 < policy.fill <= 1 and 0 < policy.efficiency <= 1) or not 1 <= policy.max_splits <= 256:
+            raise self.fail("decode.split", f"{split}", "fill and efficiency in (0, 1], max_splits in 1..256")
+        return {"decode_tiles": tuple(tiles), "decode_split": policy}
 
     def nvcc_flags(self, value: Any) -> tuple[str, ...]:
         flags = self.str_list(value, "nvcc_flags", "a list of strings")

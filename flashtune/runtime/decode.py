@@ -1,7 +1,8 @@
-"""Decode launches: which DecodeSpec serves a call (packed rows, tile, how keys are addressed), how
-many CTAs share a sequence's keys (num_splits=0: the heuristic), the split buffers, and the launch
-through the torch op flashtune_C::decode. Nothing here reads device memory on the host, so a call
-can be captured in a CUDA graph.
+"""Decode launches: which DecodeSpec serves a call under a profile (packed rows, the profile's tile,
+how keys are addressed), how many CTAs share a sequence's keys (num_splits=0: the heuristic, with
+the profile's split policy), the split buffers, and the launch through the torch op
+flashtune_C::decode. Nothing here reads device memory on the host, so a call can be captured in a
+CUDA graph.
 """
 from __future__ import annotations
 
@@ -10,39 +11,11 @@ import math
 
 import torch
 
-from flashtune.kernels.arch import ArchFacts
 from flashtune.kernels.build import load_binding, load_kernel
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_tile_problems
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows
+from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
 from flashtune.runtime.checks import DTYPE_NAMES
-
-# Per head dim, the (keys per warp step, warps, stages) to try in order: the first that fits the
-# arch's shared memory. Decode is bound by the cache read, so the ring is sized to keep about
-# 100-200 KB in flight per SM where the arch has the memory (sm_90, sm_80), half that on the
-# 99 KB RTX parts.
-# 32 packed rows double the O accumulators: 16 keys a step keeps them in registers.
-DECODE_TILE_ORDER = {
-    (64, 16): ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2)),
-    (128, 16): ((32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2)),
-    (256, 16): ((16, 4, 3), (16, 4, 2), (16, 2, 2)),
-    (64, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2)),
-    (128, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2), (16, 2, 2)),
-}
-MAX_SPLITS = 128
-
-
-def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
-    """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
-    fit (hdim <= 128), else 16."""
-    return 32 if seqlen_q * head_ratio > 16 and hdim <= 128 else 16
-
-
-def decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
-    for block_n, warps, stages in DECODE_TILE_ORDER[hdim, rows]:
-        tile = DecodeTile(rows, block_n, warps, stages)
-        if not decode_tile_problems(hdim, tile, arch):
-            return tile
-    raise ValueError(f"no decode tile fits hdim {hdim} on {arch.name}")
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -53,11 +26,13 @@ def paging_for(page_size: int | None, block_n: int) -> str:
 
 
 @functools.lru_cache(maxsize=512)
-def decode_spec(arch: ArchFacts, nvcc_flags: tuple, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int,
-                head_ratio: int, page_size: int | None) -> DecodeSpec:
-    tile = decode_tile(arch, hdim, decode_rows(seqlen_q, head_ratio, hdim))
-    return DecodeSpec(arch.name, DTYPE_NAMES[dtype], hdim, tile, bool(causal), paging_for(page_size, tile.block_n),
-                      tuple(nvcc_flags))
+def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
+                page_size: int | None) -> DecodeSpec:
+    """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
+    profile's `decode:` tiles, else the family's default for its arch), and the cache's paging."""
+    tile = profile.decode_tile(hdim, decode_rows(seqlen_q, head_ratio, hdim))
+    return DecodeSpec(profile.arch.name, DTYPE_NAMES[dtype], hdim, tile, bool(causal),
+                      paging_for(page_size, tile.block_n), profile.nvcc_flags)
 
 
 @functools.lru_cache(maxsize=16)
@@ -66,32 +41,33 @@ def _sm_count(device_index: int) -> int:
 
 
 def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
-                  sm_count: int) -> int:
-    """FlashAttention-3's rule, for this kernel: no split while the CTAs fill 80% of the GPU's CTA
-    slots; else the fewest splits within 85% of the best wave efficiency, each split keeping every
-    warp at least two key blocks."""
+                  sm_count: int, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
+    """FlashAttention-3's rule, for this kernel: no split while the CTAs fill policy.fill (80%) of the
+    GPU's CTA slots; else the fewest splits within policy.efficiency (85%) of the best wave
+    efficiency, each split keeping every warp at least two key blocks."""
     tile = spec.tile
     row_blocks = math.ceil(seqlen_q * head_ratio / tile.rows)
     ctas = batch * heads_kv * row_blocks
     per_sm = max(1, min(spec.arch_facts.smem_per_sm // (spec.smem_bytes + RESERVED_SMEM_PER_CTA),
                         spec.arch_facts.max_threads_per_sm // spec.threads))
     slots = sm_count * per_sm
-    if ctas == 0 or ctas >= 0.8 * slots:
+    if ctas == 0 or ctas >= policy.fill * slots:
         return 1
     blocks = math.ceil(seqlen_k / tile.block_n)
-    most = max(1, min(MAX_SPLITS, blocks // (2 * tile.warps)))
+    most = max(1, min(policy.max_splits, blocks // (2 * tile.warps)))
 
     def efficiency(splits: int) -> float:
         waves = ctas * splits / slots
         return waves / math.ceil(waves)
 
     best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+    return next(s for s in range(1, most + 1) if efficiency(s) >= policy.efficiency * best)
 
 
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
-               num_splits: int, with_lse: bool, out=None, poison: bool = False):
+               num_splits: int, with_lse: bool, out=None, poison: bool = False,
+               policy: DecodeSplitPolicy = DecodeSplitPolicy()):
     """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic."""
     varlen = cu_seqlens_q is not None
     heads_q, hdim = q.shape[-2], q.shape[-1]
@@ -100,7 +76,7 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     total_q = q.shape[0] if varlen else q.shape[0] * q.shape[1]
     if num_splits <= 0:
         num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, seqlen_k,
-                                   _sm_count(q.device.index))
+                                   _sm_count(q.device.index), policy)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None

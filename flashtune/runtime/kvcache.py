@@ -222,12 +222,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]):
         q = q.contiguous()
     profile = active_profile(q.device)
-    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), q.dtype, hdim, bool(causal), seqlen_q,
-                       heads_q // k_cache.shape[2], page_size)
+    spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size)
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused, cache_batch_idx=cache_batch_idx,
                           leftpad_k=cache_leftpad, block_table=block_table, max_seqlen_q=seqlen_q,
                           seqlen_k=capacity, softmax_scale=scale, num_splits=num_splits,
-                          with_lse=return_softmax_lse, poison=ops.poison_outputs)
+                          with_lse=return_softmax_lse, poison=ops.poison_outputs,
+                          policy=profile.decode_split)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -269,8 +269,9 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
                          block_table=block_table, out=out)
     _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
     profile = active_profile(q.device)
-    spec = decode_spec(profile.arch, tuple(profile.nvcc_flags), q.dtype, q.shape[-1], bool(causal),
-                       int(max_seqlen_q), q.shape[1] // k_cache.shape[2], page_size)
+    spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
+                       page_size)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
-                      num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None)
+                      num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
+                      policy=profile.decode_split)

@@ -130,4 +130,4 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     from flashtune.runtime.decode import decode_spec
 
     dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
-    return decode_spec(profile.arch, tuple(profile.nvcc_flags), dtype, hdim, bool(causal), seqlen_q, head_ratio, None)
+    return decode_spec(profile, dtype, hdim, bool(causal), seqlen_q, head_ratio, None)
