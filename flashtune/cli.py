@@ -248,12 +248,16 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Rebuild even what the cache holds.")
 @click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: CPU count).")
 @click.option("--verbose", is_flag=True, help="Print each kernel's build log path and ptxas report.")
+@click.option("--decode/--no-decode", default=True, show_default=True,
+              help="Also the decode kernels (queries of at most 16 rows, the KV-cache functions): 30 per dtype, "
+                   "else compiled on their first call.")
 @json_option
-def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, as_json) -> None:
+def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, as_json) -> None:
     """JIT-compile a profile's attention kernels into the cache.
 
     One kernel per (dtype, head dim, causal, tile) of the profile, each with its exact,
-    config-named symbol; plus the torch binding. Example:
+    config-named symbol; the decode kernels (per dtype, head dim, packed rows, causal and
+    cache layout); plus the torch binding. Example:
 
     \b
         flashtune build --profile rtx5090 --arch sm_120
@@ -266,7 +270,7 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, as_js
     console = None if as_json else make_console()
     if console:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
-    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console)
+    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=decode)
     if as_json:
         print_json(report.to_json())
     else:

@@ -15,6 +15,7 @@ from flashtune.commands.common import EXIT_FAILED, EXIT_OK, progress_bar
 from flashtune.kernels.arch import get_arch
 from flashtune.kernels.build import BuildError, BuildResult, build_binding, build_specs, cache_root
 from flashtune.kernels.profiles import Profile
+from flashtune.kernels.decode_spec import decode_specs_for_profile
 from flashtune.kernels.spec import KernelSpec, specs_for_profile
 from flashtune.kernels.toolchain import check_build_toolchain
 
@@ -51,8 +52,9 @@ class BuildReport:
 
 
 def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jobs: int | None,
-              console: Console | None, with_binding: bool = True) -> BuildReport:
-    """Build every spec of the profile (narrowed by the options); a progress bar on the console."""
+              console: Console | None, with_binding: bool = True, decode: bool = True) -> BuildReport:
+    """Build every kernel of the profile (narrowed by the options), the decode kernels included; a
+    progress bar on the console."""
     specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     target = get_arch(arch or profile.arch.name)
     check_build_toolchain(target)  # once, before any compile: exit 2
@@ -61,6 +63,8 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
         dropped = len(specs_for_profile(profile, dtypes=dtypes or None, hdims=hdims or None)) - len(specs)
         report.notes.append(f"{dropped} FP8 Q/K kernels of profile {profile.name} are not built: {target.name} has "
                             "no FP8 tensor cores (they exist on sm_89, sm_90 and sm_120)")
+    if decode:
+        specs += decode_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     start = time.perf_counter()
     with progress_bar("building", console, len(specs) + int(with_binding)) as bar:
         if with_binding:

@@ -195,3 +195,31 @@ extern "C" int {self.launcher_symbol}(const flashtune::DecodeParams* params, voi
             h.update(path.name.encode())
             h.update(path.read_bytes())
         return h.hexdigest()
+
+
+def decode_spec_for(profile, dtype: str, hdim: int, rows: int, causal: bool, paging: str,
+                    arch: str | None = None) -> DecodeSpec:
+    """The decode kernel a profile launches for these settings, on its arch or `arch` (a retarget
+    takes the family's default tile for that arch): the one place a profile becomes a DecodeSpec
+    (the runtime and `flashtune build` both ask here)."""
+    if arch is None or arch == profile.arch.name:
+        return DecodeSpec(profile.arch.name, dtype, hdim, profile.decode_tile(hdim, rows), causal, paging,
+                          profile.nvcc_flags)
+    return DecodeSpec(arch, dtype, hdim, default_decode_tile(get_arch(arch), hdim, rows), causal, paging,
+                      profile.nvcc_flags)
+
+
+def decode_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[DecodeSpec]:
+    """Every decode kernel a profile can launch (optionally narrowed), for `flashtune build`: each
+    dtype and head dim, 16 and 32 packed rows (where they fit), causal and not, contiguous, paged
+    and gathered caches."""
+    specs = []
+    for dtype in dtypes or profile.dtypes:
+        for hdim in hdims or profile.head_dims:
+            for rows in DECODE_ROWS:
+                if (hdim, rows) not in DEFAULT_TILE_ORDER:
+                    continue
+                for causal in (False, True):
+                    for paging in PAGINGS:
+                        specs.append(decode_spec_for(profile, dtype, hdim, rows, causal, paging, arch))
+    return specs

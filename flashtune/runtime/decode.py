@@ -12,7 +12,7 @@ import math
 import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
 from flashtune.runtime.checks import DTYPE_NAMES
@@ -30,9 +30,9 @@ def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, s
                 page_size: int | None) -> DecodeSpec:
     """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
     profile's `decode:` tiles, else the family's default for its arch), and the cache's paging."""
-    tile = profile.decode_tile(hdim, decode_rows(seqlen_q, head_ratio, hdim))
-    return DecodeSpec(profile.arch.name, DTYPE_NAMES[dtype], hdim, tile, bool(causal),
-                      paging_for(page_size, tile.block_n), profile.nvcc_flags)
+    rows = decode_rows(seqlen_q, head_ratio, hdim)
+    paging = paging_for(page_size, profile.decode_tile(hdim, rows).block_n)
+    return decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging)
 
 
 @functools.lru_cache(maxsize=16)
