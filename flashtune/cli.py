@@ -351,9 +351,12 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
               "(default: under the flashtune cache dir, per GPU and profile).")
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
 @click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
+@click.option("--decode", is_flag=True,
+              help="Tune the decode kernels' tiles instead (per head dim and packed rows, on decode cells); the "
+                   "written profile keeps the prefill tiles and gets a decode: section.")
 @json_option
 def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time_budget, max_spill_bytes, repeats,
-                 final_round, jobs, gpus, fp8, cache_path, name, out, as_json) -> None:
+                 final_round, jobs, gpus, fp8, cache_path, name, out, decode, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
@@ -365,13 +368,43 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     \b
         flashtune tune --profile h200-sm80 --hdims 128 --out my-h200.yaml
         flashtune tune --profile h200 --hdims 64,128 --tiles 128x128,128x176
+        flashtune tune --decode --hdims 128
 
     Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
     from flashtune.commands import tune
     from flashtune.tuning import search
 
+    if decode:
+        prefill_only = {"causal": "--causal", "max_candidates": "--max-candidates", "tiles": "--tiles",
+                        "time_budget": "--time-budget", "final_round": "--final-round", "gpus": "--gpus",
+                        "fp8": "--fp8", "cache_path": "--cache"}
+        ctx = click.get_current_context()
+        given = [flag for key, flag in prefill_only.items()
+                 if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: not an option of tune --decode (it times every decode "
+                                   "tile the arch takes, side by side)")
     gpus_seen = require_gpu("tune")
+    if decode:
+        from flashtune.tuning.decode_search import run_decode_tune
+
+        profile, _ = resolve_profile(profile_name)
+        unknown = sorted(set(hdims or ()) - set(profile.head_dims))
+        if unknown:
+            raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
+        console = make_console(stderr=as_json)
+        with progress_bar("tune --decode", console) as bar:
+            result = run_decode_tune(profile, dtype, tuple(hdims or profile.head_dims), repeats, jobs,
+                                     max_spill_bytes, on_event=lambda stage, done, total: bar.update(done, total, stage))
+        name = name or f"{profile.name}-tuned"
+        written, prov = tune.write_decode_tuned(profile, result, dtype, gpus_seen[0].name, name, out or f"{name}.yaml")
+        if as_json:
+            print_json({"profile": str(written.path), "decode_tune": prov["decode_tune"]})
+        else:
+            tune.render_decode(result, console)
+            console.print(f"wrote [bold]{written.path}[/] (profile {written.name}; validated)")
+        return
     if gpus > len(gpus_seen):
         raise click.BadParameter(f"{gpus} GPUs asked for, {len(gpus_seen)} visible", param_hint="--gpus")
     profile, _ = resolve_profile(profile_name)

@@ -151,3 +151,64 @@ def summary(written: Profile, provenance_: dict, result: TuneResult) -> dict:
     """What --json prints: the profile written, its provenance, every candidate's outcome."""
     return {"profile": str(written.path), "provenance": provenance_,
             "records": [r.to_json() for r in result.records]}
+
+
+# ---------------------------------------------------------------------------- tune --decode
+
+def write_decode_tuned(profile: Profile, result, dtype: str, gpu_name: str, name: str, out: str) -> tuple[Profile, dict]:
+    """The base profile with its decode tiles replaced by the tune's winners (its prefill tiles as
+    they were); the provenance says what each pair measured."""
+    import torch
+
+    from flashtune import __version__
+    from flashtune.tuning.decode_search import CELLS
+
+    pairs = []
+    for (hdim, rows), tile in sorted(result.winners.items()):
+        group = [c for c in result.candidates if (c.hdim, c.rows) == (hdim, rows)]
+        start = next(c for c in group if c.starting)
+        won = next(c for c in group if c.tile == tile)
+        pairs.append({"hdim": hdim, "rows": rows, "tile": tile.label, "starting_tile": start.tile.label,
+                      "vs_starting": round(won.vs_starting, 3) if won.vs_starting else None,
+                      "us": {k: round(v, 2) for k, v in won.us.items()},
+                      "candidates_measured": sum(1 for c in group if c.us),
+                      "candidates_failed": sum(1 for c in group if c.status != "ok")})
+    date = datetime.date.today().isoformat()
+    prov = {**(profile.provenance or {}),
+            "decode_tune": {"tool": "flashtune tune --decode", "base_profile": profile.name, "gpu": gpu_name,
+                            "torch": torch.__version__, "cuda": torch.version.cuda, "flashtune": __version__,
+                            "date": date, "dtype": dtype,
+                            "cells": {rows: [list(c) for c in cells] for rows, cells in CELLS.items()},
+                            "pairs": pairs}}
+    first = profile.description.strip().split(". ")[0].rstrip(".")
+    description = f"{first}. Decode tiles tuned by `flashtune tune --decode` on {gpu_name} ({date}) from profile " \
+                  f"{profile.name}."
+    path = write_profile(profile, name, description, {}, prov, out, decode_tiles=result.winners)
+    return load_profile(path), prov
+
+
+def render_decode(result, console: Console, top: int = 3) -> None:
+    """Per (head dim, packed rows): the fastest few against the starting tile, and every rejection."""
+    table = Table(title="flashtune tune --decode: the fastest per (head dim, packed rows), geomean over the cells")
+    for column in ("hdim", "rows", "rank", "tile", "vs starting", "us per cell"):
+        table.add_column(column, justify="left" if column in ("tile", "us per cell") else "right")
+    for hdim, rows in sorted(result.winners):
+        group = [c for c in result.candidates if (c.hdim, c.rows) == (hdim, rows) and c.vs_starting is not None]
+        ranked = sorted(group, key=lambda c: c.vs_starting)[:top]
+        start = next((c for c in group if c.starting), None)
+        if start is not None and start not in ranked:
+            ranked.append(start)
+        for i, c in enumerate(ranked):
+            label = c.tile.label + (" (starting)" if c.starting else "") + \
+                (" (written)" if c.tile == result.winners[(hdim, rows)] else "")
+            table.add_row(str(hdim), str(rows), str(i + 1), label, f"{c.vs_starting:.3f}x",
+                          ", ".join(f"{v:.1f}" for v in c.us.values()))
+    console.print(table)
+    rejected = [c for c in result.candidates if c.status != "ok"]
+    if rejected:
+        bad = Table(title="rejected candidates")
+        bad.add_column("kernel")
+        bad.add_column("reason")
+        for c in rejected:
+            bad.add_row(c.spec, c.status)
+        console.print(bad)

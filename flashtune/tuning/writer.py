@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import TileConfig
 
@@ -52,12 +53,30 @@ def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "
     return lines
 
 
+def decode_lines(base: Profile, tuned: dict[tuple[int, int], DecodeTile] | None = None) -> list[str]:
+    """The `decode:` section: the base's tiles with the tuned ones in their place, and the base's
+    split policy where it is not the default; none at all when both are defaults."""
+    tiles = {(hdim, rows): tile for hdim, rows, tile in base.decode_tiles}
+    tiles.update(tuned or {})
+    lines = []
+    if tiles:
+        lines.append("  tiles:")
+        lines += [f"    - {{hdim: {hdim}, rows: {rows}, block_n: {t.block_n}, warps: {t.warps}, stages: {t.stages}}}"
+                  for (hdim, rows), t in sorted(tiles.items())]
+    if base.decode_split != DecodeSplitPolicy():
+        s = base.decode_split
+        lines.append(f"  split: {{fill: {s.fill}, efficiency: {s.efficiency}, max_splits: {s.max_splits}}}")
+    return ["decode:", *lines] if lines else []
+
+
 def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles, provenance: dict,
-                  path: str | Path, fp8: bool = False) -> Path:
+                  path: str | Path, fp8: bool = False,
+                  decode_tiles: dict[tuple[int, int], DecodeTile] | None = None) -> Path:
     """Write the tuned profile; the caller validates it by loading it back. `fp8`: the tiles
     are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were. Each tuned
     (hdim, causal) must cover every sequence length: buckets from 0 up, each starting where the
-    last ended, the last open."""
+    last ended, the last open. `decode_tiles`: tuned decode tiles per (hdim, rows); the base's
+    decode section is kept either way."""
     for per_bucket in tiles.values():
         assert per_bucket[0][0] == 0 and per_bucket[-1][1] is None and all(
             prev[1] == nxt[0] for prev, nxt in zip(per_bucket, per_bucket[1:])), per_bucket
@@ -89,6 +108,9 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
     else:
         text += "fp8: null\n"
     text += "configs:\n" + "\n".join(config_lines) + "\n"
+    decode = decode_lines(base, decode_tiles)
+    if decode:
+        text += "\n".join(decode) + "\n"
     # A JSON round trip turns str subclasses (torch's TorchVersion) into plain YAML-safe values.
     text += yaml.safe_dump({"provenance": json.loads(json.dumps(provenance))}, sort_keys=False, width=100)
     path = Path(path)
