@@ -141,13 +141,18 @@ def speedups(rows: list[BenchRow], ours: str = "flashtune") -> dict[str, float |
     return {b: geomean(t[b] / t[ours] for t in by_shape.values() if b in t and ours in t) for b in others}
 
 
+def checked_backends(names: list[str] | None, known, default, where: str = "") -> list[str]:
+    """--backends of one bench mode, checked against that mode's backends (`where`: " with --model")."""
+    names = names or list(default)
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}; known{where}: {', '.join(known)}", param_hint="--backends")
+    return names
+
+
 def backend_names(text: list[str] | None) -> list[str]:
     """--backends, checked: the known ones (absent ones show as unavailable); default all but FP8."""
-    names = text or list(DEFAULT_BACKENDS)
-    unknown = sorted(set(names) - set(BACKENDS))
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}; known: {', '.join(BACKENDS)}", param_hint="--backends")
-    return names
+    return checked_backends(text, BACKENDS, DEFAULT_BACKENDS)
 
 
 def environment() -> dict:
@@ -218,9 +223,10 @@ def render(result: BenchResult, console: Console) -> None:
         console.print("flashtune speed-up, geomean over shapes (backend ms / flashtune ms): " + ", ".join(parts))
 
 
-def to_csv(rows: list[BenchRow]) -> str:
+def to_csv(rows: list) -> str:
+    """Rows of one dataclass (BenchRow, DecodeRow) as CSV, a column per field."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ROW_KEYS)
+    writer = csv.DictWriter(buf, fieldnames=[f.name for f in fields(rows[0])] if rows else list(ROW_KEYS))
     writer.writeheader()
     writer.writerows(asdict(r) for r in rows)
     return buf.getvalue()
@@ -260,15 +266,20 @@ def plot(result: BenchResult, path: str) -> None:
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOPS")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    h = result.header
+    finish_figure(fig, axes, len(keys), f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})", path)
+
+
+def finish_figure(fig, axes, used: int, title: str, path: str, columns: int = 8) -> None:
+    """The unused panels off, one legend for the figure below the panels (so no curve is hidden
+    behind it), the title, saved."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    # One legend for the figure, below the panels, so no curve is hidden behind it.
     handles: dict = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=9)
-    h = result.header
-    fig.suptitle(f"flashtune bench on {h['gpu']} ({h['torch']}, CUDA {h['cuda']})")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(columns, len(handles)), fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)

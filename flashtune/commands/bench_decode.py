@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Callable
 
-import click
 from rich.console import Console
 from rich.table import Table
 
-from flashtune.commands.bench import environment, pyplot
+from flashtune.commands.bench import checked_backends, environment, finish_figure, pyplot, to_csv  # noqa: F401
 from flashtune.measure.decode_backends import DECODE_BACKENDS
 from flashtune.measure.decode_problem import DecodeProblem, contiguous_kv, make_decode_inputs
 from flashtune.measure.timing import L2_FLUSH_BYTES, geomean, host_ms_per_call, kernel_names, time_interleaved, time_ms
@@ -57,9 +56,6 @@ class DecodeRow:
                 self.page_size)
 
 
-ROW_KEYS = tuple(f.name for f in fields(DecodeRow))
-
-
 @dataclass
 class DecodeBenchResult:
     header: dict
@@ -88,12 +84,7 @@ class DecodeBenchResult:
 
 
 def backend_names(text: list[str] | None) -> list[str]:
-    names = text or list(DEFAULT_DECODE_BACKENDS)
-    unknown = sorted(set(names) - set(DECODE_BACKENDS))
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}; known with --decode: {', '.join(DECODE_BACKENDS)}",
-                                 param_hint="--backends")
-    return names
+    return checked_backends(text, DECODE_BACKENDS, DEFAULT_DECODE_BACKENDS, " with --decode")
 
 
 def copy_gbps() -> float:
@@ -103,7 +94,6 @@ def copy_gbps() -> float:
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = statistics.median(time_ms([lambda: dst.copy_(src)], 3, 20))
-    del src, dst
     return 2 * COPY_BYTES / (ms * 1e-3) / 1e9
 
 
@@ -206,17 +196,6 @@ def render(result: DecodeBenchResult, console: Console) -> None:
         console.print("flashtune speed-up, geomean over problems (backend us / flashtune us): " + ", ".join(parts))
 
 
-def to_csv(rows: list[DecodeRow]) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=ROW_KEYS)
-    writer.writeheader()
-    writer.writerows(asdict(r) for r in rows)
-    return buf.getvalue()
-
-
 def plot(result: DecodeBenchResult, path: str) -> None:
     """GB/s against the K/V bytes read, one panel per (hdim, KV heads, query tokens), one line per
     backend (and per page size for flashtune's paged rows); the copy bandwidth as a dashed line."""
@@ -243,14 +222,5 @@ def plot(result: DecodeBenchResult, path: str) -> None:
         ax.set_xlabel("K/V read per call (GB)")
         ax.set_ylabel("GB/s")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    handles: dict = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
-    h = result.header
-    fig.suptitle(f"flashtune bench --decode on {h['gpu']} (dashed: device-to-device copy)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
+    finish_figure(fig, axes, len(keys), f"flashtune bench --decode on {result.header['gpu']} (dashed: "
+                  "device-to-device copy)", path, columns=6)

@@ -17,11 +17,10 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
-import click
 from rich.console import Console
 from rich.table import Table
 
-from flashtune.commands.bench import environment, pyplot
+from flashtune.commands.bench import checked_backends, environment, pyplot
 from flashtune.commands.memory import ModelShape, accounts, find_model
 
 # backend -> (transformers attn_implementation, SDPA backend to force or None)
@@ -79,12 +78,7 @@ class ModelBenchResult:
 
 def backend_names(names: list[str] | None) -> list[str]:
     """--backends with --model, checked (default: flashtune, SDPA's flash, cuDNN and math, eager)."""
-    names = names or list(DEFAULT_MODEL_BACKENDS)
-    unknown = sorted(set(names) - set(MODEL_BACKENDS))
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}; with --model: {', '.join(MODEL_BACKENDS)}",
-                                 param_hint="--backends")
-    return names
+    return checked_backends(names, MODEL_BACKENDS, DEFAULT_MODEL_BACKENDS, " with --model")
 
 
 def build_model(shape: ModelShape, layers: int | None, dtype: torch.dtype, device: str, seed: int = 0):

@@ -107,9 +107,12 @@ def render(report: BuildReport, console: Console, verbose: bool = False) -> None
     built = sum(not k.cache_hit for k in report.kernels)
     console.print(f"{len(report.kernels)} modules ({built} built, {len(report.kernels) - built} from the "
                   f"cache) in {report.seconds:.1f} s; cache: {report.cache}")
-    if any(k.spill_stores or k.spill_loads for k in report.kernels):
-        console.print("[yellow]warning: some kernels spill registers to local memory (slower); "
-                      "`flashtune tune` finds configs that do not[/]")
+    spilled = [k for k in report.kernels if k.spill_stores or k.spill_loads]
+    if spilled:
+        decode = sum(k.name.startswith("flashtune_decode_") for k in spilled)
+        tools = [t for t, n in (("`flashtune tune`", len(spilled) - decode), ("`flashtune tune --decode`", decode)) if n]
+        console.print(f"[yellow]warning: {len(spilled)} kernels spill registers to local memory (slower; the "
+                      f"spills column); {' and '.join(tools)} can look for tiles that do not[/]")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     for failure in report.failures:  # one line each: the kernel, its first compiler error, the full log

@@ -10,11 +10,10 @@ cache read, which cp.async rings per warp keep in flight without TMA).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from flashtune.kernels.arch import ArchFacts, get_arch
-from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, source_files
+from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inputs_hash, source_files
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
 
 DECODE_SOURCES = ("common", "sm80", "decode")  # csrc/ folders the kernels include
@@ -188,13 +187,7 @@ extern "C" int {self.launcher_symbol}(const flashtune::DecodeParams* params, voi
         return [*BASE_NVCC_FLAGS, *self.nvcc_flags]
 
     def source_hash(self) -> str:
-        h = hashlib.sha256(self.source().encode())
-        h.update("\0".join(self.nvcc_flags_all()).encode())
-        h.update(self.arch_facts.torch_arch_list.encode())
-        for path in source_files(DECODE_SOURCES):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-        return h.hexdigest()
+        return build_inputs_hash(self, source_files(DECODE_SOURCES))
 
 
 def decode_spec_for(profile, dtype: str, hdim: int, rows: int, causal: bool, paging: str,

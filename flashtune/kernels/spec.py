@@ -164,13 +164,18 @@ extern "C" int {self.launcher_symbol}(const flashtune::FwdParams* params, void* 
 
     def source_hash(self) -> str:
         """Hash of everything the build reads: generated source, kernel headers, flags."""
-        h = hashlib.sha256(self.source().encode())
-        h.update("\0".join(self.nvcc_flags_all()).encode())
-        h.update(self.arch_facts.torch_arch_list.encode())
-        for path in family_source_files(self.family):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-        return h.hexdigest()
+        return build_inputs_hash(self, family_source_files(self.family))
+
+
+def build_inputs_hash(spec, headers: list[Path]) -> str:
+    """A spec's cache key: its generated source, its flags, its arch and every header it includes."""
+    h = hashlib.sha256(spec.source().encode())
+    h.update("\0".join(spec.nvcc_flags_all()).encode())
+    h.update(spec.arch_facts.torch_arch_list.encode())
+    for path in headers:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def family_source_files(family: str) -> list[Path]:

@@ -91,22 +91,32 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
     return make
 
 
+def imported(module: str, attr: str):
+    """`module.attr` of an optional package, or Unavailable saying it is not importable."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except Exception as e:  # ImportError, or a broken install
+        raise Unavailable(f"{module} is not importable ({type(e).__name__})") from e
+
+
+def tried(call: Callable[[], object]) -> Runner:
+    """A runner of another package's function, run once: its output (the first of a tuple), or
+    Unavailable with the reason the function gave for refusing."""
+    def run():
+        out = call()
+        return out[0] if isinstance(out, tuple) else out
+
+    try:
+        run()
+    except Exception as e:
+        raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
+    return run
+
+
 def _flash_attn_module(module: str, attr: str = "flash_attn_func") -> Callable[[Inputs], Runner]:
     def make(inputs: Inputs) -> Runner:
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except Exception as e:  # ImportError, or a broken install
-            raise Unavailable(f"{module} is not importable ({type(e).__name__})") from e
-
-        def run() -> torch.Tensor:
-            out = fn(inputs.q, inputs.k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal)
-            return out[0] if isinstance(out, tuple) else out
-
-        try:
-            run()
-        except Exception as e:
-            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
-        return run
+        fn = imported(module, attr)
+        return tried(lambda: fn(inputs.q, inputs.k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal))
 
     return make
 

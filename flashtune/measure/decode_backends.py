@@ -6,10 +6,9 @@ without paging, GQA heads repeated for SDPA backends without GQA) happens once, 
 """
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
-from flashtune.measure.backends import Runner, Unavailable
+from flashtune.measure.backends import Runner, Unavailable, imported, tried
 from flashtune.measure.decode_problem import contiguous_kv
 
 
@@ -71,42 +70,18 @@ def _sdpa(backend_name: str | None) -> Callable[[dict, bool, float], Runner]:
 def _flash_attn_kvcache(module: str) -> Callable[[dict, bool, float], Runner]:
     """flash-attn 2/3's flash_attn_with_kvcache (paged where the page size is one it takes)."""
     def make(inputs: dict, causal: bool, scale: float) -> Runner:
-        try:
-            fn = getattr(importlib.import_module(module), "flash_attn_with_kvcache")
-        except Exception as e:
-            raise Unavailable(f"{module} is not importable ({type(e).__name__})") from e
-
-        def run():
-            out = fn(inputs["q"], inputs["k"], inputs["v"], block_table=inputs["block_table"], softmax_scale=scale,
-                     causal=causal)
-            return out[0] if isinstance(out, tuple) else out
-
-        try:
-            run()
-        except Exception as e:
-            raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
-        return run
+        fn = imported(module, "flash_attn_with_kvcache")
+        return tried(lambda: fn(inputs["q"], inputs["k"], inputs["v"], block_table=inputs["block_table"],
+                                softmax_scale=scale, causal=causal))
 
     return make
 
 
 def _flash_attn4(inputs: dict, causal: bool, scale: float) -> Runner:
     """FA4's flash_attn_func on the (gathered) cache: it has no KV-cache entry point of its own."""
-    try:
-        fn = importlib.import_module("flash_attn.cute").flash_attn_func
-    except Exception as e:
-        raise Unavailable(f"flash_attn.cute is not importable ({type(e).__name__})") from e
+    fn = imported("flash_attn.cute", "flash_attn_func")
     k, v = contiguous_kv(inputs)
-
-    def run():
-        out = fn(inputs["q"], k, v, softmax_scale=scale, causal=causal)
-        return out[0] if isinstance(out, tuple) else out
-
-    try:
-        run()
-    except Exception as e:
-        raise Unavailable(f"refused: {str(e).splitlines()[0][:160]}") from e
-    return run
+    return tried(lambda: fn(inputs["q"], k, v, softmax_scale=scale, causal=causal))
 
 
 DECODE_BACKENDS: dict[str, Callable[[dict, bool, float], Runner]] = {

@@ -241,7 +241,7 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         fail("seqused_k is served with a paged cache (block_table); pass block_table, or cu_seqlens_k alone "
              "for packed keys")
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        fail(f"q must be (total_q, heads, head_dim) with a paged cache, got "
+        fail("q must be (total_q, heads, head_dim) with a paged cache, got "
              + (f"shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
     for name, t in (("k", k_cache), ("v", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
