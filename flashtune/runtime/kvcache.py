@@ -191,11 +191,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     caller_seqlens = isinstance(cache_seqlens, torch.Tensor)  # values only known on the device
     if cache_seqlens is None:
         cache_seqlens = capacity - seqlen_new
+    keys_known = None  # every sequence's key count, when the host knows it
     if isinstance(cache_seqlens, int):
         if not 0 <= cache_seqlens <= capacity - seqlen_new:
             fail(f"cache_seqlens {cache_seqlens} + {seqlen_new} new keys must be within the capacity {capacity}")
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-    _int32_vector(cache_seqlens, "cache_seqlens", batch)
+        keys_known = cache_seqlens + seqlen_new
+        if seqlen_new or block_table is not None or cache_leftpad is not None or cache_batch_idx is not None:
+            cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+        else:  # nothing below reads per-sequence lengths: no fill kernel
+            cache_seqlens = None
+    if cache_seqlens is not None:
+        _int32_vector(cache_seqlens, "cache_seqlens", batch)
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if t is not None:
             _int32_vector(t, name, batch)
@@ -223,9 +229,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q = q.contiguous()
     profile = active_profile(q.device)
     spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size)
-    out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused, cache_batch_idx=cache_batch_idx,
-                          leftpad_k=cache_leftpad, block_table=block_table, max_seqlen_q=seqlen_q,
-                          seqlen_k=capacity, softmax_scale=scale, num_splits=num_splits,
+    # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
+    out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
+                          cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
+                          max_seqlen_q=seqlen_q, seqlen_k=capacity if keys_known is None else keys_known,
+                          softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs,
                           policy=profile.decode_split)
     return (out, lse) if return_softmax_lse else out
