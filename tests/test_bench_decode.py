@@ -72,3 +72,20 @@ def test_plot_draws_a_panel_per_head_layout(tmp_path):
     path = tmp_path / "decode.png"
     bench_decode.plot(DecodeBenchResult(header, 4000.0, rows()), str(path))
     assert path.stat().st_size > 10_000
+
+
+def test_a_paged_cache_gathers_back_to_the_contiguous_one():
+    import torch
+
+    from flashtune.measure.decode_problem import contiguous_kv
+
+    k = torch.arange(2 * 8 * 1 * 2, dtype=torch.float32).view(2, 8, 1, 2)  # 2 sequences x 8 keys
+    pages = k.reshape(8, 2, 1, 2)  # pages of 2 keys, in order
+    order = torch.tensor([5, 2, 7, 0, 3, 1, 6, 4])  # where each page is stored
+    shuffled = torch.empty_like(pages)
+    shuffled[order] = pages
+    table = order.view(2, 4).to(torch.int32)
+    got_k, got_v = contiguous_kv({"k": shuffled, "v": shuffled, "block_table": table})
+    assert torch.equal(got_k, k) and torch.equal(got_v, k)
+    first, _ = contiguous_kv({"k": shuffled, "v": shuffled, "block_table": table}, 1)
+    assert torch.equal(first, k[:1])

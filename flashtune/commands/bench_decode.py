@@ -108,7 +108,7 @@ def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: f
     sets = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_BYTES / p.kv_bytes)))
     inputs = [make_decode_inputs(p, seed + i) for i in range(sets)]
     ratio = p.heads // p.heads_kv
-    k0, v0 = contiguous_kv(inputs[0])  # the sample: batch entry 0, the heads of its first KV head
+    k0, v0 = contiguous_kv(inputs[0], 1)  # the sample: batch entry 0, the heads of its first KV head
     ref, _ = attention_reference(inputs[0]["q"][:1, :, :ratio], k0[:1, :, :1], v0[:1, :, :1], p.causal, scale)
     del k0, v0
     rows, timed = [], {}

@@ -88,11 +88,13 @@ def make_decode_inputs(problem: DecodeProblem, seed: int) -> dict:
                 v=torch.randn(shape, device="cuda", dtype=dtype, generator=gen), block_table=table)
 
 
-def contiguous_kv(inputs: dict):
-    """The cache as (batch, cache, heads_kv, hdim) K and V, gathered through the block table if paged."""
+def contiguous_kv(inputs: dict, sequences: int | None = None):
+    """The cache as (batch, cache, heads_kv, hdim) K and V, gathered through the block table if paged;
+    only the first `sequences` of them when given."""
     k, v, table = inputs["k"], inputs["v"], inputs["block_table"]
     if table is None:
-        return k, v
+        return (k, v) if sequences is None else (k[:sequences], v[:sequences])
+    table = table if sequences is None else table[:sequences]
     batch = table.shape[0]
     rows = table.long()
     return (k[rows].reshape(batch, -1, *k.shape[2:]), v[rows].reshape(batch, -1, *v.shape[2:]))
