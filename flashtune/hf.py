@@ -9,20 +9,23 @@ is_flash_attention_requested), and fails when there is none to fetch.
 
 transformers is optional: this module is the only one that imports it. The mask side reuses
 transformers' FlashAttention mask function: no mask when the batch is unpadded and causal,
-else the 2-D padding mask, which we turn into a varlen call (padded query rows get zeros).
+else the 2-D padding mask. Decode steps over a left-padded cache go to the decode kernels with
+each row's padding as its first valid key; any other padded batch becomes a varlen call (padded
+query rows get zeros).
 """
 from __future__ import annotations
 
 import torch
 
-from flashtune.runtime import ops
+from flashtune.runtime import kvcache, ops
+from flashtune.runtime.checks import DTYPE_NAMES
+from flashtune.runtime.selection import DECODE_MAX_SEQLEN_Q
 
 NAME = "ftune"  # no "flash" in it: see the module docstring
 
-# Where decode steps (one new query against the KV cache) go. flashtune's kernels give one CTA
-# per (batch, head) to a single query row, so with a long cache they are slower than a split-KV
-# kernel (H200, 16k cache: 285 against SDPA flash's 482 tokens/s); "sdpa" routes those steps to
-# torch's scaled_dot_product_attention, by name (`bench --model` calls it flashtune+sdpa-decode).
+# Where decode steps (one new query against the KV cache) go: flashtune's decode kernels, or, with
+# "sdpa", torch's scaled_dot_product_attention, by name (`bench --model` calls that route
+# flashtune+sdpa-decode, to measure one against the other).
 DECODE_ROUTES = ("flashtune", "sdpa")
 decode_route = "flashtune"
 
@@ -76,9 +79,20 @@ def _sdpa_decode(query, key, value, attention_mask, scaling) -> torch.Tensor:
 
 
 def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tensor:
-    """A padded batch as one varlen call: keep the valid tokens, attend, scatter back."""
+    """A padded batch: decode steps over a left-padded cache through the decode kernels, reading
+    the cache in place; anything else as one varlen call (keep the valid tokens, attend, scatter back)."""
     batch, q_len = q.shape[0], q.shape[1]
     kv_mask = kv_mask[:, -k.shape[1]:]
+    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and q.shape[-1] in (64, 128, 256):
+        pads = (~kv_mask).sum(1, dtype=torch.int32)
+        positions = torch.arange(kv_mask.shape[1], device=kv_mask.device)
+        # one read on the host, as the varlen path's lengths: every row a run of valid keys that ends
+        # at the last position (left padding, as batched generation pads) and covers its queries
+        left_padded = torch.equal(kv_mask, positions[None, :] >= pads[:, None]) and \
+            bool((kv_mask.shape[1] - pads >= q_len).all())
+        if left_padded:
+            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            return kvcache.left_padded_decode(q, k, v, pads, scale, causal)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence
     lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), kv_mask.sum(1, dtype=torch.int32)
     zero = torch.zeros(1, dtype=torch.int32, device=q.device)

@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from flashtune import hf  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
+from flashtune.runtime import kvcache, ops  # noqa: E402
 from flashtune.measure.reference import attention_reference, varlen_reference  # noqa: E402
 
 CALLS = []
@@ -27,8 +27,15 @@ def reference_kernels(monkeypatch):
         CALLS.append(("varlen", cu_q.tolist(), cu_k.tolist(), causal))
         return varlen_reference(q, k, v, cu_q, cu_k, causal, softmax_scale)[0].to(q.dtype)
 
+    def left_padded(q, k, v, pads, scale, causal):
+        CALLS.append(("leftpad", pads.tolist(), tuple(q.shape), causal))
+        rows = [attention_reference(q[b:b + 1], k[b:b + 1, p:], v[b:b + 1, p:], causal, scale)[0]
+                for b, p in enumerate(pads.tolist())]
+        return torch.cat(rows).to(q.dtype)
+
     monkeypatch.setattr(ops, "flash_attn_func", dense)
     monkeypatch.setattr(ops, "flash_attn_varlen_func", varlen)
+    monkeypatch.setattr(kvcache, "left_padded_decode", left_padded)
 
 
 MODELS = {
@@ -103,6 +110,24 @@ def test_decode_route_sdpa_sends_only_single_query_steps_to_sdpa(padded):
     assert CALLS and all(c[1] == [0, 16, 26] if padded else c[1][1] == 16 for c in CALLS)
     with pytest.raises(ValueError, match="allowed: flashtune, sdpa"):
         hf.set_decode_route("cudnn")
+
+
+def test_left_padded_generation_decodes_over_the_cache_in_place():
+    """Batched generation pads on the left: its decode steps go to the decode kernels with each
+    row's padding as its first valid key (no copy of the cache), and generate what eager does."""
+    eager, ours = _pair("llama")
+    eager, ours = eager.to(torch.bfloat16), ours.to(torch.bfloat16)
+    ids = torch.randint(0, 128, (3, 16))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, :6] = 0
+    mask[2, :3] = 0
+    with torch.no_grad():
+        ref = eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, ref)
+    decode = [c for c in CALLS if c[0] == "leftpad"]
+    assert decode and all(c[1] == [0, 6, 3] and c[2][1] == 1 for c in decode)
+    assert all(c[0] == "varlen" for c in CALLS if c[0] != "leftpad")  # the prefill: 10 real keys < 16 queries
 
 
 def test_unsupported_features_are_refused():

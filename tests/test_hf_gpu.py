@@ -52,3 +52,29 @@ def test_model_bench_on_the_gpu(tmp_path):
     # Random weights give near-flat logits, where bf16 rounding alone flips some argmaxes: the
     # bar is 99%, or what another exact kernel (cuDNN) achieves against SDPA flash, less a point.
     assert ours.top1_agreement >= max(0.9, min(0.99, cudnn.top1_agreement - 0.01)), (ours, cudnn)
+
+
+def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels():
+    from flashtune import hf
+    from flashtune.measure.timing import kernel_names
+    from flashtune.runtime import ops
+
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+    config = transformers.Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    ref = ref.cuda().eval()
+    ours = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
+    ours = ours.cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 1000, (3, 300), device="cuda")
+    mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
+    mask[1, :40] = 0
+    mask[2, :170] = 0
+    with torch.no_grad():
+        tokens_ref = ref.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+        tokens = ours.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+        names = kernel_names(lambda: ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False))
+    assert (tokens_ref == tokens).all(dim=1).sum() >= 2, (tokens_ref != tokens).sum(dim=1)
+    assert any(n.startswith("flashtune_decode_") for n in names), names  # the decode step's kernel
