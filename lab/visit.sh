@@ -9,6 +9,10 @@
 #   sanitize      compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200
 #   ab-bf16, ab-fp16     the FA grid: today's h200 kernels, the release's and SDPA's cuDNN in one
 #                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
+#   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
+#   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
+#   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
+#   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FLASHTUNE_CACHE_DIR=/tmp/ftc FLASHTUNE_TEST_CACHE_DIR=/tmp/ftc \
@@ -39,6 +43,14 @@ for step in "$@"; do case $step in
   sanitize) for tool in memcheck racecheck synccheck; do
               run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200
             done ;;
+  decode-smoke) FLASHTUNE_PROFILE=h200 run decode-smoke 150 python3 lab/decode_smoke.py ;;
+  decode-64|decode-128|decode-256) d=${step#decode-}
+         run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \
+           --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
+  decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
+           --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
+           --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
+  pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;
   *) echo "== $step: unknown step" ;;
