@@ -62,3 +62,15 @@ def test_verify_without_gpu_exits_3(monkeypatch):
     monkeypatch.setattr("flashtune.commands.common.detect_gpus", lambda: [])
     result = CliRunner().invoke(cli, ["verify"])
     assert result.exit_code == 3 and "no GPU is visible" in result.output
+
+
+def test_the_matrix_has_decode_and_paged_kv_cache_rows():
+    from flashtune.commands.verify import correctness_cases
+    from flashtune.kernels.profiles import find_profile
+
+    cases = correctness_cases(find_profile("h200"))
+    decode = [c for c in cases if c.name.startswith("decode ")]
+    paged = [c for c in decode if c.page_size]
+    assert len(decode) == 2 * 3 * 2 + 2 * 3  # per dtype: 2 per head dim through flash_attn_func, 3 paged
+    assert sorted({c.page_size for c in paged}) == [1, 16, 64]  # row gathers and whole-tile pages
+    assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv == 4 for c in decode)

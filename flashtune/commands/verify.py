@@ -123,6 +123,11 @@ def correctness_cases(profile) -> list[Problem]:
                                   heads=32, heads_kv=8))
             cases.append(_problem(f"decode {dtype} d{hdim} GQA 32:8 causal 4/777", dtype, hdim, True, 4, 777,
                                   heads=32, heads_kv=8))
+        hdim = 128 if 128 in profile.head_dims else profile.head_dims[0]
+        for page, causal, sq in ((16, True, 4), (64, False, 1), (1, False, 1)):  # flash_attn_with_kvcache, paged
+            c = "causal " if causal else ""
+            cases.append(_problem(f"decode {dtype} d{hdim} pages of {page} {c}{sq}/777", dtype, hdim, causal, sq,
+                                  777, heads=32, heads_kv=8, page_size=page))
     if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
         dtype = profile.dtypes[-1]
         for hdim in profile.head_dims:
@@ -205,9 +210,13 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
 
 def _inputs(case: Problem, seed: int):
     """q, k, v for the case, and for a varlen case its (cu_seqlens_q, cu_seqlens_k, max_q, max_k):
-    sequences of 0, 1, odd and long lengths packed together."""
+    sequences of 0, 1, odd and long lengths packed together; for a paged case its paged K and V
+    (the same keys, in shuffled pages), block table and key counts."""
     import torch
 
+    if case.page_size:
+        q, k, v = make_inputs(case, seed)
+        return q, k, v, _paged(k, v, case.page_size, seed)
     if not case.varlen:
         return (*make_inputs(case, seed), None)
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -221,9 +230,33 @@ def _inputs(case: Problem, seed: int):
     return q, k, v, (cu_q, cu_k, max(lens_q), max(lens_k))
 
 
-def _call(q, k, v, case: Problem, varlen_args):
-    from flashtune.runtime import ops
+def _paged(k, v, page_size: int, seed: int) -> dict:
+    """k and v (batch, seqlen, heads_kv, d) as a paged cache: each sequence's keys in pages of
+    `page_size` (the last one part-filled), the pages shuffled, a block table to them."""
+    import torch
 
+    batch, seqlen = k.shape[:2]
+    per_seq = -(-seqlen // page_size)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    order = torch.randperm(batch * per_seq, device="cuda", generator=gen)
+    paged = []
+    for t in (k, v):
+        padded = torch.zeros(batch, per_seq * page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
+        padded[:, :seqlen] = t
+        pages = torch.empty_like(padded).view(batch * per_seq, page_size, *t.shape[2:])
+        pages[order] = padded.view(batch * per_seq, page_size, *t.shape[2:])
+        paged.append(pages)
+    lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+    return {"k": paged[0], "v": paged[1], "block_table": order.view(batch, per_seq).to(torch.int32), "lens": lens}
+
+
+def _call(q, k, v, case: Problem, varlen_args):
+    from flashtune.runtime import kvcache, ops
+
+    if case.page_size:
+        c = varlen_args
+        return kvcache.flash_attn_with_kvcache(q, c["k"], c["v"], cache_seqlens=c["lens"], block_table=c["block_table"],
+                                               causal=case.causal, return_softmax_lse=True)
     if varlen_args:
         cu_q, cu_k, mq, mk = varlen_args
         return ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=case.causal, return_lse=True)
@@ -248,13 +281,17 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.timing import kernel_names
     from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference
+    from flashtune.runtime.decode import decode_spec
     from flashtune.runtime.selection import kernel_for
 
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
-    sq, sk = (varlen_args[2], varlen_args[3]) if varlen_args else (case.seqlen_q, case.seqlen_k)
-    spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
-                      fp8=case.fp8, varlen=case.varlen)
+    sq, sk = (varlen_args[2], varlen_args[3]) if case.varlen else (case.seqlen_q, case.seqlen_k)
+    if case.page_size:
+        spec = decode_spec(profile, q.dtype, case.hdim, case.causal, sq, case.heads // case.heads_kv, case.page_size)
+    else:
+        spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
+                          fp8=case.fp8, varlen=case.varlen)
     expected = expected_kernel or spec.name
     companions = (spec.combine_name,) if isinstance(spec, DecodeSpec) else ()
 
@@ -265,7 +302,7 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
         names = kernel_names(lambda: _call(q, k, v, case, varlen_args))
     finally:
         ops.poison_outputs = False
-    if varlen_args:
+    if case.varlen:
         ref, _ = varlen_reference(q, k, v, varlen_args[0], varlen_args[1], case.causal, scale)
         cq, ck = varlen_args[0].tolist(), varlen_args[1].tolist()
         tol = max(tolerance(q[a:b][None], k[c:d][None], v[c:d][None], case.causal, scale, ref[a:b][None])

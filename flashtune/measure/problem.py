@@ -26,6 +26,7 @@ class Problem:
     heads_kv: int = 8  # GQA/MQA: a divisor of heads
     varlen: bool = False  # packed sequences of mixed lengths (verify's case; seqlens unused)
     fp8: bool = False  # q and k quantised to e4m3 by the op (qk_fp8=True)
+    page_size: int = 0  # verify's KV-cache case: k and v in shuffled pages of this many keys
     name: str = ""  # how a report calls it
 
     @property
