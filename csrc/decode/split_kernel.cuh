@@ -148,7 +148,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   if (first_row >= w.packed_rows) return;  // CTA-uniform: no barrier is skipped
 
   // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio)
-  const Elem* q = static_cast<const Elem*>(p.q) + row_offsets(p, w.batch).q;
+  const Elem* q = static_cast<const Elem*>(p.q) + w.q_offset;
   for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
     const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
     const int packed = first_row + r;
@@ -253,7 +253,6 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
 
   // Each thread finishes 4 columns of one row at a time.
   constexpr int kQuads = D / 4;
-  const RowOffsets at_row = row_offsets(p, w.batch);
   for (int c = tid; c < T::kRows * kQuads; c += T::kThreads) {
     const int row = c / kQuads, col = (c % kQuads) * 4;
     const int packed = first_row + row;
@@ -276,13 +275,13 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
     if (p.num_splits == 1) {
-      Elem* out = static_cast<Elem*>(p.o) + at_row.o + int64_t(pos) * p.o_row_stride +
+      Elem* out = static_cast<Elem*>(p.o) + w.o_offset + int64_t(pos) * p.o_row_stride +
                   int64_t(head) * p.o_head_stride + col;
       *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(o.x, o.y), pack2<Elem>(o.z, o.w));
       if (col == 0 && p.lse != nullptr)
-        p.lse[at_row.lse + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, p.softmax_scale, l);
+        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, p.softmax_scale, l);
     } else {
-      const int64_t at = (int64_t(w.split) * p.total_q + at_row.row0 + pos) * p.heads_q + head;
+      const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
       *reinterpret_cast<float4*>(p.o_partial + at * D + col) = o;
       // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
       if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, p.softmax_scale, l) : -INFINITY;

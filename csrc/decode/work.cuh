@@ -16,25 +16,11 @@ struct Work {
   int seqlen_q, seqlen_k;  // this sequence's query positions and valid keys (after left padding)
   int packed_rows;         // seqlen_q * head_ratio
   int causal_shift;        // bottom-right causal: key j visible to position i iff j <= i + shift
+  int64_t q_offset, o_offset, lse_offset;  // element offsets of the sequence's first row
+  int64_t row0;            // the sequence's first row in total_q (partial buffers, varlen LSE)
   int cache_batch, leftpad;
   int block_begin, block_end;  // this split's key blocks [begin, end)
 };
-
-// Where a sequence's rows start: element offsets in q, o and lse, and its first row in total_q
-// (the partial buffers). Derived again where needed rather than kept in registers through the
-// mainloop (fixed length: products of params; varlen: one load of cu_seqlens_q).
-struct RowOffsets {
-  int64_t q, o, lse, row0;
-};
-
-__device__ __forceinline__ RowOffsets row_offsets(const DecodeParams& p, int batch) {
-  if (p.cu_seqlens_q != nullptr) {
-    const int start = p.cu_seqlens_q[batch];
-    return {int64_t(start) * p.q_row_stride, int64_t(start) * p.o_row_stride, start, start};
-  }
-  return {int64_t(batch) * p.q_batch_stride, int64_t(batch) * p.o_batch_stride,
-          int64_t(batch) * p.lse_batch_stride, int64_t(batch) * p.seqlen_q};
-}
 
 template <class T>
 __device__ __forceinline__ Work schedule_work(const DecodeParams& p) {
@@ -44,7 +30,19 @@ __device__ __forceinline__ Work schedule_work(const DecodeParams& p) {
   w.row_block = blockIdx.x % row_blocks;
   w.kv_head = blockIdx.y;
   w.batch = blockIdx.z;
-  w.seqlen_q = p.cu_seqlens_q != nullptr ? p.cu_seqlens_q[w.batch + 1] - p.cu_seqlens_q[w.batch] : p.seqlen_q;
+  w.seqlen_q = p.seqlen_q;
+  w.q_offset = int64_t(w.batch) * p.q_batch_stride;
+  w.o_offset = int64_t(w.batch) * p.o_batch_stride;
+  w.lse_offset = int64_t(w.batch) * p.lse_batch_stride;
+  w.row0 = int64_t(w.batch) * p.seqlen_q;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[w.batch];
+    w.seqlen_q = p.cu_seqlens_q[w.batch + 1] - start;
+    w.q_offset = int64_t(start) * p.q_row_stride;
+    w.o_offset = int64_t(start) * p.o_row_stride;
+    w.lse_offset = start;
+    w.row0 = start;
+  }
   w.packed_rows = w.seqlen_q * p.head_ratio;
   w.leftpad = p.leftpad_k != nullptr ? p.leftpad_k[w.batch] : 0;
   w.cache_batch = p.cache_batch_idx != nullptr ? p.cache_batch_idx[w.batch] : w.batch;
