@@ -25,14 +25,22 @@ def paging_for(page_size: int | None, block_n: int) -> str:
     return "paged" if page_size % block_n == 0 else "gather"
 
 
-@functools.lru_cache(maxsize=512)
+# decode_spec's, keyed by what of a profile a decode spec depends on: hashing a whole Profile (its
+# tile tables) per call cost 4 us, on the path of every decode step.
+_decode_specs: dict[tuple, DecodeSpec] = {}
+
+
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
                 page_size: int | None) -> DecodeSpec:
     """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
     profile's `decode:` tiles, else the family's default for its arch), and the cache's paging."""
     rows = decode_rows(seqlen_q, head_ratio, hdim)
-    paging = paging_for(page_size, profile.decode_tile(hdim, rows).block_n)
-    return decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging)
+    key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size)
+    spec = _decode_specs.get(key)
+    if spec is None:
+        paging = paging_for(page_size, profile.decode_tile(hdim, rows).block_n)
+        spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging)
+    return spec
 
 
 @functools.lru_cache(maxsize=16)

@@ -45,7 +45,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,
                               policy=profile.decode_split)
-        return out, lse if lse is not None else _empty_outputs(q, v.dtype, varlen, False)[1]
+        return out, lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device)
     if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
