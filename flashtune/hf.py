@@ -88,9 +88,8 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tens
         positions = torch.arange(kv_mask.shape[1], device=kv_mask.device)
         # one read on the host, as the varlen path's lengths: every row a run of valid keys that ends
         # at the last position (left padding, as batched generation pads) and covers its queries
-        left_padded = torch.equal(kv_mask, positions[None, :] >= pads[:, None]) and \
-            bool((kv_mask.shape[1] - pads >= q_len).all())
-        if left_padded:
+        left_padded = (kv_mask == (positions[None, :] >= pads[:, None])).all() & (kv_mask.shape[1] - pads >= q_len).all()
+        if bool(left_padded):
             scale = scaling if scaling is not None else q.shape[-1] ** -0.5
             return kvcache.left_padded_decode(q, k, v, pads, scale, causal)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence

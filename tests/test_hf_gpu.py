@@ -11,7 +11,8 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 
-def test_qwen2_generates_like_sdpa():
+def _qwen2_pair():
+    """A small random Qwen2 twice, with the same weights: SDPA's and flashtune's attention."""
     from flashtune import hf
     from flashtune.runtime import ops
 
@@ -24,6 +25,11 @@ def test_qwen2_generates_like_sdpa():
     ours = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
     ours = ours.cuda().eval()
     ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def test_qwen2_generates_like_sdpa():
+    ref, ours = _qwen2_pair()
     ids = torch.randint(0, 1000, (2, 300), device="cuda")
     with torch.no_grad():
         logits_ref, logits = ref(ids).logits.float(), ours(ids).logits.float()
@@ -55,19 +61,9 @@ def test_model_bench_on_the_gpu(tmp_path):
 
 
 def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels():
-    from flashtune import hf
     from flashtune.measure.timing import kernel_names
-    from flashtune.runtime import ops
 
-    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
-    config = transformers.Qwen2Config(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
-    ref = ref.cuda().eval()
-    ours = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
-    ours = ours.cuda().eval()
-    ours.load_state_dict(ref.state_dict())
+    ref, ours = _qwen2_pair()
     ids = torch.randint(0, 1000, (3, 300), device="cuda")
     mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
     mask[1, :40] = 0
