@@ -562,7 +562,9 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         with progress_bar("bench --decode", console, len(problems)) as bar:
             result = bench.run_decode_bench(problems, names, repeats, on_problem=lambda p: bar.advance(p.label))
         if csv_path:
-            write_text(csv_path, bench.to_csv(result.rows))
+            from flashtune.commands.bench import to_csv
+
+            write_text(csv_path, to_csv(result.rows))
     else:
         from flashtune.commands import bench
         from flashtune.measure.problem import HDIMS, SEQLENS, fa_grid

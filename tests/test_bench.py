@@ -188,3 +188,35 @@ def test_calls_the_host_could_not_queue_ahead_are_timed_again_behind_a_longer_sp
     monkeypatch.setattr(timing, "_queued_calls", fake_queued_calls)
     assert timing.time_ms([lambda: None], warmup=0, repeats=4, warmup_seconds=0.0) == [3.0] * 4
     assert spins == [timing.QUEUE_AHEAD_CYCLES * 4 ** i for i in range(3)]
+
+
+def test_time_backends_fills_statuses_and_returns_the_timed(monkeypatch):
+    """The measuring both benches share, with the GPU parts stood in: an unavailable backend and one
+    that runs out of memory while timed keep their reasons; the others come back with times."""
+    import torch
+
+    from flashtune.commands import bench
+    from flashtune.measure.backends import Unavailable
+
+    def make(name):
+        if name == "absent":
+            raise Unavailable("absent is not importable")
+        return [lambda: name]
+
+    def interleaved(timed, warmup, repeats, catch=()):
+        assert set(timed) == {"fast", "oom"} and catch == (torch.cuda.OutOfMemoryError,)
+        return {"fast": [1.0, 2.0, 3.0]}, {"oom": torch.cuda.OutOfMemoryError()}
+
+    monkeypatch.setattr(bench, "kernel_names", lambda run: [f"kernel_{run()}"])
+    monkeypatch.setattr(bench, "time_interleaved", interleaved)
+    monkeypatch.setattr(bench, "host_ms_per_call", lambda runners: 0.5)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    rows = [bench.BenchRow.empty(name, problem.Problem("bfloat16", 64, False, 512, 512, 1, 8, 8))
+            for name in ("fast", "absent", "oom")]
+    checked = []
+    timed = bench.time_backends(rows, make, lambda row, run: checked.append((row.backend, run())), 5, 30)
+    assert timed == {"fast": ([1.0, 2.0, 3.0], 0.5)}
+    assert checked == [("fast", "fast"), ("oom", "oom")]
+    assert [r.status for r in rows] == ["ok", "unavailable: absent is not importable",
+                                        "unavailable: out of memory while timing"]
+    assert rows[0].kernel == "kernel_fast"

@@ -6,6 +6,7 @@ import pytest
 from rich.console import Console
 
 from flashtune.commands import bench_decode
+from flashtune.commands.bench import to_csv
 from flashtune.commands.bench_decode import DecodeBenchResult, DecodeRow
 from flashtune.measure.decode_problem import DecodeProblem, decode_grid
 
@@ -57,7 +58,7 @@ def test_render_and_csv_show_every_row_and_the_reason_a_backend_is_missing():
     bench_decode.render(DecodeBenchResult(header, 4000.0, rows()), console)
     text = console.export_text()
     assert "not importable" in text and "copy 4000 GB/s" in text and "fastest other" in text
-    csv_text = bench_decode.to_csv(rows())
+    csv_text = to_csv(rows())
     assert csv_text.splitlines()[0].startswith("backend,dtype,hdim") and len(csv_text.splitlines()) == 8
 
 

@@ -34,7 +34,7 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
     """One row per backend for this shape: same inputs for all."""
     import torch
 
-    from flashtune.measure.backends import Inputs, Unavailable
+    from flashtune.measure.backends import Inputs
     from flashtune.measure.reference import attention_reference, rel_l2
 
     scale = 1.0 / math.sqrt(shape.hdim)
@@ -45,22 +45,43 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
     sample_h = min(SAMPLE_HEADS, shape.heads)
     ref, _ = attention_reference(q0[:1, :, :sample_h], k0[:1, :, :max(1, math.ceil(sample_h / group))],
                                  v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
-    rows, timed = [], {}  # timed: backend -> its runners, for those that ran and were checked
-    for name in backends:
-        row = BenchRow.empty(name, shape)
-        rows.append(row)
+    def first_call(row: BenchRow, run) -> None:  # its peak memory and its error on the sample
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = run()
+        torch.cuda.synchronize()
+        row.peak_mem_mb = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
+        row.rel_err = rel_l2(out[:1, :, :sample_h], ref)
+
+    rows = [BenchRow.empty(name, shape) for name in backends]
+    timed = time_backends(rows, lambda name: [BACKENDS[name](case) for case in cases], first_call, warmup, repeats)
+    for row in rows:
+        if row.backend in timed:
+            row.ms = statistics.median(timed[row.backend][0])
+            row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+            row.host_ms = timed[row.backend][1]
+    return rows
+
+
+def time_backends(rows: list, make_runners: Callable[[str], list], first_call: Callable[[object, Callable], None],
+                  warmup: int, repeats: int) -> dict[str, tuple[list[float], float | None]]:
+    """The measuring both benches share, one row per backend (a BenchRow or a DecodeRow): each
+    backend's runners made, its first call checked by `first_call(row, runner)` (which fills the row's
+    error columns), its kernels named; then all timed in interleaved rounds. A backend that is
+    unavailable or runs out of memory gets that as its row's status. Returns, per backend timed, its
+    GPU times in ms and the host ms of one call (None if measuring that ran out of memory)."""
+    import torch
+
+    from flashtune.measure.backends import Unavailable
+
+    timed = {}  # backend -> its runners, for those that ran and were checked
+    for row in rows:
         try:
-            runners = [BACKENDS[name](case) for case in cases]
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            out = runners[0]()
-            torch.cuda.synchronize()
-            row.peak_mem_mb = round((torch.cuda.max_memory_allocated() - before) / 2**20, 1)
-            row.rel_err = rel_l2(out[:1, :, :sample_h], ref)
-            del out
+            runners = make_runners(row.backend)
+            first_call(row, runners[0])
             row.kernel = "; ".join(kernel_names(runners[0]))
-            timed[name] = runners
+            timed[row.backend] = runners
         except Unavailable as e:
             row.status = f"unavailable: {e}"
         except torch.cuda.OutOfMemoryError:
@@ -69,17 +90,18 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
     times, failed = time_interleaved(timed, warmup, repeats, catch=(torch.cuda.OutOfMemoryError,))
     if failed:
         torch.cuda.empty_cache()
+    result = {}
     for row in rows:
         if row.backend in failed:
             row.status = "unavailable: out of memory while timing"
         elif row.backend in times:
-            row.ms = statistics.median(times[row.backend])
-            row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
             try:
-                row.host_ms = host_ms_per_call(timed[row.backend])
+                host_ms = host_ms_per_call(timed[row.backend])
             except torch.cuda.OutOfMemoryError:  # timed, so shown; the host column stays empty
+                host_ms = None
                 torch.cuda.empty_cache()
-    return rows
+            result[row.backend] = (times[row.backend], host_ms)
+    return result
 
 
 @dataclass

@@ -15,10 +15,10 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
-from flashtune.commands.bench import checked_backends, environment, finish_figure, pyplot, to_csv  # noqa: F401
+from flashtune.commands.bench import checked_backends, environment, finish_figure, pyplot, time_backends
 from flashtune.measure.decode_backends import DECODE_BACKENDS
 from flashtune.measure.decode_problem import DecodeProblem, contiguous_kv, make_decode_inputs
-from flashtune.measure.timing import L2_FLUSH_BYTES, geomean, host_ms_per_call, kernel_names, time_interleaved, time_ms
+from flashtune.measure.timing import L2_FLUSH_BYTES, geomean, time_ms
 
 DEFAULT_DECODE_BACKENDS = tuple(DECODE_BACKENDS)
 MAX_INPUT_SETS = 64  # small caches: enough sets that no timed call finds its cache in L2
@@ -99,9 +99,6 @@ def copy_gbps() -> float:
 
 def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: float, seed: int = 0,
                     warmup: int = 5) -> list[DecodeRow]:
-    import torch
-
-    from flashtune.measure.backends import Unavailable
     from flashtune.measure.reference import attention_reference, rel_l2
 
     scale = 1.0 / math.sqrt(p.hdim)
@@ -111,35 +108,20 @@ def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: f
     k0, v0 = contiguous_kv(inputs[0], 1)  # the sample: batch entry 0, the heads of its first KV head
     ref, _ = attention_reference(inputs[0]["q"][:1, :, :ratio], k0[:1, :, :1], v0[:1, :, :1], p.causal, scale)
     del k0, v0
-    rows, timed = [], {}
-    for name in backends:
-        row = DecodeRow.empty(name, p)
-        rows.append(row)
-        try:
-            runners = [DECODE_BACKENDS[name](x, p.causal, scale) for x in inputs]
-            out = runners[0]()
-            torch.cuda.synchronize()
-            row.rel_err = rel_l2(out[:1, :, :ratio], ref)
-            del out
-            row.kernel = "; ".join(kernel_names(runners[0]))
-            timed[name] = runners
-        except Unavailable as e:
-            row.status = f"unavailable: {e}"
-        except torch.cuda.OutOfMemoryError:
-            row.status = "unavailable: out of memory"
-            torch.cuda.empty_cache()
-    times, failed = time_interleaved(timed, warmup, repeats, catch=(torch.cuda.OutOfMemoryError,))
+    def first_call(row: DecodeRow, run) -> None:  # its error on the sample
+        row.rel_err = rel_l2(run()[:1, :, :ratio], ref)
+
+    rows = [DecodeRow.empty(name, p) for name in backends]
+    timed = time_backends(rows, lambda name: [DECODE_BACKENDS[name](x, p.causal, scale) for x in inputs], first_call,
+                          warmup, repeats)
     for row in rows:
-        if row.backend in failed:
-            row.status = "unavailable: out of memory while timing"
-        elif row.backend in times:
-            ms = statistics.median(times[row.backend])
+        if row.backend in timed:
+            times, host_ms = timed[row.backend]
+            ms = statistics.median(times)
             row.us = ms * 1e3
             row.gbps = p.kv_bytes / (ms * 1e-3) / 1e9
             row.copy_fraction = row.gbps / copy
-            row.host_us = host_ms_per_call(timed[row.backend]) * 1e3
-    del inputs, timed
-    torch.cuda.empty_cache()
+            row.host_us = None if host_ms is None else host_ms * 1e3
     return rows
 
 
@@ -148,6 +130,8 @@ def run_decode_bench(problems: list[DecodeProblem], backends: list[str], repeats
     """Every problem's rows. flashtune's block tables are trusted, as an engine (or a CUDA graph)
     calls it: the check of index values a caller passes is a device sync per call, which would
     time the host instead of the kernels (the header says so)."""
+    import torch
+
     from flashtune.runtime import checks
 
     copy = copy_gbps()
@@ -156,6 +140,7 @@ def run_decode_bench(problems: list[DecodeProblem], backends: list[str], repeats
     try:
         for p in problems:
             rows += measure_problem(p, backends, repeats, copy)
+            torch.cuda.empty_cache()  # this problem's caches (and SDPA's copies of them) are gone now
             if on_problem:
                 on_problem(p)
     finally:
