@@ -31,6 +31,8 @@ def call(**overrides):
     (dict(k=torch.zeros(2, 1, 8, 128, dtype=BF16), v=torch.zeros(2, 1, 8, 128, dtype=BF16),
           rotary_cos=torch.zeros(64, 80), rotary_sin=torch.zeros(64, 80)), "rotary_dim 160"),
     (dict(window_size=(8, 0)), "sliding-window"),
+    (dict(k_cache=torch.zeros(2 * 64 * 8 * 128 + 4, dtype=BF16)[4:].view(2, 64, 8, 128)), "k_cache starts at storage offset 4"),
+    (dict(v_cache=torch.zeros(2, 64, 8, 132, dtype=BF16)[..., :128]), "v_cache's strides"),
     (dict(softcap=30.0), "softcap"),
     (dict(num_splits=-1), "num_splits"),
     (dict(q=torch.zeros(2, 1, 32, 96, dtype=BF16)), "head dim 96"),

@@ -25,6 +25,29 @@ def fail(msg: str) -> None:
     raise FlashtuneInputError(f"flashtune: {msg}")
 
 
+def check_strides(name: str, t: torch.Tensor) -> None:
+    """What every kernel needs of a (.., rows, heads, head_dim) tensor's layout: a contiguous last
+    dimension, 16-byte strides and start, rows close enough for 32-bit offsets inside a tile."""
+    if t.stride(-1) != 1:
+        fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
+              f"{tuple(t.stride())}; call .contiguous()")
+    # A dimension of size 1 is never stepped over: its stride does not matter (binding.cpp
+    # replaces it with the dense one).
+    align = ALIGN_BYTES // t.element_size()
+    if any(st % align for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {align} "
+              "elements (16 bytes); call .contiguous()")
+    # The storage offset is not traceable by torch.compile; binding.cpp checks the data
+    # pointer's 16-byte alignment at launch either way.
+    if not torch.compiler.is_compiling() and t.storage_offset() % align:
+        fail(f"{name} starts at storage offset {t.storage_offset()}, not a multiple of "
+              f"{align} elements (16 bytes); call .contiguous()")
+    row_stride = t.stride(-3)
+    if row_stride * MAX_TILE_ROWS >= 2**31:
+        fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "
+              "offsets; call .contiguous()")
+
+
 def check_tensors(q, k, v, varlen: bool) -> None:
     rank, layout = (3, "(total, heads, head_dim)") if varlen else (4, "(batch, seqlen, heads, head_dim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -39,24 +62,7 @@ def check_tensors(q, k, v, varlen: bool) -> None:
                   + ("; q and k may also be torch.float8_e4m3fn (with q_descale/k_descale)" if fp8_ok else "")
                   + ("; FP8 q/k go through flash_attn_func, not the varlen one" if varlen and name != "v"
                      and t.dtype == FP8 else ""))
-        if t.stride(-1) != 1:
-            fail(f"{name} must have a contiguous last dimension (stride 1), got strides "
-                  f"{tuple(t.stride())}; call .contiguous()")
-        # A dimension of size 1 is never stepped over: its stride does not matter (binding.cpp
-        # replaces it with the dense one).
-        align = ALIGN_BYTES // t.element_size()
-        if any(st % align for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
-            fail(f"{name}'s strides {tuple(t.stride())} are not multiples of {align} "
-                  "elements (16 bytes); call .contiguous()")
-        # The storage offset is not traceable by torch.compile; binding.cpp checks the data
-        # pointer's 16-byte alignment at launch either way.
-        if not torch.compiler.is_compiling() and t.storage_offset() % align:
-            fail(f"{name} starts at storage offset {t.storage_offset()}, not a multiple of "
-                  f"{align} elements (16 bytes); call .contiguous()")
-        row_stride = t.stride(-3)
-        if row_stride * MAX_TILE_ROWS >= 2**31:
-            fail(f"{name}'s row stride {row_stride} is too large for the kernel's 32-bit tile "
-                  "offsets; call .contiguous()")
+        check_strides(name, t)
     if q.dtype == FP8 or k.dtype == FP8:
         if q.dtype != k.dtype:
             fail(f"FP8 attention needs both q and k in torch.float8_e4m3fn, got {q.dtype} and {k.dtype}")

@@ -36,9 +36,7 @@ def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpa
                  + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
         if t.dtype not in DTYPE_NAMES:
             fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16")
-        if t.stride(-1) != 1 or any(s % 8 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
-            fail(f"{name} needs a contiguous last dimension and strides of multiples of 8 elements, got "
-                 f"{tuple(t.stride())}; call .contiguous()")
+        checks.check_strides(name, t)
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         fail(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if k_cache.shape != v_cache.shape:
@@ -225,8 +223,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size)
         seqused = cache_seqlens + seqlen_new
 
-    if q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]):
-        q = q.contiguous()
     profile = active_profile(q.device)
     spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size)
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
@@ -282,10 +278,10 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     else:
         _int32_vector(seqused_k, "seqused_k", batch)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype
-                            or out.stride(-1) != 1 or any(st % 8 for st in out.stride()[:-1])):
-        fail(f"out must be a tensor like q: {tuple(q.shape)} {q.dtype}, contiguous last dimension, strides of "
-             "multiples of 8 elements")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype:
+            fail(f"out must be a tensor like q: {tuple(q.shape)} {q.dtype}")
+        checks.check_strides("out", out)
     checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                          block_table=block_table, out=out)
     _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
