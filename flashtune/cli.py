@@ -16,7 +16,7 @@ import click
 from flashtune import __version__
 from flashtune.commands import common
 from flashtune.commands.common import (EXIT_INPUT_ERROR, EXIT_INTERRUPTED, CliError, make_console, print_json,
-                                       progress_bar, require_gpu, resolve_profile, write_text)
+                                       progress_bar, require_gpu, resolve_profile, results_json, write_text)
 from flashtune.kernels.profiles import ProfileError
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError
 from flashtune.kernels.toolchain import ToolchainError
@@ -583,7 +583,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
     if as_json:
         print_json(result.to_json())
     if json_out:
-        write_text(json_out, json.dumps(result.to_json(), indent=1))
+        write_text(json_out, results_json(result.to_json()))
     if plot_path:
         bench.plot(result, plot_path)
 

@@ -11,6 +11,10 @@
 #                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
+#   decode-splits lab/decode_splits.py: explicit split counts on the least-filled cells, and the split/combine kernel times
+#   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
+#   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
+#   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
@@ -31,11 +35,11 @@ ab() {  # ab DTYPE [ROUND]
     --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_$tag.json"
 }
 for step in "$@"; do case $step in
-  build) run build-h200 150 python3 -m flashtune build --profile h200 --jobs 16
+  build) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16
          run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-release) run build-release 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
                    --profile h200 --jobs 16 ;;
-  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 360 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py ;;
   gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
@@ -47,6 +51,16 @@ for step in "$@"; do case $step in
   decode-64|decode-128|decode-256) d=${step#decode-}
          run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \
            --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
+  decode-splits) run decode-splits 200 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
+  decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
+           run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
+             --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
+         done ;;
+  decode-sm80) run bench-decode-sm80 200 python3 -m flashtune bench --profile h200-sm80 --decode --hdims 64,128,256 \
+           --heads-kv 1,8,32 --batches 8,32 --caches 131072 --seqlens-q 1 --backends flashtune,sdpa-cudnn \
+           --out "$OUT/bench-decode_sm80.json" ;;
+  tune-decode) run tune-decode 300 python3 -m flashtune tune --profile h200 --decode --hdims 128 --jobs 16 \
+           --out "$OUT/h200-decode-tuned.yaml" ;;
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;

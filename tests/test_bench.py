@@ -122,6 +122,10 @@ def test_plot_draws_one_panel_per_hdim_and_causal(tmp_path):
     path = tmp_path / "plot.png"
     bench.plot(result, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.mode == "P" and len(image.getcolors()) <= 64  # the palette PNG
     with pytest.raises(ValueError, match="nothing to plot"):
         bench.plot(bench.BenchResult(result.header, [_row("flashtune", None)]), str(path))
 
@@ -220,3 +224,35 @@ def test_time_backends_fills_statuses_and_returns_the_timed(monkeypatch):
     assert [r.status for r in rows] == ["ok", "unavailable: absent is not importable",
                                         "unavailable: out of memory while timing"]
     assert rows[0].kernel == "kernel_fast"
+
+
+def test_a_result_file_has_one_line_per_row_and_names_an_absent_backend_once():
+    from flashtune.commands.common import results_json
+
+    data = {"header": {"gpu": "G", "copy": 4253.123456789},
+            "rows": [{"backend": "flashtune", "us": 12.3456789, "status": "ok"},
+                     {"backend": "flash-attn4", "us": None, "status": "unavailable: not importable"},
+                     {"backend": "sdpa-efficient", "us": 3.0, "status": "ok"},
+                     {"backend": "sdpa-efficient", "us": None, "status": "unavailable: out of memory"},
+                     {"backend": "flash-attn4", "us": None, "status": "unavailable: not importable"}],
+            "speedup_geomean": {"sdpa": 1.23456789}}
+    text = results_json(data)
+    back = json.loads(text)
+    assert back["header"] == {"gpu": "G", "copy": 4253.1} and back["speedup_geomean"] == {"sdpa": 1.2346}
+    # absent throughout, for one reason: named once; absent only sometimes: its rows stay
+    assert back["absent_backends"] == {"flash-attn4": "unavailable: not importable"}
+    assert [r["backend"] for r in back["rows"]] == ["flashtune", "sdpa-efficient", "sdpa-efficient"]
+    assert back["rows"][0]["us"] == 12.346
+    lines = text.splitlines()
+    assert sum(line.startswith('  {"backend"') for line in lines) == 3  # a row a line
+    assert json.loads(results_json({"rows": []})) == {"rows": []}
+
+
+def test_kernel_names_in_results_drop_their_parameter_lists():
+    cut = timing.without_parameters
+    assert cut("flashtune_decode_bf16_h128_m16x32_w4_s3_sm90a") == "flashtune_decode_bf16_h128_m16x32_w4_s3_sm90a"
+    assert cut("void cudnn::fusion::lean_reduction_kernel<false, false>(void*, float*, bool)") == \
+        "void cudnn::fusion::lean_reduction_kernel<false, false>"
+    # parentheses inside template arguments (lambdas) stay; only the last, outermost list goes
+    assert cut("void k<f(at::T&)::{lambda(float)#1}, 4>(int, f(at::T&)::{lambda(float)#1})") == \
+        "void k<f(at::T&)::{lambda(float)#1}, 4>"

@@ -129,7 +129,7 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
 """))
     assert profile.decode_tile(128, 16) == DecodeTile(16, 64, 2, 2)
     assert profile.decode_tile(64, 16) == default_decode_tile(profile.arch, 64, 16)  # the rest: defaults
-    assert profile.decode_split == DecodeSplitPolicy(fill=0.5, efficiency=0.85, max_splits=16)
+    assert profile.decode_split == DecodeSplitPolicy(fill=0.5, efficiency=0.95, max_splits=16)
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
         "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
     # the runtime's cache of decode specs tells the profiles apart by their decode tiles

@@ -1,4 +1,5 @@
-"""Small attention calls for compute-sanitizer (memcheck, racecheck): every kernel path once.
+"""Small attention calls for compute-sanitizer (memcheck, racecheck): every kernel path once,
+prefill and decode.
 
 Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE]
 """
@@ -50,5 +51,30 @@ for hdim in (64, 128, 256):
         growth[500:] *= 30
         k = (torch.randn(1, 700, 4, hdim, device="cuda") * growth[None, :, None, None]).bfloat16()
         flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=causal, return_lse=True)
+# Decode (csrc/decode/): split-KV with its combine, GQA packing of 16 and 32 rows, causal query
+# lengths, an append, ragged cache_seqlens (0, partial tiles, full), contiguous, paged (bulk pages
+# of 16, gathered pages of 1) and varlen with seqused_k.
+for hdim in (64, 128, 256):
+    for seqlen_q, causal, heads_kv in ((1, False, 2), (4, True, 1), (9, True, 2)):
+        batch, capacity = 3, 400
+        q = torch.randn(batch, seqlen_q, 16, hdim, device="cuda", dtype=torch.bfloat16)
+        k_cache, v_cache = (torch.randn(batch, capacity, heads_kv, hdim, device="cuda", dtype=torch.bfloat16)
+                            for _ in range(2))
+        seqlens = torch.tensor([0, 133, capacity - 2], dtype=torch.int32, device="cuda")
+        new = torch.randn(batch, 2, heads_kv, hdim, device="cuda", dtype=torch.bfloat16)
+        for splits in (1, 3, 0):
+            flashtune.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens, causal=causal,
+                                              num_splits=splits, return_softmax_lse=True)
+        for page in (16, 1):
+            pages = batch * capacity // page
+            kp, vp = (torch.randn(pages, page, heads_kv, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = torch.randperm(pages, device="cuda").to(torch.int32).view(batch, -1)
+            flashtune.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, causal=causal)
+        cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device="cuda")
+        kp, vp = (torch.randn(batch * capacity // 16, 16, heads_kv, hdim, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(2))
+        table = torch.randperm(batch * capacity // 16, device="cuda").to(torch.int32).view(batch, -1)
+        flashtune.flash_attn_varlen_func(q.flatten(0, 1), kp, vp, cu_q, None, seqlen_q, capacity, causal=causal,
+                                         seqused_k=seqlens + 2, block_table=table)
 torch.cuda.synchronize()
 print("sanitize_case: done")

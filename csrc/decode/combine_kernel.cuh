@@ -2,7 +2,9 @@
 // partial outputs (fp32, each normalised by its own sum) by their LSEs, FlashDecoding's rescale:
 //   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) * o_s,
 // and writes o (16-bit) and, when asked, lse. Splits are summed in order: two identical calls
-// give identical bits. No shared memory, no barriers.
+// give identical bits. No shared memory, no barriers. The warp loads every split's LSE, and then
+// eight splits' partial rows, at once: a loop that waited on one load after another spent a
+// memory latency per split.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -13,43 +15,68 @@
 namespace flashtune {
 namespace decode {
 
+constexpr int kMaxSplits = 256;      // runtime/kvcache.py refuses more; launch.cuh checks
+constexpr int kSplitsInFlight = 8;   // partial rows a lane loads before it adds any
+
 template <typename Elem, int kHeadDim>
 __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   constexpr int kPerLane = kHeadDim / 32;  // 2, 4 or 8 columns per lane
+  constexpr int kLseSlots = kMaxSplits / 32;
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (item >= int64_t(p.total_q) * p.heads_q) return;
   const int64_t row = item / p.heads_q;  // in total_q
   const int head = int(item % p.heads_q);
   const int64_t stride = int64_t(p.total_q) * p.heads_q;  // between splits
+  const int n = p.num_splits;
 
+  // Split s's LSE lives in lane s % 32, slot s / 32: all loaded at once, then reduced by shuffles.
+  float ls[kLseSlots];
+#pragma unroll
+  for (int i = 0; i < kLseSlots; ++i) {
+    const int s = lane + 32 * i;
+    ls[i] = s < n ? p.lse_partial[s * stride + item] : -INFINITY;
+  }
   float m = -INFINITY;
-  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, p.lse_partial[s * stride + item]);
+#pragma unroll
+  for (int i = 0; i < kLseSlots; ++i) m = fmaxf(m, ls[i]);
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
   float sum = 0.f;
   if (m != -INFINITY)
-    for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.lse_partial[s * stride + item] - m);
+#pragma unroll
+    for (int i = 0; i < kLseSlots; ++i) sum += expf(ls[i] - m);  // exp(-inf) = 0: absent splits
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   const float lse = m == -INFINITY ? INFINITY : m + logf(sum);  // no key at all: +inf, O = 0
 
+  // O: kSplitsInFlight splits' partial rows (and LSEs, for their weights) loaded together, their
+  // latencies overlapping, then added in split order, so two identical calls give identical bits.
   float o[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
-  if (m != -INFINITY) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float ls = p.lse_partial[s * stride + item];
-      if (ls == -INFINITY) continue;
-      const float f = expf(ls - lse);
-      const float* src = p.o_partial + (s * stride + item) * kHeadDim + lane * kPerLane;
+  const float* src = p.o_partial + item * kHeadDim + lane * kPerLane;
+  if (m != -INFINITY)
+    for (int s0 = 0; s0 < n; s0 += kSplitsInFlight) {
+      float x[kSplitsInFlight][kPerLane], w[kSplitsInFlight];
 #pragma unroll
-      for (int i = 0; i < kPerLane; i += 2) {
-        const float2 x = *reinterpret_cast<const float2*>(src + i);
-        o[i] += f * x.x, o[i + 1] += f * x.y;
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        const bool in = s0 + u < n;
+        w[u] = in ? p.lse_partial[(s0 + u) * stride + item] : -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kPerLane; i += 2) {
+          const float2 v = in ? *reinterpret_cast<const float2*>(src + (s0 + u) * stride * kHeadDim + i)
+                              : make_float2(0.f, 0.f);
+          x[u][i] = v.x, x[u][i + 1] = v.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) {
+        const float f = expf(w[u] - lse);  // 0 for a split without keys (its partial O is 0)
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) o[i] += f * x[u][i];
       }
     }
-  }
 
   // The row's place in o and lse: fixed-length rows are (batch, position); varlen rows are rows.
   int64_t o_at, lse_at;

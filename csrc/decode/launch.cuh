@@ -15,7 +15,8 @@ constexpr int kCombineWarps = 4;
 template <class T>
 int launch(void (*split)(const DecodeParams), void (*combine)(const DecodeParams), const DecodeParams& p,
            void* stream) {
-  if (p.num_splits < 1 || (p.num_splits > 1 && (p.o_partial == nullptr || p.lse_partial == nullptr)))
+  if (p.num_splits < 1 || p.num_splits > kMaxSplits ||
+      (p.num_splits > 1 && (p.o_partial == nullptr || p.lse_partial == nullptr)))
     return int(cudaErrorInvalidValue);
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_kv == 0) return int(cudaSuccess);
   if (T::kSmemBytes > 48 * 1024) {

@@ -55,6 +55,38 @@ def print_json(data) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
+def results_json(data: dict) -> str:
+    """A result file's JSON: its header fields indented, then one line per row; floats to five
+    significant digits (a GPU timing repeats to about three); a backend absent throughout is named
+    once, with why, under "absent_backends". A decode grid is hundreds of rows: this keeps a file
+    a reader can scan a row at a time, at a third of the size pretty-printed."""
+    def rounded(x):
+        if isinstance(x, float):
+            return float(f"{x:.5g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [rounded(v) for v in x]
+        return x
+
+    data = rounded(data)
+    rows = data.pop("rows", None)
+    # A backend without a single timing, for one reason throughout (not importable here), is
+    # listed once instead of in every row.
+    reasons: dict[str, set] = {}
+    for r in rows or ():
+        if isinstance(r, dict) and "backend" in r and "status" in r:
+            reasons.setdefault(r["backend"], set()).add(r["status"] if r.get("status") != "ok" else None)
+    absent = {b: s.pop() for b, s in reasons.items() if len(s) == 1 and None not in s}
+    if absent:
+        data["absent_backends"] = absent
+        rows = [r for r in rows if not (isinstance(r, dict) and r.get("backend") in absent)]
+    fields = [f" {json.dumps(k)}: " + json.dumps(v, indent=1).replace("\n", "\n ") for k, v in data.items()]
+    if rows is not None:
+        fields.append(' "rows": [' + ",".join("\n  " + json.dumps(r) for r in rows) + ("\n ]" if rows else "]"))
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
 def write_text(path: str, text: str) -> None:
     """Write a result to a file, or to stdout for '-'."""
     if path == "-":

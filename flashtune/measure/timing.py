@@ -32,6 +32,20 @@ def kernel_names(run: Callable[[], object]) -> list[str]:
     return names
 
 
+def without_parameters(name: str) -> str:
+    """A demangled kernel name without its trailing parameter list: `f<T>(int, float*, ...)` ->
+    `f<T>`. The name and template arguments tell kernels apart; cuDNN's and ATen's parameter lists
+    run to hundreds of characters, repeated in every row of a result file."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i]
+    return name
+
+
 # The GPU's clocks ramp up over tens of milliseconds after an idle gap (the reference, the
 # profiler run): a fixed handful of warm-up calls leaves a 0.1 ms kernel timed at part speed,
 # and the backend measured first pays for it. Warm up for a time instead, every backend alike.

@@ -121,10 +121,15 @@ def _rotate(x, cos, sin, interleaved: bool):
     return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
+def _values_checked() -> bool:
+    """Whether index values are read on the host: not while capturing a graph, nor when trusted."""
+    return not (checks.TRUST_CU_SEQLENS or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()))
+
+
 def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new: int, capacity: int,
                   batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int) -> None:
     """The index values, read on the host once (skipped while capturing a graph, or trusted)."""
-    if checks.TRUST_CU_SEQLENS or torch.cuda.is_current_stream_capturing():
+    if not _values_checked():
         return
     lens = cache_seqlens.long()
     end = lens + seqlen_new
@@ -194,9 +199,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if not 0 <= cache_seqlens <= capacity - seqlen_new:
             fail(f"cache_seqlens {cache_seqlens} + {seqlen_new} new keys must be within the capacity {capacity}")
         keys_known = cache_seqlens + seqlen_new
-        if seqlen_new or block_table is not None or cache_leftpad is not None or cache_batch_idx is not None:
+        indexed = block_table is not None or cache_leftpad is not None or cache_batch_idx is not None
+        if seqlen_new or (indexed and _values_checked()):
             cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
-        else:  # nothing below reads per-sequence lengths: no fill kernel
+        else:  # nothing below reads per-sequence lengths: no fill kernel on the call's path
             cache_seqlens = None
     if cache_seqlens is not None:
         _int32_vector(cache_seqlens, "cache_seqlens", batch)
@@ -207,7 +213,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
                          rotary_sin=rotary_sin)
-    if caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None or block_table is not None:
+    if cache_seqlens is not None and (caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None
+                                      or block_table is not None):
         _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new, capacity,
                       k_cache.shape[0], k_cache.shape[0], page_size, rotary_cos.shape[0] if rotary_dim else 0)
 
