@@ -490,7 +490,8 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="Timed runs per row, in 3 rounds interleaved with the other backends (median reported).")
 @json_option
 @click.option("--out", "json_out", metavar="FILE.json",
-              help="Write the result as JSON to FILE (the table still shows).")
+              help="Write the result as JSON to FILE (the table still shows); rewritten after each shape, problem "
+                   "or model row, marked \"complete\": false until the run ends, so an interrupted run keeps its rows.")
 @click.option("--csv", "csv_path", metavar="FILE.csv", help="Write the rows as CSV ('-' for stdout).")
 @click.option("--plot", "plot_path", metavar="FILE.png",
               help="TFLOPS vs seqlen plot; with --model: TTFT, decode tok/s and memory (needs the plot extra).")
@@ -543,7 +544,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
             raise click.BadParameter("one batch size with --model", param_hint="--batches")
         result = bench.run_model_bench(model_name, bench.backend_names(backends), prefill or [1024, 4096, 16384],
                                        batch=(batches or [1])[0], decode_steps=decode_steps, layers=layers,
-                                       dtype=(dtypes or ["bfloat16"])[0])
+                                       dtype=(dtypes or ["bfloat16"])[0], checkpoint=_checkpoint(json_out))
     elif decode:
         from flashtune.commands import bench_decode as bench
         from flashtune.measure import decode_problem as grid
@@ -560,7 +561,8 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
             console.print(f"[yellow]{too_big} cells left out: their K/V is over "
                           f"{grid.MAX_KV_BYTES / 2**30:.0f} GiB[/]")
         with progress_bar("bench --decode", console, len(problems)) as bar:
-            result = bench.run_decode_bench(problems, names, repeats, on_problem=lambda p: bar.advance(p.label))
+            result = bench.run_decode_bench(problems, names, repeats, on_problem=lambda p: bar.advance(p.label),
+                                            checkpoint=_checkpoint(json_out))
         if csv_path:
             from flashtune.commands.bench import to_csv
 
@@ -576,7 +578,8 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
                                        heads, kv)]
         with progress_bar("bench", console, len(shapes)) as bar:
             result = bench.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.advance(
-                f"{shape.dtype} hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"))
+                f"{shape.dtype} hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"),
+                checkpoint=_checkpoint(json_out))
         if csv_path:
             write_text(csv_path, bench.to_csv(result.rows))
     bench.render(result, console)
@@ -586,6 +589,14 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         write_text(json_out, results_json(result.to_json()))
     if plot_path:
         bench.plot(result, plot_path)
+
+
+def _checkpoint(json_out: str | None):
+    """bench --out FILE: the result so far, written after each shape, problem or row and marked
+    incomplete, so a run that is interrupted or dies keeps what it measured; the end overwrites it."""
+    if not json_out or json_out == "-":
+        return None
+    return lambda result: write_text(json_out, results_json({**result.to_json(), "complete": False}))
 
 
 # Which options each bench mode takes (the prefill grid, --decode, --model); any other is an error,

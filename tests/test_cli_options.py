@@ -84,7 +84,7 @@ def test_bench_json_file_is_the_old_spelling_of_out(monkeypatch, tmp_path, one_g
     """`bench --json FILE` (before 0.2) still writes FILE, as `--out FILE` does, and says so."""
     from flashtune.commands import bench
 
-    def fake_run_bench(shapes, names, repeats, on_shape=None):
+    def fake_run_bench(shapes, names, repeats, on_shape=None, checkpoint=None):
         return bench.BenchResult({"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t",
                                   "cuda": "c", "cudnn": 1}, [bench.BenchRow.empty("flashtune", shapes[0])])
 

@@ -57,3 +57,43 @@ def test_model_bench_plot_and_memory_prediction(tiny_config, tmp_path):
     assert eager.predicted_peak_mb == math_.predicted_peak_mb > flash.predicted_peak_mb > 0
     model_bench.plot(result, str(tmp_path / "model.png"))
     assert (tmp_path / "model.png").stat().st_size > 10_000
+
+
+def test_a_long_run_keeps_its_rows_and_an_out_of_memory_row_is_a_status(tiny_config, monkeypatch):
+    # the checkpoint sees every finished row as it comes; a backend out of memory at a length is
+    # that row's status and the run goes on to the next
+    import torch
+
+    real_model = model_bench.build_model
+
+    def build_model(*args, **kwargs):
+        model = real_model(*args, **kwargs)
+        forward = model.forward
+
+        def forward_out_of_memory_at_40(input_ids=None, **kw):
+            if model.config._attn_implementation == "sdpa" and input_ids.shape[1] == 40:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 31.00 GiB")
+            return forward(input_ids=input_ids, **kw)
+        model.forward = forward_out_of_memory_at_40
+        return model
+
+    monkeypatch.setattr(model_bench, "build_model", build_model)
+    seen = []
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[24, 40], batch=1,
+                                         decode_steps=3, dtype="float32", repeats=1, device="cpu",
+                                         checkpoint=lambda r: seen.append([(x.prefill, x.backend, x.status) for x in r.rows]))
+    assert [len(s) for s in seen] == [1, 2, 3, 4]
+    assert seen[-1][3] == (40, "sdpa-math", "out of memory: CUDA out of memory. Tried to allocate 31.00 GiB")
+    assert [r.status for r in result.rows[:3]] == ["ok"] * 3
+
+
+def test_bench_out_is_written_after_each_row_marked_incomplete(tmp_path):
+    from flashtune.cli import _checkpoint
+    from flashtune.commands.bench_model import ModelBenchResult, ModelRow
+
+    path = tmp_path / "run.json"
+    result = ModelBenchResult(None, "m", 2, "bfloat16", 3, [ModelRow("eager", 16, 1)])
+    _checkpoint(str(path))(result)
+    data = json.loads(path.read_text())
+    assert data["complete"] is False and [r["backend"] for r in data["rows"]] == ["eager"]
+    assert _checkpoint(None) is None and _checkpoint("-") is None

@@ -197,14 +197,19 @@ def environment() -> dict:
 
 
 def run_bench(shapes: list[Problem], backends: list[str], repeats: int,
-              on_shape: Callable[[Problem, list[BenchRow]], None] | None = None) -> BenchResult:
-    rows = []
+              on_shape: Callable[[Problem, list[BenchRow]], None] | None = None,
+              checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Every shape's rows; `checkpoint` gets the result so far after each shape (bench --out
+    writes it, so an interrupted run keeps what it measured)."""
+    result = BenchResult(environment(), [])
     for shape in shapes:
         shape_rows = measure_shape(shape, backends, repeats)
-        rows += shape_rows
+        result.rows += shape_rows
         if on_shape:
             on_shape(shape, shape_rows)
-    return BenchResult(environment(), rows)
+        if checkpoint:
+            checkpoint(result)
+    return result
 
 
 # ---------------------------------------------------------------------------- how it is shown

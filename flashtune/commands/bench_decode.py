@@ -126,27 +126,30 @@ def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: f
 
 
 def run_decode_bench(problems: list[DecodeProblem], backends: list[str], repeats: int,
-                     on_problem: Callable[[DecodeProblem], None] | None = None) -> DecodeBenchResult:
-    """Every problem's rows. flashtune's block tables are trusted, as an engine (or a CUDA graph)
-    calls it: the check of index values a caller passes is a device sync per call, which would
-    time the host instead of the kernels (the header says so)."""
+                     on_problem: Callable[[DecodeProblem], None] | None = None,
+                     checkpoint: Callable[[DecodeBenchResult], None] | None = None) -> DecodeBenchResult:
+    """Every problem's rows; `checkpoint` gets the result so far after each problem. flashtune's
+    block tables are trusted, as an engine (or a CUDA graph) calls it: the check of index values
+    a caller passes is a device sync per call, which would time the host instead of the kernels
+    (the header says so)."""
     import torch
 
     from flashtune.runtime import checks
 
-    copy = copy_gbps()
-    rows = []
+    header = {**environment(), "index_check": "off: block tables trusted, as an engine or a CUDA graph calls it"}
+    result = DecodeBenchResult(header, copy_gbps(), [])
     trusted, checks.TRUST_CU_SEQLENS = checks.TRUST_CU_SEQLENS, True
     try:
         for p in problems:
-            rows += measure_problem(p, backends, repeats, copy)
+            result.rows += measure_problem(p, backends, repeats, result.copy_gbps)
             torch.cuda.empty_cache()  # this problem's caches (and SDPA's copies of them) are gone now
             if on_problem:
                 on_problem(p)
+            if checkpoint:
+                checkpoint(result)
     finally:
         checks.TRUST_CU_SEQLENS = trusted
-    header = {**environment(), "index_check": "off: block tables trusted, as an engine or a CUDA graph calls it"}
-    return DecodeBenchResult(header, copy, rows)
+    return result
 
 
 # ---------------------------------------------------------------------------- how it is shown

@@ -15,6 +15,7 @@ import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 import torch
 from rich.console import Console
@@ -153,10 +154,13 @@ def _consistency(logits: torch.Tensor, ref_logits: torch.Tensor, device: str) ->
 
 def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
                     decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
-                    repeats: int = 3, device: str = "cuda", seed: int = 0) -> ModelBenchResult:
+                    repeats: int = 3, device: str = "cuda", seed: int = 0,
+                    checkpoint: Callable[[ModelBenchResult], None] | None = None) -> ModelBenchResult:
     """Per prefill length and backend: TTFT (a prefill that keeps the KV cache and computes the
     last position's logits, as serving does), its peak memory next to `flashtune memory`'s
-    prediction, decode tokens/s, attention's share and consistency with the first backend."""
+    prediction, decode tokens/s, attention's share and consistency with the first backend.
+    `checkpoint` gets the result after each row (bench --out writes it: a long run keeps what
+    it measured); a backend out of memory at a length is that row's status, and the run goes on."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     shape = find_model(model_name)
@@ -199,9 +203,13 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     row.decode_tok_s = batch * (decode_steps - 1) / decode_seconds
                     if cuda:
                         row.attention_share = _attention_share(model, ids, name)
+            except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
+                row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
+                _add(result, row, checkpoint, free=cuda)
+                continue
             except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
                 row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
-                result.rows.append(row)
+                _add(result, row, checkpoint, free=cuda)
                 continue
             finally:
                 hf.set_decode_route("flashtune")
@@ -216,9 +224,19 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 torch.cuda.empty_cache()
             row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
             del logits
-            result.rows.append(row)
+            _add(result, row, checkpoint)
         first.pop(length, None)  # the next length has its own reference
     return result
+
+
+def _add(result: ModelBenchResult, row: ModelRow, checkpoint, free: bool = False) -> None:
+    """A finished row into the result, and the result to the checkpoint; after a failed row, the
+    memory its tensors held back to the GPU for the next."""
+    result.rows.append(row)
+    if free:
+        torch.cuda.empty_cache()
+    if checkpoint:
+        checkpoint(result)
 
 
 # ---------------------------------------------------------------------------- how it is shown
