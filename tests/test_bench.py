@@ -246,6 +246,9 @@ def test_a_result_file_has_one_line_per_row_and_names_an_absent_backend_once():
     lines = text.splitlines()
     assert sum(line.startswith('  {"backend"') for line in lines) == 3  # a row a line
     assert json.loads(results_json({"rows": []})) == {"rows": []}
+    # only unavailability collapses: rows with another status keep their data
+    model_rows = [{"backend": "eager", "ttft_ms": 3.0, "status": "ok; consistency not computed"}] * 2
+    assert json.loads(results_json({"rows": model_rows}))["rows"] == model_rows
 
 
 def test_kernel_names_in_results_drop_their_parameter_lists():

@@ -71,12 +71,13 @@ def results_json(data: dict) -> str:
 
     data = rounded(data)
     rows = data.pop("rows", None)
-    # A backend without a single timing, for one reason throughout (not importable here), is
-    # listed once instead of in every row.
+    # A backend unavailable in every row for one reason (not importable here) is listed once
+    # instead of in every row; a row with any other status keeps its backend's rows.
     reasons: dict[str, set] = {}
     for r in rows or ():
         if isinstance(r, dict) and "backend" in r and "status" in r:
-            reasons.setdefault(r["backend"], set()).add(r["status"] if r.get("status") != "ok" else None)
+            unavailable = str(r["status"]).startswith("unavailable")
+            reasons.setdefault(r["backend"], set()).add(r["status"] if unavailable else None)
     absent = {b: s.pop() for b, s in reasons.items() if len(s) == 1 and None not in s}
     if absent:
         data["absent_backends"] = absent

@@ -99,7 +99,7 @@ class DecodeSplitPolicy:
     choose_splits): not while the CTAs fill `fill` of the GPU's CTA slots; else the fewest splits
     within `efficiency` of the best wave efficiency, at most `max_splits`. FlashAttention-3 takes
     85%; a decode CTA streams its share of the keys, so within one wave more splits finish sooner:
-    on the H200 16 splits over 8 row blocks (128 CTAs, 97% of the SMs) read 2-5% faster than the
+    on the H200 16 splits over 8 row blocks (128 CTAs, 97% of the SMs) read 1-5% faster than the
     15 that 85% picks (lab/results/2026-12-04_decode-splits/)."""
     fill: float = 0.8
     efficiency: float = 0.95
