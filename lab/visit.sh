@@ -15,6 +15,7 @@
 #   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
+#   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
@@ -61,6 +62,9 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-decode_sm80.json" ;;
   tune-decode) run tune-decode 300 python3 -m flashtune tune --profile h200 --decode --hdims 128 --jobs 16 \
            --out "$OUT/h200-decode-tuned.yaml" ;;
+  ab-decode) run ab-decode 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 1,8 --batches 1,8 --caches 1024,16384,131072 --seqlens-q 1 --pages 0,16 \
+           --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_decode.json" ;;
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
