@@ -28,6 +28,7 @@ def test_model_bench_rows_and_consistency(tiny_config):
                                                             (40, "eager"), (40, "sdpa-math")]
     for r in rows:
         assert r.status == "ok" and r.ttft_ms > 0 and r.decode_tok_s > 0
+        assert 0 < r.attention_host_us < 1e6  # one layer's attention call in a decode step, on the host
         assert r.vs == "eager" and r.top1_agreement == 1.0 and r.greedy_identical == [True, True]
         assert r.max_abs_logit_diff < 1e-3
     assert rows[0].max_abs_logit_diff == 0.0  # the first backend against itself
@@ -97,3 +98,12 @@ def test_bench_out_is_written_after_each_row_marked_incomplete(tmp_path):
     data = json.loads(path.read_text())
     assert data["complete"] is False and [r["backend"] for r in data["rows"]] == ["eager"]
     assert _checkpoint(None) is None and _checkpoint("-") is None
+
+
+def test_the_decode_host_timing_leaves_the_attention_registry_as_it_was(tiny_config):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    before = {name: ALL_ATTENTION_FUNCTIONS.get(name) for name in ("sdpa", "eager")}
+    model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[16], batch=1, decode_steps=3,
+                                dtype="float32", repeats=1, device="cpu")
+    assert {name: ALL_ATTENTION_FUNCTIONS.get(name) for name in ("sdpa", "eager")} == before

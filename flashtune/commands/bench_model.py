@@ -3,8 +3,9 @@
 Per backend and prefill length: time to first token (a prefill plus the first argmax),
 decode tokens/s with the KV cache, peak memory, and consistency against the first backend
 (max |logit difference|, top-1 agreement over the logits of the prompt's last 4096 positions,
-greedy tokens identical for N steps, per prompt). On a GPU also attention's share of the prefill's kernel time,
-from the profiler: the most a faster attention kernel can give the model.
+greedy tokens identical for N steps, per prompt), and the host time of one layer's attention call in a
+decode step (the Python and launches a faster kernel cannot remove). On a GPU also attention's share of the
+prefill's kernel time, from the profiler: the most a faster attention kernel can give the model.
 
 Weights are random (fixed seed): no downloads. transformers is needed (`pip install '.[hf]'`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -58,6 +59,7 @@ class ModelRow:
     ttft_ms: float | None = None
     decode_tok_s: float | None = None
     attention_share: float | None = None  # of the prefill's kernel time
+    attention_host_us: float | None = None  # host time of one layer's attention call in a decode step (median)
     vs: str | None = None  # the backend compared with
     max_abs_logit_diff: float | None = None
     top1_agreement: float | None = None
@@ -133,6 +135,38 @@ def _attention_share(model, ids, backend: str) -> float | None:
     return attention / total if total else None
 
 
+@contextmanager
+def _decode_attention_host_time(model, impl: str, seconds: list[float]):
+    """While in the context, the host time of every attention call of one query token (a decode
+    step, one layer) goes into `seconds`: the Python, checks and launches a decode step pays per
+    layer. generate syncs every step, so the launch queue never fills and this is host work, not
+    a wait for the GPU. The call is timed through transformers' attention registry, which each
+    layer asks per call (eager too, where the registry is asked for it: transformers >= 5)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    inner = ALL_ATTENTION_FUNCTIONS.get(impl) or getattr(sys.modules[type(model).__module__],
+                                                          "eager_attention_forward", None)
+    if inner is None:
+        yield
+        return
+
+    def timed(module, query, *args, **kwargs):
+        if query.shape[2] != 1:
+            return inner(module, query, *args, **kwargs)
+        start = time.perf_counter()
+        result = inner(module, query, *args, **kwargs)
+        seconds.append(time.perf_counter() - start)
+        return result
+
+    ALL_ATTENTION_FUNCTIONS[impl] = timed  # this instance's own entry, over the registered one
+    try:
+        yield
+    finally:
+        del ALL_ATTENTION_FUNCTIONS[impl]
+
+
 # Consistency compares the logits of each prompt's last positions: all of them at 64k would be
 # 16 GiB in bf16 for a 128k vocabulary (and twice that in fp32), which ended a run out of memory.
 CONSISTENCY_POSITIONS = 4096
@@ -196,8 +230,12 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     row.predicted_peak_mb = round(predicted / 2**20, 1)
                     # the last positions' logits, for the consistency columns
                     logits = model(ids, logits_to_keep=min(length, CONSISTENCY_POSITIONS)).logits
-                    tokens, gen_seconds = _timed(lambda: model.generate(
-                        ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                    host_seconds: list[float] = []
+                    with _decode_attention_host_time(model, impl, host_seconds):
+                        tokens, gen_seconds = _timed(lambda: model.generate(
+                            ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                    if host_seconds:
+                        row.attention_host_us = 1e6 * statistics.median(host_seconds)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     decode_seconds = max(gen_seconds - statistics.median(ttfts), 1e-9)
                     row.decode_tok_s = batch * (decode_steps - 1) / decode_seconds
@@ -268,8 +306,8 @@ def render(result: ModelBenchResult, console: Console) -> None:
     """`bench --model`: one line per (prefill length, backend)."""
     table = Table(title=f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype}, "
                         f"{result.decode_steps} decode steps)")
-    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "predicted MB", "attention share", "vs",
-                "max |dlogit|", "top-1 agree", "greedy same", "status"):
+    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "predicted MB", "attention share",
+                "attn host us", "vs", "max |dlogit|", "top-1 agree", "greedy same", "status"):
         table.add_column(col, justify="left" if col in ("backend", "vs", "status") else "right", overflow="fold")
 
     def num(row, key, fmt):
@@ -279,7 +317,7 @@ def render(result: ModelBenchResult, console: Console) -> None:
         greedy = r.greedy_identical
         table.add_row(str(r.prefill), r.backend, num(r, "ttft_ms", ".1f"), num(r, "decode_tok_s", ".0f"),
                       num(r, "peak_mem_mb", ".0f"), num(r, "predicted_peak_mb", ".0f"),
-                      num(r, "attention_share", ".0%"), r.vs or "-",
+                      num(r, "attention_share", ".0%"), num(r, "attention_host_us", ".0f"), r.vs or "-",
                       num(r, "max_abs_logit_diff", ".3g"), num(r, "top1_agreement", ".1%"),
                       f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
                       r.status if r.status == "ok" else f"[yellow]{r.status}[/]")
