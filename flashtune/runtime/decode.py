@@ -52,24 +52,35 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
                   sm_count: int, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
     """FlashAttention-3's rule, for this kernel: no split while the CTAs fill policy.fill (80%) of the
     GPU's CTA slots; else the fewest splits within policy.efficiency (95%; FA3: 85%) of the best
-    wave efficiency, each split keeping every warp at least two key blocks."""
+    wave efficiency, each split keeping every warp at least two key blocks. On every decode call:
+    the search over split counts is cached by what it depends on (it cost 25-35 us a call)."""
     tile = spec.tile
     row_blocks = math.ceil(seqlen_q * head_ratio / tile.rows)
     ctas = batch * heads_kv * row_blocks
-    per_sm = max(1, min(spec.arch_facts.smem_per_sm // (spec.smem_bytes + RESERVED_SMEM_PER_CTA),
-                        spec.arch_facts.max_threads_per_sm // spec.threads))
-    slots = sm_count * per_sm
+    slots = sm_count * _ctas_per_sm(spec)
     if ctas == 0 or ctas >= policy.fill * slots:
         return 1
     blocks = math.ceil(seqlen_k / tile.block_n)
     most = max(1, min(policy.max_splits, blocks // (2 * tile.warps)))
+    return _fewest_efficient_splits(ctas, slots, most, policy.efficiency)
 
-    def efficiency(splits: int) -> float:
+
+@functools.lru_cache(maxsize=256)
+def _ctas_per_sm(spec: DecodeSpec) -> int:
+    facts = spec.arch_facts
+    return max(1, min(facts.smem_per_sm // (spec.smem_bytes + RESERVED_SMEM_PER_CTA),
+                      facts.max_threads_per_sm // spec.threads))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fewest_efficient_splits(ctas: int, slots: int, most: int, efficiency: float) -> int:
+    """The fewest splits (1..most) whose wave efficiency is within `efficiency` of the best."""
+    def wave_efficiency(splits: int) -> float:
         waves = ctas * splits / slots
         return waves / math.ceil(waves)
 
-    best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= policy.efficiency * best)
+    best = max(wave_efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if wave_efficiency(s) >= efficiency * best)
 
 
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
