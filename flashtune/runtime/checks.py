@@ -121,14 +121,20 @@ def scale_for(softmax_scale: float | None, hdim: int) -> float:
     return scale
 
 
+def device_values_checked() -> bool:
+    """Whether index values on the GPU are read on the host (a device sync): not when trusted,
+    nor while a graph is captured (a read is impossible then)."""
+    return not (TRUST_CU_SEQLENS or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()))
+
+
 def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
                       covers_all: bool) -> None:
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
         fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1")
     if cu.numel() < 1 or cu.stride(0) != 1:
         fail(f"{name} must be contiguous with at least one element (batch+1)")
-    if cu.is_cuda and (TRUST_CU_SEQLENS or torch.cuda.is_current_stream_capturing()):
-        return  # reading its values syncs the device (and is impossible during graph capture)
+    if cu.is_cuda and not device_values_checked():
+        return
     values = cu.tolist()
     lengths = [b - a for a, b in zip(values, values[1:])]
     if values[0] != 0 or any(n < 0 for n in lengths):

@@ -121,15 +121,10 @@ def _rotate(x, cos, sin, interleaved: bool):
     return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
-def _values_checked() -> bool:
-    """Whether index values are read on the host: not while capturing a graph, nor when trusted."""
-    return not (checks.TRUST_CU_SEQLENS or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()))
-
-
 def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new: int, capacity: int,
                   batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int) -> None:
     """The index values, read on the host once (skipped while capturing a graph, or trusted)."""
-    if not _values_checked():
+    if not checks.device_values_checked():
         return
     lens = cache_seqlens.long()
     end = lens + seqlen_new
@@ -200,7 +195,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             fail(f"cache_seqlens {cache_seqlens} + {seqlen_new} new keys must be within the capacity {capacity}")
         keys_known = cache_seqlens + seqlen_new
         indexed = block_table is not None or cache_leftpad is not None or cache_batch_idx is not None
-        if seqlen_new or (indexed and _values_checked()):
+        if seqlen_new or (indexed and checks.device_values_checked()):
             cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
         else:  # nothing below reads per-sequence lengths: no fill kernel on the call's path
             cache_seqlens = None
