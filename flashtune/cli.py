@@ -497,8 +497,9 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="TFLOPS vs seqlen plot; with --model: TTFT, decode tok/s and memory (needs the plot extra).")
 @click.option("--model", "model_name", metavar="NAME|CONFIG.json",
               help="Model-level A/B instead of the kernel grid: a built-in shape (see `flashtune memory "
-                   "--help`) or a config.json, random weights. Backends: flashtune, flashtune+sdpa-decode "
-                   "(decode steps through SDPA, by name), sdpa-*, eager.")
+                   "--help`) or a config.json, random weights; or `recall`: a small model the bench trains on "
+                   "associative recall (once, then cached), whose rows add its task accuracy and agreement with "
+                   "fp32 math. Backends: flashtune (prefill and decode), sdpa (its default), sdpa-*, eager.")
 @click.option("--layers", type=click.IntRange(min=1), help="With --model: fewer layers, to fit.")
 @list_option("--prefill", None, "With --model: prompt lengths (default 1024,4096,16384).")
 @click.option("--decode-steps", type=click.IntRange(min=2), default=128, show_default=True,
@@ -544,7 +545,8 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
             raise click.BadParameter("one batch size with --model", param_hint="--batches")
         result = bench.run_model_bench(model_name, bench.backend_names(backends), prefill or [1024, 4096, 16384],
                                        batch=(batches or [1])[0], decode_steps=decode_steps, layers=layers,
-                                       dtype=(dtypes or ["bfloat16"])[0], checkpoint=_checkpoint(json_out))
+                                       dtype=(dtypes or ["bfloat16"])[0], checkpoint=_checkpoint(json_out),
+                                       progress=lambda message: console.print(message, highlight=False))
     elif decode:
         from flashtune.commands import bench_decode as bench
         from flashtune.measure import decode_problem as grid

@@ -7,37 +7,64 @@ Why not "flashtune": transformers 5 treats every implementation name that contai
 as a FlashAttention kernel to fetch from the Hugging Face Hub (utils.generic.
 is_flash_attention_requested), and fails when there is none to fetch.
 
-transformers is optional: this module is the only one that imports it. The mask side reuses
-transformers' FlashAttention mask function: no mask when the batch is unpadded and causal,
-else the 2-D padding mask. Decode steps over a left-padded cache go to the decode kernels with
-each row's padding as its first valid key; any other padded batch becomes a varlen call (padded
-query rows get zeros).
+transformers is optional: flashtune imports it here and in the model bench only. Its mask function
+(key_mask) gives no mask when every key is valid (the call is plain causal), else the 2-D mask
+of valid keys: padding, and a static cache's positions not written yet. Few queries against
+such a mask (decode steps of batched generation, dynamic or static cache) go to the decode
+kernels, which read each row's run of valid keys in place, with no host read while a CUDA graph
+is captured; any other masked batch becomes a varlen call (padded query rows get zeros). A model
+flashtune cannot serve fails when it is loaded (check_model).
 """
 from __future__ import annotations
 
 import torch
 
-from flashtune.runtime import kvcache, ops
+from flashtune.kernels.tiles import HEAD_DIMS
+from flashtune.runtime import checks, kvcache, ops
 from flashtune.runtime.checks import DTYPE_NAMES
 from flashtune.runtime.selection import DECODE_MAX_SEQLEN_Q
 
 NAME = "ftune"  # no "flash" in it: see the module docstring
 
-# Where decode steps (one new query against the KV cache) go: flashtune's decode kernels, or, with
-# "sdpa", torch's scaled_dot_product_attention, by name (`bench --model` calls that route
-# flashtune+sdpa-decode, to measure one against the other).
-DECODE_ROUTES = ("flashtune", "sdpa")
-decode_route = "flashtune"
+# Models whose attention adds what flashtune's kernels lack, told by their config's model_type
+# where no config field says it: a learned sink logit per head (gpt-oss), ALiBi biases (BLOOM, MPT).
+SINK_MODEL_TYPES = ("gpt_oss",)
+ALIBI_MODEL_TYPES = ("bloom", "mpt")
 
 
-def set_decode_route(route: str) -> None:
-    """"flashtune" (default): every call through flashtune; "sdpa": single-query decode steps
-    through torch SDPA, prefill through flashtune."""
-    global decode_route
-    if route not in DECODE_ROUTES:
-        raise ValueError(f"decode route {route!r}; allowed: {', '.join(DECODE_ROUTES)}")
-    decode_route = route
-
+def unsupported_features(config) -> list[str]:
+    """What a model's config asks of its attention that flashtune's kernels lack, one phrase each;
+    empty when flashtune can serve every layer. Checked when the model is loaded with "ftune"."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    missing = []
+    if getattr(text, "v_head_dim", None) is not None and getattr(text, "qk_nope_head_dim", None) is not None:
+        qk_dim = text.qk_nope_head_dim + getattr(text, "qk_rope_head_dim", 0)  # MLA (DeepSeek)
+        if text.v_head_dim != qk_dim:
+            missing.append(f"a V head dim ({text.v_head_dim}) that differs from Q/K's ({qk_dim})")
+    else:
+        heads = getattr(text, "num_attention_heads", None)
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+        if head_dim is not None and head_dim not in HEAD_DIMS:
+            missing.append(f"head dim {head_dim} (served: {', '.join(map(str, HEAD_DIMS))})")
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    window = getattr(text, "sliding_window", None)
+    # without layer_types, a window applies to every layer (Mistral), unless switched off (Qwen2)
+    every_layer = not layer_types and window is not None and getattr(text, "use_sliding_window", True) is not False
+    if "sliding_attention" in layer_types:
+        missing.append(f"sliding-window attention on some layers (sliding_window={window})")
+    elif every_layer:  # where no sequence is longer than the window, the window changes nothing
+        missing.append(f"sliding-window attention (sliding_window={window}; config.sliding_window = None "
+                       f"gives the same results if no sequence exceeds {window} tokens)")
+    if "chunked_attention" in layer_types:
+        missing.append(f"chunked attention (attention_chunk_size={getattr(text, 'attention_chunk_size', None)})")
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        missing.append(f"logit softcapping (attn_logit_softcapping={text.attn_logit_softcapping})")
+    model_type = getattr(text, "model_type", "")
+    if model_type in SINK_MODEL_TYPES:
+        missing.append("attention sinks (a learned logit per head in every softmax)")
+    if getattr(text, "alibi", False) or model_type in ALIBI_MODEL_TYPES:
+        missing.append("ALiBi position biases")
+    return missing
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -54,8 +81,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dropout and module.training:
         raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if decode_route == "sdpa" and query.shape[2] == 1:
-        return _sdpa_decode(query, key, value, attention_mask, scaling), None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
     if attention_mask is None:
         return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal), None
@@ -65,33 +90,62 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return _padded(q, k, v, attention_mask.bool(), scaling, causal), None
 
 
-def _sdpa_decode(query, key, value, attention_mask, scaling) -> torch.Tensor:
-    """One query per sequence (it is the last position, so causal masks nothing) through torch
-    SDPA; a 2-D padding mask hides the padded keys. (batch, 1, heads, head_dim) out."""
-    mask = None
-    if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError("flashtune's decode route takes the 2-D padding mask of its mask function")
-        mask = attention_mask.bool()[:, -key.shape[2]:][:, None, None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2)
+def key_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+             attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+    """The mask function registered with "ftune". None when every key a layer gets is valid (the
+    call is then plain causal); else a (batch, keys) bool mask of the valid keys, which leaves out
+    the padding and, with a static cache (whose layers get the whole preallocated buffer), the
+    positions not written yet. The keys written are q_offset + q_length: when the host knows that
+    number the mask stops there (attention_forward slices K/V to it, as transformers' FlashAttention
+    mask does); when it is a tensor on the device (a static cache's decode step, in a compiled or
+    captured graph too) the mask covers the whole buffer, and the decode kernels take each row's
+    last valid key as the end of its keys."""
+    device = kwargs.get("device") or (attention_mask.device if attention_mask is not None else None)
+    written = q_offset + q_length
+    if not isinstance(written, int) and q_length > DECODE_MAX_SEQLEN_Q and _host_reads_allowed():
+        written = int(written)  # a prefill (not captured): one read, so the queries' positions are known
+    known = isinstance(written, int)
+    length = written - kv_offset if known else kv_length
+    if known and attention_mask is None and length == kv_length:
+        return None
+    valid = torch.arange(kv_offset, kv_offset + length, device=device) < written
+    valid = valid[None, :].expand(batch_size, length)
+    if attention_mask is not None:  # 2-D padding mask over the positions so far
+        padding = attention_mask.bool()[:, -length:]
+        if padding.shape[1] < length:  # a static cache's positions beyond it are not written yet
+            padding = torch.nn.functional.pad(padding, (0, length - padding.shape[1]))
+        valid = valid & padding
+        if known and length == kv_length and _host_reads_allowed() and bool(valid.all()):
+            return None  # one read per forward, as transformers' FlashAttention mask function
+    return valid
+
+
+def _host_reads_allowed() -> bool:
+    """Not while torch.compile traces or a CUDA graph is captured: a read would break the graph."""
+    return not torch.compiler.is_compiling() and checks.device_values_checked()
 
 
 def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tensor:
-    """A padded batch: decode steps over a left-padded cache through the decode kernels, reading
-    the cache in place; anything else as one varlen call (keep the valid tokens, attend, scatter back)."""
+    """A masked batch (key_mask's mask: padding, a static cache's unwritten positions). Few
+    queries per row go to the decode kernels, which read each row's run of valid keys in place
+    (first..last valid key; the queries are the last ones of the run, as in generation);
+    anything else is one varlen call (keep the valid tokens, attend, scatter back)."""
     batch, q_len = q.shape[0], q.shape[1]
     kv_mask = kv_mask[:, -k.shape[1]:]
-    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and q.shape[-1] in (64, 128, 256):
-        pads = (~kv_mask).sum(1, dtype=torch.int32)
-        positions = torch.arange(kv_mask.shape[1], device=kv_mask.device)
-        # one read on the host, as the varlen path's lengths: every row a run of valid keys that ends
-        # at the last position (left padding, as batched generation pads) and covers its queries
-        left_padded = (kv_mask == (positions[None, :] >= pads[:, None])).all() & (kv_mask.shape[1] - pads >= q_len).all()
-        if bool(left_padded):
+    if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
+        k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
+    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and q.shape[-1] in HEAD_DIMS:
+        positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
+        end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
+        first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)
+        # one read on the host (none while a graph is captured): every row's valid keys one run
+        # that holds its queries, as generation with left padding and a static cache gives
+        one_run = not _host_reads_allowed() or bool(
+            ((kv_mask == ((positions >= first[:, None]) & (positions < end[:, None]))).all(1)
+             & (end - first >= q_len)).all())
+        if one_run:
             scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-            return kvcache.left_padded_decode(q, k, v, pads, scale, causal)
+            return kvcache.padded_cache_decode(q, k, v, first, end, scale, causal)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence
     lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), kv_mask.sum(1, dtype=torch.int32)
     zero = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -105,16 +159,55 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tens
     return out
 
 
+class UnsupportedModelError(ValueError):
+    """A model loaded with attn_implementation="ftune" whose attention flashtune cannot serve."""
+
+
+def check_model(model) -> None:
+    """Raise UnsupportedModelError, one line naming what is missing, if flashtune cannot serve
+    every attention layer of `model` (a transformers PreTrainedModel or its config)."""
+    config = getattr(model, "config", model)
+    missing = unsupported_features(config)
+    if missing:
+        name = type(model).__name__ if hasattr(model, "config") else getattr(config, "model_type", "this model")
+        raise UnsupportedModelError(f"flashtune cannot serve {name}'s attention: it needs {' and '.join(missing)}; "
+                                    "load it with attn_implementation='sdpa'")
+
+
+def _checked_at_load(choose):
+    """transformers' PreTrainedModel.get_correct_attn_implementation, which every model's
+    __init__ and set_attn_implementation call, with check_model when "ftune" is chosen: a model
+    flashtune cannot serve fails when it is loaded, not at its first token."""
+    if getattr(choose, "_checks_flashtune", False):
+        return choose
+
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        chosen = choose(self, requested_attention, *args, **kwargs)
+        if chosen == NAME:
+            check_model(self)
+        return chosen
+
+    get_correct_attn_implementation._checks_flashtune = True
+    get_correct_attn_implementation.__doc__ = choose.__doc__
+    return get_correct_attn_implementation
+
+
 def register() -> None:
-    """Add "ftune" to transformers' attention and attention-mask registries (idempotent)."""
+    """Add "ftune" to transformers' attention and attention-mask registries, and its check to
+    model loading (idempotent)."""
     try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+        from transformers import AttentionInterface, PreTrainedModel
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:
         raise ImportError("the transformers integration needs transformers >= 4.56: "
                           "pip install 'flashtune[hf]'") from e
     AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, flash_attention_mask)
+    AttentionMaskInterface.register(NAME, key_mask)
+    # The one hook transformers offers between a model's config and its first forward. Without
+    # it (another transformers), attention_forward still refuses what it cannot serve, per call.
+    if hasattr(PreTrainedModel, "get_correct_attn_implementation"):
+        PreTrainedModel.get_correct_attn_implementation = _checked_at_load(
+            PreTrainedModel.get_correct_attn_implementation)
 
 
 register()

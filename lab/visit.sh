@@ -17,6 +17,8 @@
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
+#   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
+#   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -68,6 +70,13 @@ for step in "$@"; do case $step in
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
+  model-recall) run bench-model-recall 590 python3 -m flashtune bench --profile h200 --model recall --prefill 4096,16384 \
+           --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
+           --out "$OUT/bench-model_recall.json" ;;
+  model-b1|model-b16) b=${step#model-b}; lengths=1024,16384; [ "$b" = 1 ] && lengths=1024,16384,65536
+         run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
+           --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
+           --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;

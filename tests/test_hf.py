@@ -3,6 +3,8 @@ reference with the same semantics, so what is tested is the glue - layouts, GQA,
 causal alignment and padded batches through varlen - in real Llama/Qwen2/Mistral models."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -27,15 +29,15 @@ def reference_kernels(monkeypatch):
         CALLS.append(("varlen", cu_q.tolist(), cu_k.tolist(), causal))
         return varlen_reference(q, k, v, cu_q, cu_k, causal, softmax_scale)[0].to(q.dtype)
 
-    def left_padded(q, k, v, pads, scale, causal):
-        CALLS.append(("leftpad", pads.tolist(), tuple(q.shape), causal))
-        rows = [attention_reference(q[b:b + 1], k[b:b + 1, p:], v[b:b + 1, p:], causal, scale)[0]
-                for b, p in enumerate(pads.tolist())]
+    def padded_cache(q, k, v, first, end, scale, causal):
+        CALLS.append(("leftpad", first.tolist(), tuple(q.shape), causal, end.tolist(), k.shape[1]))
+        rows = [attention_reference(q[b:b + 1], k[b:b + 1, f:e], v[b:b + 1, f:e], causal, scale)[0]
+                for b, (f, e) in enumerate(zip(first.tolist(), end.tolist()))]
         return torch.cat(rows).to(q.dtype)
 
     monkeypatch.setattr(ops, "flash_attn_func", dense)
     monkeypatch.setattr(ops, "flash_attn_varlen_func", varlen)
-    monkeypatch.setattr(kvcache, "left_padded_decode", left_padded)
+    monkeypatch.setattr(kvcache, "padded_cache_decode", padded_cache)
 
 
 MODELS = {
@@ -49,9 +51,13 @@ def _pair(kind: str):
     config_cls, model_cls = (getattr(transformers, n) for n in MODELS[kind])
     config = config_cls(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if kind == "mistral":
+        config.sliding_window = None  # loading with a window fails (test_models_flashtune_cannot_serve_fail_at_load)
     torch.manual_seed(0)
-    eager = model_cls._from_config(config, attn_implementation="eager").eval()
-    ours = model_cls._from_config(config, attn_implementation=hf.NAME).eval()
+    # each model its own config: _from_config sets the implementation on the config it is given
+    eager = model_cls._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    ours = model_cls._from_config(copy.deepcopy(config), attn_implementation=hf.NAME).eval()
+    assert eager.config._attn_implementation == "eager" and ours.config._attn_implementation == hf.NAME
     ours.load_state_dict(eager.state_dict())
     return eager, ours
 
@@ -90,28 +96,6 @@ def test_decode_with_a_kv_cache_matches_eager():
     assert any(c[0] == "dense" and c[1][1] == 1 for c in CALLS)  # one query against the cache
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
-def test_decode_route_sdpa_sends_only_single_query_steps_to_sdpa(padded):
-    eager, ours = _pair("llama")
-    ids = torch.randint(0, 128, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.long)
-    if padded:
-        mask[1, :6] = 0
-    hf.set_decode_route("sdpa")
-    try:
-        with torch.no_grad():
-            ref = eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-            got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-    finally:
-        hf.set_decode_route("flashtune")
-    assert torch.equal(got, ref)
-    # only the prefill (16 queries; cu_seqlens [0, 16, 26] when padded) went through flashtune;
-    # a decode step there would show 1 query per sequence
-    assert CALLS and all(c[1] == [0, 16, 26] if padded else c[1][1] == 16 for c in CALLS)
-    with pytest.raises(ValueError, match="allowed: flashtune, sdpa"):
-        hf.set_decode_route("cudnn")
-
-
 def test_left_padded_generation_decodes_over_the_cache_in_place():
     """Batched generation pads on the left: its decode steps go to the decode kernels with each
     row's padding as its first valid key (no copy of the cache), and generate what eager does."""
@@ -126,8 +110,48 @@ def test_left_padded_generation_decodes_over_the_cache_in_place():
         got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
     assert torch.equal(got, ref)
     decode = [c for c in CALLS if c[0] == "leftpad"]
-    assert decode and all(c[1] == [0, 6, 3] and c[2][1] == 1 for c in decode)
+    assert decode and all(c[1] == [0, 6, 3] and c[2][1] == 1 and c[4] == [c[5]] * 3 for c in decode)
     assert all(c[0] == "varlen" for c in CALLS if c[0] != "leftpad")  # the prefill: 10 real keys < 16 queries
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_static_cache_generation_attends_only_to_written_keys(padded):
+    """A static cache hands every layer its whole preallocated buffer: the positions not written
+    yet must not be attended (an unpadded batch has no padding mask to say so). The prefill reads
+    the written keys only; each decode step goes to the decode kernels with its rows' ends on the
+    device (no host read: a CUDA graph can capture the step)."""
+    eager, ours = _pair("llama")
+    eager, ours = eager.to(torch.bfloat16), ours.to(torch.bfloat16)
+    ids = torch.randint(0, 128, (3, 24))  # a prefill longer than the decode kernels take
+    mask = torch.ones(3, 24, dtype=torch.long)
+    if padded:
+        mask[1, :6] = 0
+        mask[2, :3] = 0
+    with torch.no_grad():
+        ref = eager.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static")
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    assert torch.equal(got, ref)
+    decode = [c for c in CALLS if c[0] == "leftpad"]
+    firsts = [0, 6, 3] if padded else [0, 0, 0]
+    # 5 decode steps x 2 layers, the keys ending at 25..29 of the 29-position buffer (24 + 6 - 1)
+    assert [c[4][0] for c in decode] == [n for n in range(25, 30) for _ in range(2)]
+    assert all(c[1] == firsts and len(set(c[4])) == 1 and c[5] == 29 for c in decode)
+    prefill = [c for c in CALLS if c[0] != "leftpad"]
+    assert prefill and all(c[0] == "varlen" and c[2][-1] == sum(24 - f for f in firsts) for c in prefill)
+
+
+def test_key_mask_marks_padding_and_unwritten_positions():
+    """The mask function alone: None when every key is valid; the written prefix when the host
+    knows it; the whole buffer when the written count is a tensor (a static cache's decode step)."""
+    pad = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    assert hf.key_mask(2, 4, 4, attention_mask=torch.ones(2, 4)) is None
+    assert hf.key_mask(2, 1, 4, q_offset=3) is None
+    assert hf.key_mask(2, 4, 4, attention_mask=pad).tolist() == pad.bool().tolist()
+    assert hf.key_mask(2, 4, 8, attention_mask=pad).tolist() == pad.bool().tolist()  # static: written prefix
+    assert hf.key_mask(1, 1, 6, q_offset=2).tolist() == [[True, True, True]]
+    step = hf.key_mask(2, 1, 6, q_offset=torch.tensor(4), attention_mask=torch.tensor([[1] * 5, [0, 0, 1, 1, 1]]))
+    assert step.tolist() == [[True] * 5 + [False], [False, False, True, True, True, False]]
+    assert hf.key_mask(1, 1, 6, q_offset=torch.tensor(5)).tolist() == [[True] * 6]
 
 
 def test_unsupported_features_are_refused():
@@ -143,3 +167,43 @@ def test_unsupported_features_are_refused():
     module.eval()
     with pytest.raises(ValueError, match="4-D attention mask"):
         hf.attention_forward(module, q, q, q, torch.zeros(1, 1, 8, 8))
+
+
+def _tiny(config_name: str, **fields):
+    sizes = dict(vocab_size=64, hidden_size=256, intermediate_size=64, num_hidden_layers=2, pad_token_id=None,
+                 bos_token_id=None, eos_token_id=None,
+                 num_attention_heads=4, num_key_value_heads=2)
+    return getattr(transformers, config_name)(**{**sizes, **fields})
+
+
+@pytest.mark.parametrize("config_name, fields, missing", [
+    ("Phi3Config", dict(hidden_size=192, num_attention_heads=2), r"head dim 96 \(served: 64, 128, 256\)"),
+    ("MistralConfig", {}, r"sliding-window attention \(sliding_window=4096; config.sliding_window = None"),
+    ("Gemma2Config", dict(head_dim=64), r"sliding-window attention on some layers .* and logit softcapping"),
+    ("GptOssConfig", dict(head_dim=64, num_local_experts=2), "attention sinks"),
+    ("Qwen2Config", dict(use_sliding_window=True, sliding_window=64, max_window_layers=1), "sliding-window"),
+    ("Llama4TextConfig", dict(head_dim=64, num_local_experts=2), "chunked attention"),
+    ("DeepseekV3Config", dict(qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, n_routed_experts=2,
+                              kv_lora_rank=32, q_lora_rank=32), r"a V head dim \(64\) that differs from Q/K's \(128\)"),
+])
+def test_models_flashtune_cannot_serve_fail_at_load(config_name, fields, missing):
+    """One line naming every missing feature, raised when the model is built (not at its first
+    token), and again when an existing model is switched to flashtune."""
+    config = _tiny(config_name, **fields)
+    with pytest.raises(hf.UnsupportedModelError, match=missing) as failure:
+        transformers.AutoModelForCausalLM.from_config(config, attn_implementation=hf.NAME)
+    assert "\n" not in str(failure.value) and str(failure.value).endswith("attn_implementation='sdpa'")
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with pytest.raises(hf.UnsupportedModelError, match=missing):
+        model.set_attn_implementation(hf.NAME)
+    assert model.config._attn_implementation == "eager"  # unchanged by the refusal
+
+
+@pytest.mark.parametrize("config_name, fields", [
+    ("LlamaConfig", {}), ("Qwen2Config", {}), ("Qwen3Config", dict(head_dim=128)),
+    ("MistralConfig", dict(sliding_window=None)), ("Gemma3TextConfig", dict(head_dim=64, layer_types=["full_attention"] * 2)),
+])
+def test_models_flashtune_serves_load(config_name, fields):
+    model = transformers.AutoModelForCausalLM.from_config(_tiny(config_name, **fields), attn_implementation=hf.NAME)
+    assert model.config._attn_implementation == hf.NAME
+    assert hf.unsupported_features(model.config) == []

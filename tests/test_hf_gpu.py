@@ -74,3 +74,32 @@ def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels():
         names = kernel_names(lambda: ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False))
     assert (tokens_ref == tokens).all(dim=1).sum() >= 2, (tokens_ref != tokens).sum(dim=1)
     assert any(n.startswith("flashtune_decode_") for n in names), names  # the decode step's kernel
+
+
+def test_static_cache_generation_with_left_padding_generates_like_sdpa():
+    """A static cache hands flashtune the whole preallocated buffer: only the written keys count."""
+    ref, ours = _qwen2_pair()
+    ids = torch.randint(0, 1000, (3, 300), device="cuda")
+    mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
+    mask[1, :40] = 0
+    mask[2, :170] = 0
+    with torch.no_grad():
+        kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, cache_implementation="static")
+        tokens_ref, tokens = ref.generate(ids, **kwargs), ours.generate(ids, **kwargs)
+    assert (tokens_ref == tokens).all(dim=1).sum() >= 2, (tokens_ref != tokens).sum(dim=1)
+
+
+def test_a_decode_step_captured_in_a_cuda_graph_replays_like_the_uncaptured_loop():
+    """bench --model's decode harness: the step captured once, its token and position fed through
+    the graph's input buffers; flashtune's decode kernels read the cache's ends from the device."""
+    from flashtune.commands.bench_model import static_decode
+
+    ref, ours = _qwen2_pair()
+    ids = torch.randint(0, 1000, (2, 700), device="cuda")
+    eager_tokens, _, _ = static_decode(ours, ids, 24, graph=False)
+    graph_tokens, _, profiled = static_decode(ours, ids, 24, graph=True, profile_backend="flashtune")
+    sdpa_tokens, _, _ = static_decode(ref, ids, 24, graph=True)
+    assert torch.equal(graph_tokens, eager_tokens)
+    assert (graph_tokens == sdpa_tokens).all(dim=1).sum() >= 1
+    attention, total = profiled
+    assert 0 < attention < total  # the profiled step ran flashtune's kernels

@@ -27,7 +27,9 @@ def test_model_bench_rows_and_consistency(tiny_config):
     assert [(r.prefill, r.backend) for r in rows] == [(24, "eager"), (24, "sdpa-math"),
                                                             (40, "eager"), (40, "sdpa-math")]
     for r in rows:
-        assert r.status == "ok" and r.ttft_ms > 0 and r.decode_tok_s > 0
+        # "ok": the static-cache loop and generate chose the same greedy tokens
+        assert r.status == "ok" and r.ttft_ms > 0 and r.decode_tok_s > 0 and r.generate_tok_s > 0
+        assert r.recall_accuracy is r.fp32_top1_agreement is None  # random weights: no task, no fp32 copy
         assert 0 < r.attention_host_us < 1e6  # one layer's attention call in a decode step, on the host
         assert r.vs == "eager" and r.top1_agreement == 1.0 and r.greedy_identical == [True, True]
         assert r.max_abs_logit_diff < 1e-3
@@ -107,3 +109,45 @@ def test_the_decode_host_timing_leaves_the_attention_registry_as_it_was(tiny_con
     model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[16], batch=1, decode_steps=3,
                                 dtype="float32", repeats=1, device="cpu")
     assert {name: ALL_ATTENTION_FUNCTIONS.get(name) for name in ("sdpa", "eager")} == before
+
+
+def test_static_decode_is_greedy_generation_on_a_static_cache(tiny_config):
+    """The decode harness of every backend (without a GPU, not captured): the tokens generate gives."""
+    import torch
+
+    from flashtune.commands.memory import find_model
+
+    model = model_bench.build_model(find_model(tiny_config), None, torch.float32, "cpu")
+    ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))
+    tokens, seconds, profiled = model_bench.static_decode(model, ids, 6, graph=False)
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)[:, 20:]
+    assert torch.equal(tokens, expected) and seconds > 0 and profiled is None
+
+
+def test_the_trained_model_rows_add_task_accuracy_and_fp32_agreement(monkeypatch, tmp_path):
+    """--model recall at tiny size: trained once (cached in FLASHTUNE_CACHE_DIR), its prompts from
+    the task, every position compared, the recall accuracy and fp32 math agreement in each row."""
+    from flashtune.measure import recall_model
+
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(model_bench, "RECALL_RECIPE", recall_model.Recipe(
+        task=recall_model.RecallTask(keys=16, values=16), layers=2, hidden=64, heads=1, kv_heads=1,
+        intermediate=128, stages=(recall_model.Stage(64, 32, 30),), warmup=10))
+    result = model_bench.run_model_bench("recall", ["eager", "sdpa-math"], prefill=[48, 96], batch=2,
+                                         decode_steps=4, dtype="float32", repeats=1, device="cpu")
+    assert result.training["loss_curve"][-1][0] == 30 and len(result.training["recipe_key"]) == 16
+    assert result.layers == 2 and len(list((tmp_path / "models").iterdir())) == 2
+    for r in result.rows:
+        assert r.status == "ok", r
+        assert 0 <= r.recall_accuracy <= 1
+        assert r.fp32_top1_agreement == 1.0 and r.fp32_max_abs_logit_diff < 1e-3  # fp32 kernels against fp32 math
+        assert r.top1_agreement == 1.0
+    from rich.console import Console
+
+    console = Console(record=True, width=400)
+    model_bench.render(result, console)
+    shown = console.export_text()
+    assert "held-out recall accuracy" in shown and "recall acc" in shown and "top-1 vs fp32" in shown
+    with pytest.raises(ValueError, match="--layers does not apply"):
+        model_bench.run_model_bench("recall", ["eager"], prefill=[48], layers=1, device="cpu")

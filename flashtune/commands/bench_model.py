@@ -1,13 +1,19 @@
 """`flashtune bench --model`: the same model, the same prompts, only the attention backend switched.
 
-Per backend and prefill length: time to first token (a prefill plus the first argmax),
-decode tokens/s with the KV cache, peak memory, and consistency against the first backend
-(max |logit difference|, top-1 agreement over the logits of the prompt's last 4096 positions,
-greedy tokens identical for N steps, per prompt), and the host time of one layer's attention call in a
-decode step (the Python and launches a faster kernel cannot remove). On a GPU also attention's share of the
-prefill's kernel time, from the profiler: the most a faster attention kernel can give the model.
+Per backend and prefill length: time to first token (a prefill plus the first argmax), decode
+tokens/s, peak memory, and consistency against the first backend (max |logit difference|,
+top-1 agreement over the prompts' logits, greedy tokens identical for N steps, per prompt).
 
-Weights are random (fixed seed): no downloads. transformers is needed (`pip install '.[hf]'`).
+Decode is measured in one harness for every backend: a static KV cache, each step replayed from
+a CUDA graph on a GPU (no host work per step, as a serving engine runs it), with one step's
+kernels profiled (attention's share of the step, and the K/V bytes its attention kernels read
+per second); beside it transformers' generate with its dynamic cache, whose steps pay the host
+work of every layer's call (reported too: one layer's attention call, on the host).
+
+Weights are random (fixed seed, no downloads), except for `--model recall`: a small Llama-style
+model the bench trains itself on associative recall (flashtune/measure/recall_model.py), whose
+logits are confident, so that backend agreement means something; its rows add the task's
+accuracy and the agreement with fp32 math. transformers is needed (`pip install '.[hf]'`).
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from flashtune.commands.memory import ModelShape, accounts, find_model
 # backend -> (transformers attn_implementation, SDPA backend to force or None)
 MODEL_BACKENDS = {
     "flashtune": ("ftune", None),
-    "flashtune+sdpa-decode": ("ftune", None),  # prefill through flashtune, decode steps through SDPA
+    "sdpa": ("sdpa", None),  # SDPA's own choice of kernel: what a model gets by default
     "sdpa-flash": ("sdpa", "FLASH_ATTENTION"),
     "sdpa-cudnn": ("sdpa", "CUDNN_ATTENTION"),
     "sdpa-efficient": ("sdpa", "EFFICIENT_ATTENTION"),
@@ -40,11 +46,13 @@ NON_FLASH_BACKENDS = ("sdpa-math", "eager")
 # Kernel names that are attention work, per backend (math/eager: only their softmax can be
 # told apart from the model's other GEMMs, so their share is a lower bound).
 ATTENTION_KERNELS = {
-    "flashtune": r"^flashtune_fwd", "flashtune+sdpa-decode": r"^flashtune_fwd", "sdpa-flash": r"flash_fwd",
+    "flashtune": r"^flashtune_", "sdpa": r"flash_fwd|cudnn|fprop|fmha|cutlassF|softmax", "sdpa-flash": r"flash_fwd",
     "sdpa-cudnn": r"cudnn|fprop", "sdpa-efficient": r"fmha|cutlassF", "sdpa-math": r"softmax", "eager": r"softmax",
 }
 
-DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager")
+DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager")
+TRAINED_MODEL = "recall"  # --model recall: the model the bench trains (flashtune/measure/recall_model.py)
+RECALL_RECIPE = None  # None: recall_model.Recipe()
 
 
 @dataclass
@@ -57,13 +65,19 @@ class ModelRow:
     peak_mem_mb: float | None = None  # the whole model's peak: weights + KV cache + one layer's transients
     predicted_peak_mb: float | None = None  # `flashtune memory`'s accounts for it
     ttft_ms: float | None = None
-    decode_tok_s: float | None = None
+    decode_tok_s: float | None = None  # static cache, each step replayed from a CUDA graph on a GPU
+    generate_tok_s: float | None = None  # transformers' generate, dynamic cache: host work per step included
     attention_share: float | None = None  # of the prefill's kernel time
+    decode_attention_share: float | None = None  # of one decode step's kernel time
+    decode_attention_gbps: float | None = None  # K/V bytes a decode step reads over its attention kernels' time
     attention_host_us: float | None = None  # host time of one layer's attention call in a decode step (median)
     vs: str | None = None  # the backend compared with
     max_abs_logit_diff: float | None = None
     top1_agreement: float | None = None
     greedy_identical: list[bool] | None = None  # per prompt
+    recall_accuracy: float | None = None  # --model recall: top-1 on the task's recall positions
+    fp32_max_abs_logit_diff: float | None = None  # --model recall: against fp32 math on the same weights
+    fp32_top1_agreement: float | None = None
 
 
 @dataclass
@@ -74,6 +88,7 @@ class ModelBenchResult:
     dtype: str
     decode_steps: int
     rows: list[ModelRow] = field(default_factory=list)
+    training: dict | None = None  # --model recall: the recipe, its seed, loss curve and held-out accuracy
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,11 +134,12 @@ def _timed(fn, device: str) -> tuple[object, float]:
     return result, time.perf_counter() - start
 
 
-def _attention_share(model, ids, backend: str) -> float | None:
+def _kernel_times(fn, backend: str) -> tuple[float, float]:
+    """(attention kernels' time, all kernels' time) in seconds of fn's run, from the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
-        model(ids)
+        fn()
         torch.cuda.synchronize()
     pattern = re.compile(ATTENTION_KERNELS[backend], re.IGNORECASE)
     total = attention = 0.0
@@ -132,7 +148,71 @@ def _attention_share(model, ids, backend: str) -> float | None:
             total += event.device_time
             if pattern.search(event.name):
                 attention += event.device_time
+    return attention * 1e-6, total * 1e-6
+
+
+def _attention_share(model, ids, backend: str) -> float | None:
+    attention, total = _kernel_times(lambda: model(ids), backend)
     return attention / total if total else None
+
+
+def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_backend: str | None = None):
+    """Greedy decoding of `steps` tokens after the prompts `ids`, on a static KV cache, each step
+    one forward of one token per sequence; with `graph` (a GPU) the step is captured once in a
+    CUDA graph and replayed, the token and position fed through its input buffers, so no host
+    work repeats. Returns (tokens (batch, steps), seconds of the steps after the first, the
+    profiled (attention, total) kernel seconds of one step or None)."""
+    import inspect
+
+    from transformers import StaticCache
+
+    batch, length = ids.shape
+    cuda = ids.is_cuda
+    cache = {("cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"):
+             StaticCache(config=model.config, max_cache_len=length + steps)}  # its name since transformers 5.25
+    with torch.no_grad():
+        logits = model(ids, cache_position=torch.arange(length, device=ids.device), use_cache=True,
+                       logits_to_keep=1, **cache).logits
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        position = torch.tensor([length], device=ids.device)
+
+        def step():
+            out = model(token, cache_position=position, use_cache=True, **cache).logits
+            return out[:, -1].argmax(-1, keepdim=True)
+
+        # the first step is also the warm-up (and the profiled step): run again, it writes the
+        # same keys at the same position
+        profiled = _kernel_times(step, profile_backend) if cuda and profile_backend else None
+        if graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured):
+                next_token = step()
+            run = captured.replay
+        else:
+            next_token = torch.empty_like(token)
+            run = lambda: next_token.copy_(step())  # noqa: E731
+        tokens = [token.clone()]
+        run()  # the first step, untimed: it follows the prefill, whose time TTFT has
+        _sync_tensor(ids)
+        start = time.perf_counter()
+        for _ in range(steps - 1):
+            tokens.append(next_token.clone())
+            token.copy_(next_token)
+            position += 1
+            run()
+        _sync_tensor(ids)
+        seconds = time.perf_counter() - start
+    return torch.cat(tokens, dim=1), seconds, profiled
+
+
+def _sync_tensor(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize()
 
 
 @contextmanager
@@ -169,8 +249,14 @@ def _decode_attention_host_time(model, impl: str, seconds: list[float]):
 
 # Consistency compares the logits of each prompt's last positions: all of them at 64k would be
 # 16 GiB in bf16 for a 128k vocabulary (and twice that in fp32), which ended a run out of memory.
+# A small vocabulary (the trained model's) has every position compared.
 CONSISTENCY_POSITIONS = 4096
+CONSISTENCY_ELEMENTS = 2**28  # logits kept per prompt at most: 512 MiB in bf16
 CONSISTENCY_CHUNK = 1024  # positions compared at a time, in fp32
+
+
+def consistency_positions(length: int, vocab: int) -> int:
+    return min(length, max(CONSISTENCY_POSITIONS, CONSISTENCY_ELEMENTS // vocab))
 
 
 def _consistency(logits: torch.Tensor, ref_logits: torch.Tensor, device: str) -> tuple[float, float]:
@@ -186,33 +272,81 @@ def _consistency(logits: torch.Tensor, ref_logits: torch.Tensor, device: str) ->
     return worst, agree / (logits.shape[0] * logits.shape[1])
 
 
+@dataclass
+class _Subject:
+    """What the bench runs: the model, its shape (for `flashtune memory`'s accounts), its prompts,
+    and for the trained model its task and an fp32 copy for the reference logits."""
+    model: torch.nn.Module
+    shape: ModelShape
+    prompts: Callable[[int, int], torch.Tensor]  # (batch, length) -> ids on the device
+    task: object | None = None
+    fp32: torch.nn.Module | None = None
+    training: dict | None = None
+
+
+def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed: int,
+             progress: Callable[[str], None] | None) -> _Subject:
+    if model_name != TRAINED_MODEL:
+        shape = find_model(model_name)
+        model = build_model(shape, layers, getattr(torch, dtype), device, seed)
+        shape = replace(shape, layers=layers or shape.layers)
+
+        def random_prompts(batch: int, length: int) -> torch.Tensor:
+            gen = torch.Generator(device="cpu").manual_seed(seed + length)
+            return torch.randint(0, shape.vocab, (batch, length), generator=gen).to(device)
+        return _Subject(model, shape, random_prompts)
+
+    from flashtune import hf  # noqa: F401  (registers the "ftune" attention)
+    from flashtune.measure import recall_model
+    from flashtune.paths import cache_dir
+
+    if layers:
+        raise ValueError(f"--layers does not apply to --model {TRAINED_MODEL}: its layers are its recipe's")
+    recipe = RECALL_RECIPE or recall_model.Recipe()
+    report = (lambda step, total, loss: progress(f"training the recall model: step {step}/{total}, loss {loss:.3f}")
+              if progress and step % 100 == 0 else None)
+    fp32, record = recall_model.load_or_train(recipe, device, cache_dir(), progress=report)
+    model = recall_model.build(recipe, getattr(torch, dtype), attn_implementation="eager").to(device).eval()
+    model.load_state_dict(fp32.state_dict())
+    shape = ModelShape(TRAINED_MODEL, recipe.layers, recipe.hidden, recipe.heads, recipe.kv_heads, recipe.head_dim,
+                       recipe.intermediate, recipe.task.vocab)
+
+    def task_prompts(batch: int, length: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(recall_model.HELD_OUT_SEED + length)
+        return recipe.task.sample(batch, length, gen)[0].to(device)
+    training = {"recipe_key": recipe.key(), **asdict(record)}
+    return _Subject(model, shape, task_prompts, recipe.task, fp32, training)
+
+
 def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
                     decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
                     repeats: int = 3, device: str = "cuda", seed: int = 0,
-                    checkpoint: Callable[[ModelBenchResult], None] | None = None) -> ModelBenchResult:
+                    checkpoint: Callable[[ModelBenchResult], None] | None = None,
+                    progress: Callable[[str], None] | None = None) -> ModelBenchResult:
     """Per prefill length and backend: TTFT (a prefill that keeps the KV cache and computes the
     last position's logits, as serving does), its peak memory next to `flashtune memory`'s
-    prediction, decode tokens/s, attention's share and consistency with the first backend.
-    `checkpoint` gets the result after each row (bench --out writes it: a long run keeps what
-    it measured); a backend out of memory at a length is that row's status, and the run goes on."""
+    prediction, decode tokens/s (static cache and CUDA graph; generate), attention's share of the
+    prefill and of a decode step, and consistency with the first backend (and, for the trained
+    model, its task accuracy and agreement with fp32 math). `checkpoint` gets the result after
+    each row (bench --out writes it: a long run keeps what it measured); a backend out of memory
+    at a length is that row's status, and the run goes on."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    shape = find_model(model_name)
-    model = build_model(shape, layers, getattr(torch, dtype), device, seed)
-    from flashtune import hf  # imported by build_model: transformers is there
-    shape = replace(shape, layers=layers or shape.layers)
+    subject = _subject(model_name, layers, dtype, device, seed, progress)
+    model, shape = subject.model, subject.shape
     cuda = device.startswith("cuda")
-    result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps)
+    result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps,
+                              training=subject.training)
     first = {}
     for length in prefill:
-        gen = torch.Generator(device="cpu").manual_seed(seed + length)
-        ids = torch.randint(0, shape.vocab, (batch, length), generator=gen).to(device)
+        ids = subject.prompts(batch, length)
+        keep = consistency_positions(length, shape.vocab)
+        fp32_logits = _fp32_logits(subject, ids, keep) if subject.fp32 is not None else None
         for name in backends:
             impl, sdpa_backend = MODEL_BACKENDS[name]
             row = ModelRow(name, length, batch)
             context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
             try:
-                hf.set_decode_route("sdpa" if name.endswith("+sdpa-decode") else "flashtune")
                 model.set_attn_implementation(impl)
                 with context(), torch.no_grad():
                     ttfts = []
@@ -228,17 +362,23 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     flash = name not in NON_FLASH_BACKENDS
                     predicted = accounts(shape, batch, length, dtype).total(flash=flash)
                     row.predicted_peak_mb = round(predicted / 2**20, 1)
-                    # the last positions' logits, for the consistency columns
-                    logits = model(ids, logits_to_keep=min(length, CONSISTENCY_POSITIONS)).logits
+                    row.ttft_ms = 1e3 * statistics.median(ttfts)
+                    logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
+                    tokens, seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
+                                                              profile_backend=name)
+                    row.decode_tok_s = batch * (decode_steps - 1) / max(seconds, 1e-9)
+                    if profiled:
+                        attention, total = profiled
+                        row.decode_attention_share = attention / total if total else None
+                        kv_bytes = accounts(shape, batch, length, dtype).kv_cache
+                        row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
-                        tokens, gen_seconds = _timed(lambda: model.generate(
+                        generated, gen_seconds = _timed(lambda: model.generate(
                             ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
                     if host_seconds:
                         row.attention_host_us = 1e6 * statistics.median(host_seconds)
-                    row.ttft_ms = 1e3 * statistics.median(ttfts)
-                    decode_seconds = max(gen_seconds - statistics.median(ttfts), 1e-9)
-                    row.decode_tok_s = batch * (decode_steps - 1) / decode_seconds
+                    row.generate_tok_s = batch * (decode_steps - 1) / max(gen_seconds - statistics.median(ttfts), 1e-9)
                     if cuda:
                         row.attention_share = _attention_share(model, ids, name)
             except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
@@ -249,14 +389,17 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
                 _add(result, row, checkpoint, free=cuda)
                 continue
-            finally:
-                hf.set_decode_route("flashtune")
+            if not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
+                row.status = "ok; generate and the static-cache loop chose different tokens"
             if length not in first:
                 first[length] = (name, logits.cpu(), tokens)
             ref = first[length]
             row.vs = ref[0]
             try:
                 row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
+                if fp32_logits is not None:
+                    row.fp32_max_abs_logit_diff, row.fp32_top1_agreement = _consistency(logits, fp32_logits, device)
+                    row.recall_accuracy = _recall_accuracy(logits, ids, subject.task, keep)
             except torch.cuda.OutOfMemoryError:  # the timings stand; the comparison says why it is missing
                 row.status = "ok; consistency not computed: out of memory comparing the logits"
                 torch.cuda.empty_cache()
@@ -265,6 +408,25 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             _add(result, row, checkpoint)
         first.pop(length, None)  # the next length has its own reference
     return result
+
+
+def _fp32_logits(subject: _Subject, ids: torch.Tensor, keep: int) -> torch.Tensor:
+    """The trained model's logits in fp32 with SDPA's math kernel (on the CPU, for the comparison)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+        return torch.cat([subject.fp32(ids[i:i + 1], logits_to_keep=keep).logits.cpu() for i in range(ids.shape[0])])
+
+
+def _recall_accuracy(logits: torch.Tensor, ids: torch.Tensor, task, keep: int) -> float:
+    """Top-1 on the recall positions among the last `keep` positions (each predicts the next token)."""
+    from flashtune.measure.recall_model import recall_positions
+
+    recall = recall_positions(ids.cpu(), task)[:, -keep + 1:] if keep > 1 else None
+    if recall is None or not recall.any():
+        return float("nan")
+    predicted = logits[:, :-1].argmax(-1).cpu()
+    return ((predicted == ids[:, -keep + 1:].cpu()) & recall).sum().item() / recall.sum().item()
 
 
 def _add(result: ModelBenchResult, row: ModelRow, checkpoint, free: bool = False) -> None:
@@ -303,22 +465,35 @@ def plot(result: ModelBenchResult, path: str) -> None:
 
 
 def render(result: ModelBenchResult, console: Console) -> None:
-    """`bench --model`: one line per (prefill length, backend)."""
-    table = Table(title=f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype}, "
-                        f"{result.decode_steps} decode steps)")
-    for col in ("prefill", "backend", "TTFT ms", "decode tok/s", "peak MB", "predicted MB", "attention share",
-                "attn host us", "vs", "max |dlogit|", "top-1 agree", "greedy same", "status"):
-        table.add_column(col, justify="left" if col in ("backend", "vs", "status") else "right", overflow="fold")
+    """`bench --model`: one line per (prefill length, backend); the trained model's columns
+    (task accuracy, agreement with fp32 math) only when it ran."""
+    trained = any(r.recall_accuracy is not None for r in result.rows)
+    title = (f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype}, "
+             f"{result.decode_steps} decode steps)")
+    if result.training:
+        accuracy = ", ".join(f"{k}: {v:.1%}" for k, v in result.training["accuracy"].items())
+        title += f"; trained {result.training['seconds']:.0f} s, held-out recall accuracy {accuracy}"
+    table = Table(title=title)
+    columns = [  # (heading, row field, format)
+        ("TTFT ms", "ttft_ms", ".1f"), ("decode tok/s", "decode_tok_s", ".0f"),
+        ("generate tok/s", "generate_tok_s", ".0f"), ("peak MB", "peak_mem_mb", ".0f"),
+        ("predicted MB", "predicted_peak_mb", ".0f"), ("attn share prefill", "attention_share", ".0%"),
+        ("attn share decode", "decode_attention_share", ".0%"), ("decode attn GB/s", "decode_attention_gbps", ".0f"),
+        ("attn host us", "attention_host_us", ".0f"), ("max |dlogit|", "max_abs_logit_diff", ".3g"),
+        ("top-1 agree", "top1_agreement", ".2%")]
+    if trained:
+        columns += [("recall acc", "recall_accuracy", ".2%"), ("top-1 vs fp32", "fp32_top1_agreement", ".2%"),
+                    ("max |dlogit| fp32", "fp32_max_abs_logit_diff", ".3g")]
+    for heading in ("prefill", "backend", *(c[0] for c in columns), "vs", "greedy same", "status"):
+        table.add_column(heading, justify="left" if heading in ("backend", "vs", "status") else "right",
+                         overflow="fold")
 
     def num(row, key, fmt):
         return format(getattr(row, key), fmt) if getattr(row, key) is not None else "-"
 
     for r in result.rows:
         greedy = r.greedy_identical
-        table.add_row(str(r.prefill), r.backend, num(r, "ttft_ms", ".1f"), num(r, "decode_tok_s", ".0f"),
-                      num(r, "peak_mem_mb", ".0f"), num(r, "predicted_peak_mb", ".0f"),
-                      num(r, "attention_share", ".0%"), num(r, "attention_host_us", ".0f"), r.vs or "-",
-                      num(r, "max_abs_logit_diff", ".3g"), num(r, "top1_agreement", ".1%"),
+        table.add_row(str(r.prefill), r.backend, *(num(r, key, fmt) for _, key, fmt in columns), r.vs or "-",
                       f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
                       r.status if r.status == "ok" else f"[yellow]{r.status}[/]")
     console.print(table)

@@ -237,14 +237,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
-def left_padded_decode(q, k, v, leftpad, scale: float, causal: bool):
-    """Few queries (b, sq, heads, d) over a left-padded cache (b, S, heads_kv, d), row b's keys
-    leftpad[b]..S-1, read in place (any strides of multiples of 8 elements): transformers' batched
-    generation (flashtune/hf.py), whose mask already gives these values, so they are not checked
-    again (no sync)."""
+def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool):
+    """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
+    first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
+    in place (any strides of multiples of 8 elements), the queries the last sq of them:
+    transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
+    checked again (no sync, and a CUDA graph can capture the call)."""
     profile = active_profile(q.device)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None)
-    out, _ = run_decode(spec, q, k, v, leftpad_k=leftpad, max_seqlen_q=q.shape[1], seqlen_k=k.shape[1],
+    out, _ = run_decode(spec, q, k, v, seqused_k=end, leftpad_k=first, max_seqlen_q=q.shape[1], seqlen_k=k.shape[1],
                         softmax_scale=scale, num_splits=0, with_lse=False, poison=ops.poison_outputs,
                         policy=profile.decode_split)
     return out
