@@ -12,10 +12,13 @@ transformers is optional: flashtune imports it here and in the model bench only.
 of valid keys: padding, and a static cache's positions not written yet. Few queries against
 such a mask (decode steps of batched generation, dynamic or static cache) go to the decode
 kernels, which read each row's run of valid keys in place, with no host read while a CUDA graph
-is captured; any other masked batch becomes a varlen call (padded query rows get zeros). A model
-flashtune cannot serve fails when it is loaded (check_model).
+is captured; any other masked batch becomes a varlen call (padded query rows get zeros), as do
+rows of several sequences packed end to end (position_ids that restart, or FlashAttention's
+cu_seq_lens kwargs). A model flashtune cannot serve fails when it is loaded (check_model).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -82,12 +85,70 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
+    packed = _packed_sequences(q, k, attention_mask, kwargs)
+    if packed is not None:
+        return _varlen(q, k, v, *packed, scaling, causal), None
     if attention_mask is None:
         return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal), None
     if attention_mask.dim() != 2:
         raise ValueError(f"flashtune attention takes no {attention_mask.dim()}-D attention mask; it needs the "
                          "2-D padding mask that its registered mask function produces")
     return _padded(q, k, v, attention_mask.bool(), scaling, causal), None
+
+
+def _packed_sequences(q, k, attention_mask, kwargs) -> tuple | None:
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) when one row holds several sequences end to end:
+    given by the caller as FlashAttention's kwargs (cu_seq_lens_q/k, max_length_q/k: padding-free
+    batches, transformers' continuous batching without a block table), or told by position_ids
+    that restart inside the row (DataCollatorWithFlattening). None for an ordinary batch."""
+    if kwargs.get("block_table") is not None:
+        raise ValueError("flashtune attention does not serve transformers' continuous batching with a paged "
+                         "cache (block_table); use attn_implementation='sdpa' for generate_batch")
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        if q.shape[0] != 1 or k.shape[0] != 1:
+            raise ValueError(f"packed sequences (cu_seq_lens_q/k) come in one row, got batch {q.shape[0]}")
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        max_q = int(max_q) if max_q is not None else int((cu_q[1:] - cu_q[:-1]).max())
+        max_k = int(max_k) if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
+        return cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k
+    position_ids = kwargs.get("position_ids")
+    if (attention_mask is not None or position_ids is None or q.shape[0] != 1 or q.shape[1] != k.shape[1]
+            or q.shape[1] < 2 or position_ids.dim() != 2 or position_ids.shape[-1] != q.shape[1]
+            or not _host_reads_allowed()):
+        return None
+    return _sequences_of(position_ids)
+
+
+# The last position_ids seen (a weak reference, so a freed tensor's address cannot be mistaken
+# for it), its version and its answer: one read per forward, not per layer.
+_packed_memo: list = [None, -1, None]
+
+
+def _sequences_of(position_ids: torch.Tensor) -> tuple | None:
+    """The sequences of a row whose positions restart (a step other than +1 starts a sequence),
+    as cu_seqlens; None when the row is one sequence. One read on the host per position_ids
+    tensor: every layer of a forward gets the same one."""
+    seen, version, answer = _packed_memo
+    if seen is not None and seen() is position_ids and version == position_ids._version:
+        return answer
+    row = position_ids[0]
+    starts = torch.nonzero(row[1:] != row[:-1] + 1).flatten() + 1
+    answer = None
+    if starts.numel():
+        total = torch.tensor([row.numel()], device=row.device)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=row.device), starts, total]).to(torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        answer = (cu, cu, longest, longest)
+    _packed_memo[:] = [weakref.ref(position_ids), position_ids._version, answer]
+    return answer
+
+
+def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scaling, causal: bool) -> torch.Tensor:
+    """Packed sequences of one row: (1, total, heads, d) in and out."""
+    out = ops.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, softmax_scale=scaling,
+                                     causal=causal)
+    return out[None]
 
 
 def key_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,

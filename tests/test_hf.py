@@ -154,6 +154,47 @@ def test_key_mask_marks_padding_and_unwritten_positions():
     assert hf.key_mask(1, 1, 6, q_offset=torch.tensor(5)).tolist() == [[True] * 6]
 
 
+def test_packed_sequences_attend_only_within_themselves():
+    """One row of several sequences end to end (padding-free batches): told by position_ids that
+    restart, or by FlashAttention's cu_seq_lens kwargs; each sequence as if run alone. Before,
+    the row was one causal sequence: its later sequences attended to the earlier ones."""
+    eager, ours = _pair("llama")
+    lengths = [7, 12, 5]
+    parts = [torch.randint(0, 128, (1, n)) for n in lengths]
+    ids = torch.cat(parts, dim=1)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, 7, 19, 24], dtype=torch.int32)
+    with torch.no_grad():
+        alone = torch.cat([eager(p).logits for p in parts], dim=1)
+        by_positions = ours(ids, position_ids=positions, use_cache=False).logits
+        CALLS.clear()
+        by_kwargs = ours(ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                         max_length_q=12, max_length_k=12).logits
+    torch.testing.assert_close(by_positions, alone, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(by_kwargs, alone, atol=2e-4, rtol=2e-4)
+    assert CALLS and all(c[0] == "varlen" and c[1] == [0, 7, 19, 24] for c in CALLS)
+    CALLS.clear()
+    with torch.no_grad():  # one sequence: positions 0..n-1 are an ordinary batch (the dense call)
+        ours(ids, position_ids=torch.arange(24)[None], use_cache=False)
+    assert all(c[0] == "dense" for c in CALLS)
+
+
+def test_sequences_of_reads_each_position_tensor_once():
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    first = hf._sequences_of(positions)
+    assert first[0].tolist() == [0, 3, 5, 6] and first[2] == 3
+    assert hf._sequences_of(positions) is first  # the next layer: no second read
+    positions[0, 4] = 7  # changed in place: read again
+    assert hf._sequences_of(positions)[0].tolist() == [0, 3, 4, 5, 6]
+    assert hf._sequences_of(torch.arange(6)[None]) is None
+
+
+def test_continuous_batching_with_a_block_table_is_refused():
+    q = torch.zeros(1, 4, 8, 64)
+    with pytest.raises(ValueError, match="continuous batching with a paged cache"):
+        hf.attention_forward(torch.nn.Module(), q, q, q, None, block_table=torch.zeros(2, 3, dtype=torch.int32))
+
+
 def test_unsupported_features_are_refused():
     module = torch.nn.Module()
     q = torch.zeros(1, 4, 8, 64)
