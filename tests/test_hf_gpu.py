@@ -60,7 +60,10 @@ def test_model_bench_on_the_gpu(tmp_path):
     assert ours.top1_agreement >= max(0.9, min(0.99, cudnn.top1_agreement - 0.01)), (ours, cudnn)
 
 
-def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels():
+@pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic-cache", "static-cache"])
+def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels(cache):
+    """Left-padded prompts of different lengths; a static cache hands flashtune the whole
+    preallocated buffer, of which only the written keys count."""
     from flashtune.measure.timing import kernel_names
 
     ref, ours = _qwen2_pair()
@@ -68,25 +71,13 @@ def test_left_padded_batch_generates_like_sdpa_through_the_decode_kernels():
     mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
     mask[1, :40] = 0
     mask[2, :170] = 0
+    kwargs = dict(attention_mask=mask, do_sample=False, cache_implementation=cache)
     with torch.no_grad():
-        tokens_ref = ref.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
-        tokens = ours.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
-        names = kernel_names(lambda: ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False))
+        tokens_ref = ref.generate(ids, max_new_tokens=24, **kwargs)
+        tokens = ours.generate(ids, max_new_tokens=24, **kwargs)
+        names = kernel_names(lambda: ours.generate(ids, max_new_tokens=2, **kwargs))
     assert (tokens_ref == tokens).all(dim=1).sum() >= 2, (tokens_ref != tokens).sum(dim=1)
     assert any(n.startswith("flashtune_decode_") for n in names), names  # the decode step's kernel
-
-
-def test_static_cache_generation_with_left_padding_generates_like_sdpa():
-    """A static cache hands flashtune the whole preallocated buffer: only the written keys count."""
-    ref, ours = _qwen2_pair()
-    ids = torch.randint(0, 1000, (3, 300), device="cuda")
-    mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
-    mask[1, :40] = 0
-    mask[2, :170] = 0
-    with torch.no_grad():
-        kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, cache_implementation="static")
-        tokens_ref, tokens = ref.generate(ids, **kwargs), ours.generate(ids, **kwargs)
-    assert (tokens_ref == tokens).all(dim=1).sum() >= 2, (tokens_ref != tokens).sum(dim=1)
 
 
 def test_a_decode_step_captured_in_a_cuda_graph_replays_like_the_uncaptured_loop():
