@@ -69,6 +69,7 @@ def unsupported_features(config) -> list[str]:
         missing.append("ALiBi position biases")
     return missing
 
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
