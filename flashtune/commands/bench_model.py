@@ -198,21 +198,16 @@ def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_bac
             run = lambda: next_token.copy_(step())  # noqa: E731
         tokens = [token.clone()]
         run()  # the first step, untimed: it follows the prefill, whose time TTFT has
-        _sync_tensor(ids)
+        _sync(ids.device.type)
         start = time.perf_counter()
         for _ in range(steps - 1):
             tokens.append(next_token.clone())
             token.copy_(next_token)
             position += 1
             run()
-        _sync_tensor(ids)
+        _sync(ids.device.type)
         seconds = time.perf_counter() - start
     return torch.cat(tokens, dim=1), seconds, profiled
-
-
-def _sync_tensor(t: torch.Tensor) -> None:
-    if t.is_cuda:
-        torch.cuda.synchronize()
 
 
 @contextmanager
