@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from flashtune.kernels.tiles import HEAD_DIMS
+from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.runtime import checks, kvcache, ops
 from flashtune.runtime.checks import DTYPE_NAMES
 from flashtune.runtime.selection import DECODE_MAX_SEQLEN_Q
@@ -47,8 +47,8 @@ def unsupported_features(config) -> list[str]:
     else:
         heads = getattr(text, "num_attention_heads", None)
         head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
-        if head_dim is not None and head_dim not in HEAD_DIMS:
-            missing.append(f"head dim {head_dim} (served: {', '.join(map(str, HEAD_DIMS))})")
+        if head_dim is not None and computed_head_dim(head_dim) is None:
+            missing.append(f"head dim {head_dim} (served: multiples of 8 from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})")
     layer_types = set(getattr(text, "layer_types", None) or ())
     window = getattr(text, "sliding_window", None)
     # without layer_types, a window applies to every layer (Mistral), unless switched off (Qwen2)
@@ -196,7 +196,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tens
     kv_mask = kv_mask[:, -k.shape[1]:]
     if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
         k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
-    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and q.shape[-1] in HEAD_DIMS:
+    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None:
         positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
         end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
         first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)

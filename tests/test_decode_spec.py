@@ -149,3 +149,20 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
 def test_a_bad_decode_section_names_the_key(tmp_path, section, message):
     with pytest.raises(ProfileError, match=message):
         load_profile(write_profile(tmp_path, section))
+
+
+def test_head_dims_between_the_built_ones_are_computed_at_the_next():
+    from flashtune.kernels.arch import get_arch
+    from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_smem_bytes, default_decode_tile
+    from flashtune.kernels.tiles import computed_head_dim
+
+    assert [computed_head_dim(d) for d in (32, 40, 64, 72, 96, 128, 136, 192, 256)] == [
+        64, 64, 64, 128, 128, 128, 256, 256, 256]
+    assert [computed_head_dim(d) for d in (24, 100, 264, 0)] == [None] * 4
+    tile = DecodeTile(16, 32, 4, 3)
+    spec = DecodeSpec("sm_90a", "bfloat16", 96, tile, False)
+    assert "_h96_" in spec.name and "Traits<__nv_bfloat16, 96," in spec.source()
+    assert spec.smem_bytes == decode_smem_bytes(128, tile)  # rows held at 128 columns
+    assert default_decode_tile(get_arch("sm_89"), 80, 16) == default_decode_tile(get_arch("sm_89"), 128, 16)
+    with pytest.raises(SpecError, match="multiples of 8 from 32 to 256"):
+        DecodeSpec("sm_90a", "bfloat16", 100, tile, False)

@@ -218,7 +218,7 @@ def _tiny(config_name: str, **fields):
 
 
 @pytest.mark.parametrize("config_name, fields, missing", [
-    ("Phi3Config", dict(hidden_size=192, num_attention_heads=2), r"head dim 96 \(served: 64, 128, 256\)"),
+    ("Phi3Config", dict(hidden_size=200, num_attention_heads=2), r"head dim 100 \(served: multiples of 8 from 32 to 256\)"),
     ("MistralConfig", {}, r"sliding-window attention \(sliding_window=4096; config.sliding_window = None"),
     ("Gemma2Config", dict(head_dim=64), r"sliding-window attention on some layers .* and logit softcapping"),
     ("GptOssConfig", dict(head_dim=64, num_local_experts=2), "attention sinks"),
@@ -242,6 +242,7 @@ def test_models_flashtune_cannot_serve_fail_at_load(config_name, fields, missing
 
 @pytest.mark.parametrize("config_name, fields", [
     ("LlamaConfig", {}), ("Qwen2Config", {}), ("Qwen3Config", dict(head_dim=128)),
+    ("Phi3Config", dict(hidden_size=192, num_attention_heads=2)),  # head dim 96: computed at 128
     ("MistralConfig", dict(sliding_window=None)), ("Gemma3TextConfig", dict(head_dim=64, layer_types=["full_attention"] * 2)),
 ])
 def test_models_flashtune_serves_load(config_name, fields):

@@ -92,8 +92,15 @@ def test_varlen_cu_seqlens_checks():
 
 def test_spec_choice_errors_name_what_the_profile_serves():
     profile = find_profile("rtx4090")
-    with pytest.raises(FlashtuneInputError, match=r"head dim 96 is not served by profile rtx4090 \(head dims: 64, 128, 256\)"):
-        ops.select_spec(profile, torch.bfloat16, 96, False, 128, 128)
+    with pytest.raises(FlashtuneInputError, match=r"head dim 100 is not served by profile rtx4090 \(its kernels: "
+                                                  r"head dims 64, 128, 256; a multiple of 8 from 32 to 256"):
+        ops.select_spec(profile, torch.bfloat16, 100, False, 128, 128)
+    # between the built head dims: the next one's kernel (the op zero-pads the inputs to it)
+    assert ops.select_spec(profile, torch.bfloat16, 96, False, 128, 128).hdim == 128
+    assert ops.select_spec(profile, torch.bfloat16, 40, True, 128, 128).hdim == 64
+    with pytest.raises(FlashtuneInputError, match="FP8 q/k need head dim 64, 128, 256 exactly, got 96"):
+        ops.select_spec(profile, torch.bfloat16, 96, False, 128, 128, fp8=True)
+    assert ops.kernel_for(profile, torch.bfloat16, 96, False, 1, 4000, 4).hdim == 96  # decode: computed inside
     spec = ops.select_spec(profile, torch.float16, 128, True, 5000, 5000)
     assert spec.name == "flashtune_fwd_sm80_f16_h128_64x64_w4_s1_c_sm89"
 

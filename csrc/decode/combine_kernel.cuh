@@ -18,9 +18,12 @@ namespace decode {
 constexpr int kMaxSplits = 256;      // runtime/kvcache.py refuses more; launch.cuh checks
 constexpr int kSplitsInFlight = 8;   // partial rows a lane loads before it adds any
 
-template <typename Elem, int kHeadDim>
+// kDim: the head dim (a multiple of 8 from 32 to 256); the lanes cover the next of 64, 128 or 256
+// columns, kPerLane each, and lanes past kDim only help with the LSEs.
+template <typename Elem, int kDim>
 __device__ __forceinline__ void combine_body(const DecodeParams& p) {
-  constexpr int kPerLane = kHeadDim / 32;  // 2, 4 or 8 columns per lane
+  constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;
+  constexpr int kPerLane = kHeadDim / 32;  // 2, 4 or 8 columns per lane: never split by kDim (a multiple of 8)
   constexpr int kLseSlots = kMaxSplits / 32;
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -55,8 +58,9 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   float o[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
-  const float* src = p.o_partial + item * kHeadDim + lane * kPerLane;
-  if (m != -INFINITY)
+  const float* src = p.o_partial + item * kDim + lane * kPerLane;
+  const bool columns = kDim == kHeadDim || lane * kPerLane < kDim;  // this lane has columns of the row
+  if (m != -INFINITY && columns)
     for (int s0 = 0; s0 < n; s0 += kSplitsInFlight) {
       float x[kSplitsInFlight][kPerLane], w[kSplitsInFlight];
 #pragma unroll
@@ -65,7 +69,7 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
         w[u] = in ? p.lse_partial[(s0 + u) * stride + item] : -INFINITY;
 #pragma unroll
         for (int i = 0; i < kPerLane; i += 2) {
-          const float2 v = in ? *reinterpret_cast<const float2*>(src + (s0 + u) * stride * kHeadDim + i)
+          const float2 v = in ? *reinterpret_cast<const float2*>(src + (s0 + u) * stride * kDim + i)
                               : make_float2(0.f, 0.f);
           x[u][i] = v.x, x[u][i + 1] = v.y;
         }
@@ -89,8 +93,9 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
     lse_at = row;
   }
   Elem* out = static_cast<Elem*>(p.o) + o_at + int64_t(head) * p.o_head_stride + lane * kPerLane;
+  if (columns)
 #pragma unroll
-  for (int i = 0; i < kPerLane; i += 2) *reinterpret_cast<uint32_t*>(out + i) = pack2<Elem>(o[i], o[i + 1]);
+    for (int i = 0; i < kPerLane; i += 2) *reinterpret_cast<uint32_t*>(out + i) = pack2<Elem>(o[i], o[i + 1]);
   if (lane == 0 && p.lse != nullptr) p.lse[lse_at + int64_t(head) * p.lse_head_stride] = lse;
 }
 

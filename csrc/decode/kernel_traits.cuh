@@ -6,6 +6,11 @@
 // each warp its own keys (kBlockN per step, warp w taking steps w, w + kWarps, ...) with its own
 // cp.async ring: a warp never waits for another until the end, where their partial softmax
 // states are merged through shared memory.
+//
+// A head dim other than 64, 128 or 256 (any multiple of 8 from 32 to 256) is computed at the next
+// of those (kHeadDim): its rows in shared memory are zero beyond kDim, so the MMAs and the
+// swizzle are the built sizes' own, while global memory is read and written at kDim only (the
+// cache's bytes, which bound decode, are the head dim's).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,11 +25,13 @@ enum class Paging : int {
   kGather = 2,      // any page size: one lookup per row
 };
 
-template <typename Elem_, int kHeadDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,
+template <typename Elem_, int kDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,
           bool kCausal_>
 struct Traits {
   using Elem = Elem_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kDim = kDim_;  // the head dim of q, the cache and o
+  static constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;  // computed at
+  static constexpr int kDimChunks = kDim / 8;  // 16-byte chunks of a row in global memory
   static constexpr int kRows = kRows_;      // packed query rows per CTA (heads x positions)
   static constexpr int kBlockN = kBlockN_;  // keys per warp step
   static constexpr int kWarps = kWarps_;
@@ -52,7 +59,7 @@ struct Traits {
   static constexpr int kSmemBytes = kQBytes + kAfterQ + kMergeStatBytes;
 
   static_assert(sizeof(Elem) == 2, "16-bit elements");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
+  static_assert(kDim % 8 == 0 && kDim >= 32 && kDim <= 256, "head dim: a multiple of 8 from 32 to 256");
   static_assert(kRows == 16 || kRows == 32, "16 or 32 packed rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 64, "kBlockN: 16, 32, 48 or 64 keys");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages per warp");

@@ -40,8 +40,8 @@ struct KvRows {
 };
 
 // One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the swizzled tile at `smem`; rows at or
-// beyond `valid` are zero-filled (and their source never read). Each lane keeps one 16-byte
-// column chunk and walks rows 32 / kChunksPerRow apart.
+// beyond `valid`, and columns at or beyond the head dim kDim, are zero-filled (their source never
+// read). Each lane keeps one 16-byte column chunk and walks rows 32 / kChunksPerRow apart.
 template <class T>
 __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Elem* base, const KvRows<T>& rows,
                                              int j0, int valid, int lane) {
@@ -65,10 +65,11 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::El
       const int row = row0 + pass * kRowsPerPass;
       // row / 32 is the pass's (row0 < kRowsPerPass, which divides 32): a compile-time index
       const int64_t src = __shfl_sync(0xffffffffu, mine[pass * kRowsPerPass / 32], row % 32);
-      const bool ok = j0 + row < valid;
+      const bool row_ok = j0 + row < valid;
 #pragma unroll
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int chunk = chunk0 + c * kLanesPerRow;
+        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kDimChunks);
         cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8), base + (ok ? src : 0) + chunk * 8, ok);
       }
     }
@@ -79,10 +80,11 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::El
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int row = row0 + pass * kRowsPerPass;
-      const bool ok = j0 + row < valid;
+      const bool row_ok = j0 + row < valid;
 #pragma unroll
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int chunk = chunk0 + c * kLanesPerRow;
+        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kDimChunks);
         cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8),
                     tile + (ok ? row * row_stride + chunk * 8 : 0), ok);
       }

@@ -152,7 +152,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
     const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
     const int packed = first_row + r;
-    const bool ok = packed < w.packed_rows;
+    const bool ok = packed < w.packed_rows && (T::kDim == D || chunk < T::kDimChunks);  // zeros past kDim
     const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
     const int64_t src = ok ? int64_t(pos) * p.q_row_stride + int64_t(head) * p.q_head_stride + chunk * 8 : 0;
     cp_async_16(sQ + 2 * sm80::swizzled<D>(r, chunk * 8), q + src, ok);
@@ -256,7 +256,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   for (int c = tid; c < T::kRows * kQuads; c += T::kThreads) {
     const int row = c / kQuads, col = (c % kQuads) * 4;
     const int packed = first_row + row;
-    if (packed >= w.packed_rows) continue;
+    if (packed >= w.packed_rows || (T::kDim != D && col >= T::kDim)) continue;  // columns past kDim: zeros
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < W; ++i) m = fmaxf(m, merge_max[i * T::kRows + row]);
@@ -282,7 +282,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
         p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, p.softmax_scale, l);
     } else {
       const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
-      *reinterpret_cast<float4*>(p.o_partial + at * D + col) = o;
+      *reinterpret_cast<float4*>(p.o_partial + at * T::kDim + col) = o;
       // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
       if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, p.softmax_scale, l) : -INFINITY;
     }

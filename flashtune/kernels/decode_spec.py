@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inputs_hash, source_files
-from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
+from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
 
 DECODE_SOURCES = ("common", "sm80", "decode")  # csrc/ folders the kernels include
 PAGINGS = ("contiguous", "paged", "gather")  # csrc/decode/kernel_traits.cuh's Paging, in order
@@ -52,7 +52,8 @@ class DecodeTile:
 
 def decode_smem_bytes(hdim: int, tile: DecodeTile) -> int:
     """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (or the merge's fp32 O over them), the
-    merge's maxima and sums."""
+    merge's maxima and sums; rows at the built head dim the head dim is computed at."""
+    hdim = computed_head_dim(hdim) or hdim
     row_bytes = 2 * hdim
     ring = tile.warps * tile.stages * 2 * tile.block_n * row_bytes
     merge_o = tile.warps * tile.rows * (hdim + 8) * 4
@@ -62,8 +63,10 @@ def decode_smem_bytes(hdim: int, tile: DecodeTile) -> int:
 def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[str]:
     """Why the kernel cannot be built with this tile (empty: it can); kernel_traits.cuh's rules."""
     problems = []
-    if hdim not in (64, 128, 256):
-        problems.append(f"hdim {hdim}: the decode kernels take 64, 128 or 256")
+    if computed_head_dim(hdim) is None:
+        problems.append(f"hdim {hdim}: the decode kernels take multiples of 8 from 32 to 256")
+        return problems
+    hdim = computed_head_dim(hdim)  # what the tile holds
     for value, allowed, what in ((tile.rows, DECODE_ROWS, "rows"), (tile.block_n, DECODE_BLOCK_N, "block_n"),
                                  (tile.warps, DECODE_WARPS, "warps"), (tile.stages, DECODE_STAGES, "stages")):
         if value not in allowed:
@@ -81,11 +84,13 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[s
 
 def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
     """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
-    fit (hdim <= 128), else 16."""
-    return 32 if seqlen_q * head_ratio > 16 and hdim <= 128 else 16
+    fit (computed at hdim <= 128), else 16."""
+    return 32 if seqlen_q * head_ratio > 16 and (computed_head_dim(hdim) or hdim) <= 128 else 16
 
 
 def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
+    """The family's first tile for the built head dim `hdim` is computed at that fits the arch."""
+    hdim = computed_head_dim(hdim) or hdim
     for block_n, warps, stages in DEFAULT_TILE_ORDER[hdim, rows]:
         tile = DecodeTile(rows, block_n, warps, stages)
         if not decode_tile_problems(hdim, tile, arch):
@@ -198,9 +203,9 @@ def decode_spec_for(profile, dtype: str, hdim: int, rows: int, causal: bool, pag
     """The decode kernel a profile launches for these settings, on its arch or `arch` (a retarget
     takes the family's default tile for that arch): the one place a profile becomes a DecodeSpec
     (the runtime and `flashtune build` both ask here)."""
-    if arch is None or arch == profile.arch.name:
-        return DecodeSpec(profile.arch.name, dtype, hdim, profile.decode_tile(hdim, rows), causal, paging,
-                          profile.nvcc_flags)
+    if arch is None or arch == profile.arch.name:  # tiles are the built head dim's, e.g. 128's for 96
+        return DecodeSpec(profile.arch.name, dtype, hdim, profile.decode_tile(computed_head_dim(hdim) or hdim, rows),
+                          causal, paging, profile.nvcc_flags)
     return DecodeSpec(arch, dtype, hdim, default_decode_tile(get_arch(arch), hdim, rows), causal, paging,
                       profile.nvcc_flags)
 

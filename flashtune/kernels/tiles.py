@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from flashtune.kernels.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
 from flashtune.kernels.schedule import Overrides, Schedule, overrides_label, resolve, rule_problems
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # the head dims kernels are built for
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256  # served: every multiple of 8 between, computed at a built size
+
+
+def computed_head_dim(hdim: int) -> int | None:
+    """The built head dim a head dim is computed at (the next of HEAD_DIMS, its extra columns
+    zero), or None when it is not served (not a multiple of 8 from 32 to 256)."""
+    if not isinstance(hdim, int) or hdim % 8 or not MIN_HEAD_DIM <= hdim <= MAX_HEAD_DIM:
+        return None
+    return next(d for d in HEAD_DIMS if d >= hdim)
 
 SM80_NUM_WARPS = (1, 2, 4, 8)
 SM80_ROWS_PER_WARP = (16, 32)

@@ -14,7 +14,7 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
 from flashtune.kernels.profiles import Profile
-from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA
+from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
 from flashtune.runtime.checks import DTYPE_NAMES
 
 
@@ -38,7 +38,7 @@ def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, s
     key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size)
     spec = _decode_specs.get(key)
     if spec is None:
-        paging = paging_for(page_size, profile.decode_tile(hdim, rows).block_n)
+        paging = paging_for(page_size, profile.decode_tile(computed_head_dim(hdim) or hdim, rows).block_n)
         spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging)
     return spec
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.runtime import checks, ops
 from flashtune.runtime.checks import DTYPE_NAMES, fail, scale_for
 from flashtune.runtime.decode import decode_spec, run_decode
 from flashtune.runtime.selection import active_profile
 
-HEAD_DIMS = (64, 128, 256)
 MAX_PAGE_SIZE = 512
 
 
@@ -42,9 +42,9 @@ def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpa
     if k_cache.shape != v_cache.shape:
         fail(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     hdim = q.shape[-1]
-    if hdim not in HEAD_DIMS or k_cache.shape[-1] != hdim:
+    if computed_head_dim(hdim) is None or k_cache.shape[-1] != hdim:
         fail(f"head dim {hdim} (k_cache: {k_cache.shape[-1]}) is not served; the decode kernels take "
-             f"{', '.join(map(str, HEAD_DIMS))}, the same for q and the cache")
+             f"multiples of 8 from {MIN_HEAD_DIM} to {MAX_HEAD_DIM}, the same for q and the cache")
     heads_q, heads_kv = q.shape[2], k_cache.shape[2]
     if heads_kv == 0 or heads_q % heads_kv:
         fail(f"q's {heads_q} heads must be a multiple of the cache's {heads_kv} KV heads")

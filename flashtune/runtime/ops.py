@@ -46,6 +46,10 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,
                               policy=profile.decode_split)
         return out, lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device)
+    if spec.hdim != q.shape[-1]:  # a head dim between the built ones: zero columns to the kernel's
+        out, lse = run_spec(spec, *(_zero_padded(t, spec.hdim) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse)
+        return out[..., :q.shape[-1]].contiguous(), lse
     if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
@@ -53,6 +57,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       "TMA loads cannot read; call .contiguous()")
     return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     q_descale, k_descale, with_lse)
+
+
+def _zero_padded(t: torch.Tensor, hdim: int) -> torch.Tensor:
+    """t with zero columns up to head dim `hdim`: zero q/k columns add nothing to q.k, zero v
+    columns give output columns that are cut off. A copy of the inputs, which a kernel built for
+    the head dim would not need."""
+    return torch.nn.functional.pad(t, (0, hdim - t.shape[-1]))
 
 
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,

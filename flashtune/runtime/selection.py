@@ -13,6 +13,7 @@ from flashtune.kernels.gpu import GpuInfo, detect_gpus
 from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
+from flashtune.kernels.tiles import computed_head_dim
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
 
@@ -84,7 +85,8 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
                 seqlen_q: int, seqlen_k: int, fp8: bool = False) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
-    output's; `fp8`: q and k in e4m3)."""
+    output's; `fp8`: q and k in e4m3). A head dim between the built ones (a multiple of 8 from 32
+    to 256) is served by the next built one's kernel, on inputs zero-padded to it (ops.py)."""
     dtype_name = dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
     if fp8 and not profile.arch.fp8:
         raise FlashtuneInputError(
@@ -95,9 +97,15 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(
             f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
             "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
-    if hdim not in profile.head_dims:
-        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} "
-                                  f"(head dims: {', '.join(map(str, profile.head_dims))})")
+    built = computed_head_dim(hdim)
+    if built is None or built not in profile.head_dims:
+        raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} (its kernels: head dims "
+                                  f"{', '.join(map(str, profile.head_dims))}; a multiple of 8 from 32 to 256 is "
+                                  "computed at the next of them)")
+    if fp8 and built != hdim:
+        raise FlashtuneInputError(f"FP8 q/k need head dim {', '.join(map(str, profile.head_dims))} exactly, got {hdim}; "
+                                  "use 16-bit q/k")
+    hdim = built
     try:
         tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8)
     except ProfileError as e:
