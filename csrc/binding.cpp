@@ -151,7 +151,8 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
             const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& leftpad_k,
             const std::optional<at::Tensor>& block_table, int64_t max_seqlen_q, int64_t seqlen_k,
             double softmax_scale, int64_t num_splits, const std::optional<at::Tensor>& o_partial,
-            const std::optional<at::Tensor>& lse_partial) {
+            const std::optional<at::Tensor>& lse_partial, const std::optional<at::Tensor>& k_descale,
+            const std::optional<at::Tensor>& v_descale) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out}) {
@@ -200,6 +201,20 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
   p.seqlen_k = int32_t(seqlen_k);
   p.softmax_scale = float(softmax_scale);
   p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  // An e4m3 cache: the descales (batch, heads_kv), fp32 and contiguous (the FP8 kernels read them).
+  const bool kv_fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(kv_fp8 == (v_cache.scalar_type() == at::kFloat8_e4m3fn) &&
+                  kv_fp8 == (k_descale.has_value() && v_descale.has_value()),
+              "flashtune: an e4m3 k_cache and v_cache go with k_descale and v_descale");
+  if (kv_fp8) {
+    for (const at::Tensor* t : {&*k_descale, &*v_descale}) {
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_cuda() && t->is_contiguous() &&
+                      t->numel() == int64_t(p.batch) * p.heads_kv,
+                  "flashtune: descales must be contiguous CUDA float32 tensors of (batch, heads_kv)");
+    }
+    p.k_descale = k_descale->data_ptr<float>();
+    p.v_descale = v_descale->data_ptr<float>();
+  }
   p.num_splits = int32_t(num_splits);
   if (num_splits > 1) {
     TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
@@ -224,7 +239,7 @@ TORCH_LIBRARY(flashtune_C, m) {
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
       "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
-      "Tensor(d!)? lse_partial) -> ()");
+      "Tensor(d!)? lse_partial, Tensor? k_descale=None, Tensor? v_descale=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {

@@ -8,7 +8,8 @@ __version__ = "0.1.0"
 _OPS = ("flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
         "FlashtuneInputError")
 _KVCACHE = ("flash_attn_with_kvcache",)
-__all__ = ["__version__", *_OPS, *_KVCACHE]
+_FP8 = ("kv_descales",)
+__all__ = ["__version__", *_OPS, *_KVCACHE, *_FP8]
 
 
 def __getattr__(name):
@@ -20,4 +21,8 @@ def __getattr__(name):
         from flashtune.runtime import kvcache
 
         return getattr(kvcache, name)
+    if name in _FP8:
+        from flashtune.runtime import fp8
+
+        return getattr(fp8, name)
     raise AttributeError(f"module 'flashtune' has no attribute {name!r}")

@@ -17,6 +17,7 @@
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
+#   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
@@ -70,6 +71,9 @@ for step in "$@"; do case $step in
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
+  decode-fp8kv) run bench-decode-fp8kv 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
+           --heads-kv 8,32 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
+           --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-decode_fp8kv.json" ;;
   model-recall) run bench-model-recall 590 python3 -m flashtune bench --profile h200 --model recall --prefill 4096,16384 \
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;

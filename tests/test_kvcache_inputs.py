@@ -6,6 +6,7 @@ import torch
 import flashtune
 
 BF16 = torch.bfloat16
+E4M3 = torch.float8_e4m3fn
 
 
 def call(**overrides):
@@ -39,7 +40,17 @@ def call(**overrides):
     (dict(q=torch.zeros(2, 1, 32, 24, dtype=BF16), k_cache=torch.zeros(2, 64, 8, 24, dtype=BF16),
           v_cache=torch.zeros(2, 64, 8, 24, dtype=BF16)), "multiples of 8 from 32 to 256"),
     (dict(q=torch.zeros(2, 1, 12, 128, dtype=BF16)), "multiple of the cache's 8 KV heads"),
-    (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=torch.float16)), "share a dtype"),
+    (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=torch.float16)), "in q's dtype or both in torch.float8_e4m3fn"),
+    (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3)), "in q's dtype or both in torch.float8_e4m3fn"),
+    (dict(q=torch.zeros(2, 1, 32, 128, dtype=E4M3)), "q has dtype torch.float8_e4m3fn; allowed: torch.float16"),
+    (dict(k_descale=torch.ones(2, 8)), "apply to an e4m3 cache; k_cache is torch.bfloat16"),
+    (dict(q_descale=torch.ones(2, 8)), "q stays 16-bit in decode"),
+    (dict(k_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3), v_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3),
+          k_descale=torch.ones(3, 8)), "k_descale of shape \\(3, 8\\) does not broadcast to \\(batch, heads_kv\\) = \\(2, 8\\)"),
+    (dict(k_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3), v_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3),
+          v_descale=torch.ones(2, 8, dtype=torch.int32)), "v_descale must be a float tensor"),
+    (dict(k_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3), v_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3),
+          k_descale=torch.ones(8), v_descale=torch.ones(2, 1)), "on cpu"),  # per head and per sequence broadcast
     (dict(cache_batch_idx=torch.zeros(2, dtype=torch.int32), block_table=torch.zeros(2, 1, dtype=torch.int32),
           k_cache=torch.zeros(4, 64, 8, 128, dtype=BF16), v_cache=torch.zeros(4, 64, 8, 128, dtype=BF16)),
      "cache_batch_idx cannot be combined"),

@@ -134,12 +134,12 @@ def test_a_tuned_tile_without_the_pingpong_is_written_and_read_back(tmp_path):
 
 
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
-    base = find_profile("h200")  # fp8: {qk: e4m3}, no fp8.configs yet
+    base = find_profile("h200")  # fp8: {qk: e4m3, kv: e4m3}, no fp8.configs yet
     wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
     tiles = {(128, False): _default_buckets(*[wide] * 4)}
     path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
     tuned = load_profile(path)
-    assert tuned.fp8 == {"qk": "e4m3"} and tuned.fp8_configs
+    assert tuned.fp8 == {"qk": "e4m3", "kv": "e4m3"} and tuned.fp8_configs
     assert tuned.tile_for(128, False, 4096, 4096, fp8=True) == wide
     for hdim in (64, 128, 256):  # the 16-bit tiles are untouched; untuned FP8 slots keep them too
         for causal in (False, True):

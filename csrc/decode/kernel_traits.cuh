@@ -11,9 +11,16 @@
 // of those (kHeadDim): its rows in shared memory are zero beyond kDim, so the MMAs and the
 // swizzle are the built sizes' own, while global memory is read and written at kDim only (the
 // cache's bytes, which bound decode, are the head dim's).
+//
+// With kKvFp8 the cache holds e4m3 keys and values (one byte each, a descale per sequence and KV
+// head): the ring holds the bytes as they are in memory (half the bytes in flight per key), and
+// each warp converts a step's K and V to 16 bits into its own staging tiles, which the MMAs read
+// exactly as they read a 16-bit cache's tiles.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdint.h>
+#include <type_traits>
 
 namespace flashtune {
 namespace decode {
@@ -26,12 +33,13 @@ enum class Paging : int {
 };
 
 template <typename Elem_, int kDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,
-          bool kCausal_>
+          bool kCausal_, bool kKvFp8_ = false>
 struct Traits {
-  using Elem = Elem_;
+  using Elem = Elem_;  // q, o and what the MMAs take
+  static constexpr bool kKvFp8 = kKvFp8_;
+  using KvElem = std::conditional_t<kKvFp8, uint8_t, Elem>;  // the cache's element (e4m3 bytes)
   static constexpr int kDim = kDim_;  // the head dim of q, the cache and o
   static constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;  // computed at
-  static constexpr int kDimChunks = kDim / 8;  // 16-byte chunks of a row in global memory
   static constexpr int kRows = kRows_;      // packed query rows per CTA (heads x positions)
   static constexpr int kBlockN = kBlockN_;  // keys per warp step
   static constexpr int kWarps = kWarps_;
@@ -46,10 +54,18 @@ struct Traits {
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks of a row
   static constexpr int kRowBytes = kHeadDim * 2;
 
+  static constexpr int kKvRowBytes = kHeadDim * int(sizeof(KvElem));  // a cache row
+  static constexpr int kKvChunksPerRow = kKvRowBytes / 16;
+  static constexpr int kDimChunks = kDim / 8;  // 16-byte chunks of a q or o row in global memory
+  static constexpr int kKvDimChunks = kDim * int(sizeof(KvElem)) / 16;  // ... of a cache row
+  static constexpr int kKvChunkElems = 16 / int(sizeof(KvElem));
+
   static constexpr int kQBytes = kRows * kRowBytes;
-  static constexpr int kTileBytes = kBlockN * kRowBytes;          // one K or one V tile
-  static constexpr int kWarpRingBytes = kStages * 2 * kTileBytes;  // K and V per stage
-  static constexpr int kRingBytes = kWarps * kWarpRingBytes;
+  static constexpr int kTileBytes = kBlockN * kRowBytes;            // one 16-bit K or V tile
+  static constexpr int kKvTileBytes = kBlockN * kKvRowBytes;        // one as the cache holds it
+  static constexpr int kWarpRingBytes = kStages * 2 * kKvTileBytes;  // K and V per stage
+  static constexpr int kWarpStagingBytes = kKvFp8 ? 2 * kTileBytes : 0;  // FP8: the step's K, V in 16 bits
+  static constexpr int kRingBytes = kWarps * (kWarpRingBytes + kWarpStagingBytes);
   // The merge: each warp's O (fp32, rows padded by 8 floats against bank conflicts) over the idle
   // ring, then the rows' maxima and sums per warp after it.
   static constexpr int kMergeRowFloats = kHeadDim + 8;
@@ -60,11 +76,12 @@ struct Traits {
 
   static_assert(sizeof(Elem) == 2, "16-bit elements");
   static_assert(kDim % 8 == 0 && kDim >= 32 && kDim <= 256, "head dim: a multiple of 8 from 32 to 256");
+  static_assert(!kKvFp8 || kDim % 16 == 0, "an e4m3 cache's rows are whole 16-byte chunks: head dim % 16 == 0");
   static_assert(kRows == 16 || kRows == 32, "16 or 32 packed rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 64, "kBlockN: 16, 32, 48 or 64 keys");
   static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages per warp");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps");
-  static_assert((kBlockN * kChunksPerRow) % 32 == 0, "a warp loads its tiles in whole passes");
+  static_assert((kBlockN * kKvChunksPerRow) % 32 == 0, "a warp loads its tiles in whole passes");
   static_assert(kMTiles * (kHeadDim + kBlockN) / 2 <= 192, "O and S accumulators fit in registers");
 };
 

@@ -39,13 +39,24 @@ struct KvRows {
   }
 };
 
-// One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the swizzled tile at `smem`; rows at or
-// beyond `valid`, and columns at or beyond the head dim kDim, are zero-filled (their source never
-// read). Each lane keeps one 16-byte column chunk and walks rows 32 / kChunksPerRow apart.
+// Where 16-byte chunk `chunk` of tile row `row` lands in a ring slot: 16-bit tiles swizzled for
+// ldmatrix; FP8 tiles row-major (the conversion reads them 16 bytes a lane, consecutive lanes
+// consecutive chunks: conflict-free without a swizzle).
 template <class T>
-__device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Elem* base, const KvRows<T>& rows,
+__device__ __forceinline__ uint32_t ring_chunk(uint32_t smem, int row, int chunk) {
+  if constexpr (T::kKvFp8) return smem + row * T::kKvRowBytes + chunk * 16;
+  else return smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8);
+}
+
+// One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the tile at `smem` (ring_chunk's
+// layout); rows at or beyond `valid`, and columns at or beyond the head dim kDim, are zero-filled
+// (their source never read). Each lane keeps one 16-byte column chunk and walks rows
+// 32 / kKvChunksPerRow apart.
+template <class T>
+__device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::KvElem* base, const KvRows<T>& rows,
                                              int j0, int valid, int lane) {
-  constexpr int kChunks = T::kChunksPerRow;
+  constexpr int kChunks = T::kKvChunksPerRow;
+  constexpr int kChunkElems = T::kKvChunkElems;
   constexpr int kRowsPerPass = 32 / kChunks > 0 ? 32 / kChunks : 1;
   constexpr int kLanesPerRow = kChunks < 32 ? kChunks : 32;
   constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // 2 at hdim 256 (32-lane rows of 32 chunks)
@@ -69,13 +80,13 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::El
 #pragma unroll
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int chunk = chunk0 + c * kLanesPerRow;
-        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kDimChunks);
-        cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8), base + (ok ? src : 0) + chunk * 8, ok);
+        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kKvDimChunks);
+        cp_async_16(ring_chunk<T>(smem, row, chunk), base + (ok ? src : 0) + chunk * kChunkElems, ok);
       }
     }
   } else {
     // A 64-bit tile base and 32-bit offsets inside the tile (kBlockN rows of a cache row stride).
-    const typename T::Elem* tile = base + rows.tile_base(j0);
+    const typename T::KvElem* tile = base + rows.tile_base(j0);
     const int row_stride = int(rows.row_stride);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -84,9 +95,8 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::El
 #pragma unroll
       for (int c = 0; c < kChunksPerLane; ++c) {
         const int chunk = chunk0 + c * kLanesPerRow;
-        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kDimChunks);
-        cp_async_16(smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8),
-                    tile + (ok ? row * row_stride + chunk * 8 : 0), ok);
+        const bool ok = row_ok && (T::kDim == T::kHeadDim || chunk < T::kKvDimChunks);
+        cp_async_16(ring_chunk<T>(smem, row, chunk), tile + (ok ? row * row_stride + chunk * kChunkElems : 0), ok);
       }
     }
   }

@@ -33,6 +33,10 @@ struct DecodeParams {
 
   float softmax_scale;
   float softmax_scale_log2;
+  // An e4m3 cache (the FP8 kernels): dequantised value = byte * descale, per (sequence, KV head);
+  // (batch, heads_kv) fp32, contiguous. Null for a 16-bit cache.
+  const float* k_descale;
+  const float* v_descale;
 
   // Split-KV: num_splits CTAs share a sequence's keys. With more than one they write fp32 partial
   // outputs normalised per split, and their LSE, at [split][row][head] (row as in total_q), which

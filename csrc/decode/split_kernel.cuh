@@ -7,12 +7,16 @@
 //   3. the merge: every warp's (max, sum, O) through shared memory after one __syncthreads, then
 //      the rows normalised and written: to o (and lse) with one split, else as fp32 partials and
 //      their LSE for the combine kernel (combine_kernel.cuh).
+// An FP8 cache (kKvFp8) adds one part to 2: each step's K and V bytes converted to 16 bits into the
+// warp's staging tiles (fp8_staging.cuh), its ring slot refilled at once; the (sequence, KV head)'s
+// K descale scales the scores (with the softmax scale), its V descale the output.
 #pragma once
 #include <math.h>
 
 #include "common/convert.cuh"
 #include "common/ptx_sm80.cuh"
 #include "common/row_lse.cuh"
+#include "decode/fp8_staging.cuh"
 #include "decode/kernel_traits.cuh"
 #include "decode/kv_loader.cuh"
 #include "decode/params.h"
@@ -142,6 +146,8 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   const uint32_t sQ = smem_addr(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t sRing = sQ + T::kQBytes + warp * T::kWarpRingBytes;
+  // FP8: this warp's 16-bit K and V of the current step, after all the warps' rings
+  const uint32_t sStaging = sQ + T::kQBytes + W * T::kWarpRingBytes + warp * T::kWarpStagingBytes;
 
   const Work w = schedule_work<T>(p);
   const int first_row = w.row_block * T::kRows;
@@ -173,17 +179,26 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   k_rows.page_stride = p.k_batch_stride, v_rows.page_stride = p.v_batch_stride;
   k_rows.pages = v_rows.pages = pages;
   k_rows.page_size = v_rows.page_size = p.page_size;
-  const Elem* k = static_cast<const Elem*>(p.k);
-  const Elem* v = static_cast<const Elem*>(p.v);
+  using KvElem = typename T::KvElem;
+  const KvElem* k = static_cast<const KvElem*>(p.k);
+  const KvElem* v = static_cast<const KvElem*>(p.v);
   auto issue = [&](int step) {  // K and V of the warp's step-th block into ring slot step % S: one group
     if (step < steps) {
       const int j0 = (first_block + step * W) * T::kBlockN;
-      const uint32_t slot = sRing + (step % S) * 2 * T::kTileBytes;
+      const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
       load_kv_tile<T>(slot, k, k_rows, j0, w.seqlen_k, lane);
-      load_kv_tile<T>(slot + T::kTileBytes, v, v_rows, j0, w.seqlen_k, lane);
+      load_kv_tile<T>(slot + T::kKvTileBytes, v, v_rows, j0, w.seqlen_k, lane);
     }
     cp_async_commit();
   };
+  // The scores' scale in the exp2 domain, and the output's: an FP8 cache's descales for this
+  // sequence and KV head (k_descale, v_descale: (batch, heads_kv), contiguous).
+  float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale, out_scale = 1.f;
+  if constexpr (T::kKvFp8) {
+    const int at = w.batch * p.heads_kv + w.kv_head;
+    scale_log2 *= p.k_descale[at], scale *= p.k_descale[at];
+    out_scale = p.v_descale[at];
+  }
 #pragma unroll
   for (int s = 0; s < S; ++s) issue(s);
 
@@ -218,11 +233,20 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<S - 1>();  // the step's group landed for this thread
     __syncwarp();            // ... and for the warp
-    const uint32_t slot = sRing + (step % S) * 2 * T::kTileBytes;
-    warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w, row_pos,
-                 p.softmax_scale_log2, lane);
-    __syncwarp();  // every lane is done with the slot before it is refilled
-    issue(step + S);
+    const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
+    if constexpr (T::kKvFp8) {
+      fp8_tile_to_16bit<T>(sStaging, slot, lane);
+      fp8_tile_to_16bit<T>(sStaging + T::kTileBytes, slot + T::kKvTileBytes, lane);
+      __syncwarp();     // the staging tiles written, the slot read: refill it while the MMAs run
+      issue(step + S);
+      warp_step<T>(st, sStaging, sStaging + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w,
+                   row_pos, scale_log2, lane);
+    } else {
+      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w, row_pos,
+                   scale_log2, lane);
+      __syncwarp();  // every lane is done with the slot before it is refilled
+      issue(step + S);
+    }
   }
 
   // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory.
@@ -266,12 +290,12 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     for (int i = 0; i < W; ++i) {
       const float mi = merge_max[i * T::kRows + row];
       // A warp that saw no key of this row (max -inf) adds nothing.
-      const float f = mi == -INFINITY ? 0.f : fast_exp2((mi - m) * p.softmax_scale_log2);
+      const float f = mi == -INFINITY ? 0.f : fast_exp2((mi - m) * scale_log2);
       l += f * merge_sum[i * T::kRows + row];
       const float4 oi = *reinterpret_cast<const float4*>(merge_o + (i * T::kRows + row) * T::kMergeRowFloats + col);
       o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? out_scale / l : 0.f;
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
     if (p.num_splits == 1) {
@@ -279,12 +303,12 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
                   int64_t(head) * p.o_head_stride + col;
       *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(o.x, o.y), pack2<Elem>(o.z, o.w));
       if (col == 0 && p.lse != nullptr)
-        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, p.softmax_scale, l);
+        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, scale, l);
     } else {
       const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
       *reinterpret_cast<float4*>(p.o_partial + at * T::kDim + col) = o;
       // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
-      if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, p.softmax_scale, l) : -INFINITY;
+      if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, scale, l) : -INFINITY;
     }
   }
 }

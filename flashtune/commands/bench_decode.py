@@ -20,7 +20,7 @@ from flashtune.measure.decode_backends import DECODE_BACKENDS
 from flashtune.measure.decode_problem import DecodeProblem, contiguous_kv, make_decode_inputs
 from flashtune.measure.timing import L2_FLUSH_BYTES, geomean, time_ms
 
-DEFAULT_DECODE_BACKENDS = tuple(DECODE_BACKENDS)
+DEFAULT_DECODE_BACKENDS = tuple(name for name in DECODE_BACKENDS if name != "flashtune-fp8kv")
 MAX_INPUT_SETS = 64  # small caches: enough sets that no timed call finds its cache in L2
 COPY_BYTES = 2**30
 

@@ -128,6 +128,14 @@ def correctness_cases(profile) -> list[Problem]:
             c = "causal " if causal else ""
             cases.append(_problem(f"decode {dtype} d{hdim} pages of {page} {c}{sq}/777", dtype, hdim, causal, sq,
                                   777, heads=32, heads_kv=8, page_size=page))
+    if profile.fp8_kv:  # the decode kernels' FP8 twins on an e4m3 cache, judged against the format's floor
+        dtype = profile.dtypes[-1]
+        for hdim in profile.head_dims:
+            cases.append(_problem(f"fp8kv decode {dtype} d{hdim} GQA 32:8 1/5000", dtype, hdim, False, 1, 5000,
+                                  heads=32, heads_kv=8, kv_fp8=True))
+        hdim = 128 if 128 in profile.head_dims else profile.head_dims[0]
+        cases.append(_problem(f"fp8kv decode {dtype} d{hdim} pages of 64 causal 4/777", dtype, hdim, True, 4, 777,
+                              heads=32, heads_kv=8, page_size=64, kv_fp8=True))
     if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
         dtype = profile.dtypes[-1]
         for hdim in profile.head_dims:
@@ -214,6 +222,15 @@ def _inputs(case: Problem, seed: int):
     (the same keys, in shuffled pages), block table and key counts."""
     import torch
 
+    if case.kv_fp8:  # the cache in e4m3, from the 16-bit keys and values the reference sees
+        from flashtune.runtime.fp8 import kv_descales, quantise_kv
+
+        q, k, v = make_inputs(case, seed)
+        k_descale, v_descale = kv_descales(k, v)
+        k8, v8 = quantise_kv(k, k_descale), quantise_kv(v, v_descale)
+        cache = _paged(k8, v8, case.page_size, seed) if case.page_size else {
+            "k": k8, "v": v8, "block_table": None, "lens": None}
+        return q, k, v, {**cache, "k8": k8, "v8": v8, "k_descale": k_descale, "v_descale": v_descale}
     if case.page_size:
         q, k, v = make_inputs(case, seed)
         return q, k, v, _paged(k, v, case.page_size, seed)
@@ -241,11 +258,12 @@ def _paged(k, v, page_size: int, seed: int) -> dict:
     order = torch.randperm(batch * per_seq, device="cuda", generator=gen)
     paged = []
     for t in (k, v):
-        padded = torch.zeros(batch, per_seq * page_size, *t.shape[2:], device=t.device, dtype=t.dtype)
-        padded[:, :seqlen] = t
+        bytes_ = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # e4m3 moved as its bytes
+        padded = torch.zeros(batch, per_seq * page_size, *t.shape[2:], device=t.device, dtype=bytes_.dtype)
+        padded[:, :seqlen] = bytes_
         pages = torch.empty_like(padded).view(batch * per_seq, page_size, *t.shape[2:])
         pages[order] = padded.view(batch * per_seq, page_size, *t.shape[2:])
-        paged.append(pages)
+        paged.append(pages.view(t.dtype))
     lens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
     return {"k": paged[0], "v": paged[1], "block_table": order.view(batch, per_seq).to(torch.int32), "lens": lens}
 
@@ -253,10 +271,11 @@ def _paged(k, v, page_size: int, seed: int) -> dict:
 def _call(q, k, v, case: Problem, varlen_args):
     from flashtune.runtime import kvcache, ops
 
-    if case.page_size:
+    if case.page_size or case.kv_fp8:
         c = varlen_args
         return kvcache.flash_attn_with_kvcache(q, c["k"], c["v"], cache_seqlens=c["lens"], block_table=c["block_table"],
-                                               causal=case.causal, return_softmax_lse=True)
+                                               causal=case.causal, return_softmax_lse=True,
+                                               k_descale=c.get("k_descale"), v_descale=c.get("v_descale"))
     if varlen_args:
         cu_q, cu_k, mq, mk = varlen_args
         return ops.flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=case.causal, return_lse=True)
@@ -287,8 +306,9 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
     sq, sk = (varlen_args[2], varlen_args[3]) if case.varlen else (case.seqlen_q, case.seqlen_k)
-    if case.page_size:
-        spec = decode_spec(profile, q.dtype, case.hdim, case.causal, sq, case.heads // case.heads_kv, case.page_size)
+    if case.page_size or case.kv_fp8:
+        spec = decode_spec(profile, q.dtype, case.hdim, case.causal, sq, case.heads // case.heads_kv,
+                           case.page_size or None, kv_fp8=case.kv_fp8)
     else:
         spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
                           fp8=case.fp8, varlen=case.varlen)
@@ -311,6 +331,12 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
         ref, _ = attention_reference(q, k, v, case.causal, scale)
         tol = tolerance(q, k, v, case.causal, scale, ref)
     end_to_end = None
+    if case.kv_fp8:  # the 16-bit inputs' reference, within 1.1 x the floor the e4m3 cache sets + 1e-3
+        from flashtune.measure.fp8_floor import kv_cache_check
+
+        c = varlen_args
+        floor = kv_cache_check(out, q, k, v, c["k8"], c["v8"], c["k_descale"], c["v_descale"], case.causal, scale)
+        tol = floor.bar
     if case.fp8:  # the kernel against its own inputs; the quantisation's cost is reported
         end_to_end = rel_l2(out, ref)
         ref, _ = attention_reference(*dequantised_qk(q, k), v, case.causal, scale)

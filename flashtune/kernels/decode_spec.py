@@ -3,8 +3,8 @@ combine kernel in one library, for few query rows against a KV cache.
 
 Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
 `flashtune_decode_bf16_h128_m16x32_w4_s3_c_paged_sm90a` (dtype, head dim, packed query rows x keys
-per warp step, warps, stages per warp, causal, how keys are addressed, arch) names the split
-kernel; `<name>_combine` is the combine kernel the profiler shows beside it. The kernels use
+per warp step, warps, stages per warp, causal, how keys are addressed, arch; `e4m3kv` for an e4m3
+KV cache) names the split kernel; `<name>_combine` is the combine kernel the profiler shows beside it. The kernels use
 mma.sync and cp.async, so one source serves the sm80 and sm90 families (decode is bound by the
 cache read, which cp.async rings per warp keep in flight without TMA).
 """
@@ -50,22 +50,28 @@ class DecodeTile:
         return f"m{self.rows}x{self.block_n}_w{self.warps}_s{self.stages}"
 
 
-def decode_smem_bytes(hdim: int, tile: DecodeTile) -> int:
-    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (or the merge's fp32 O over them), the
-    merge's maxima and sums; rows at the built head dim the head dim is computed at."""
+def decode_smem_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
+    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (an FP8 cache's at 1 byte an element,
+    plus each warp's 16-bit staging K and V), or the merge's fp32 O over them, the merge's maxima
+    and sums; rows at the built head dim the head dim is computed at."""
     hdim = computed_head_dim(hdim) or hdim
     row_bytes = 2 * hdim
-    ring = tile.warps * tile.stages * 2 * tile.block_n * row_bytes
+    kv_row_bytes = hdim if kv_fp8 else row_bytes
+    staging = 2 * tile.block_n * row_bytes if kv_fp8 else 0
+    ring = tile.warps * (tile.stages * 2 * tile.block_n * kv_row_bytes + staging)
     merge_o = tile.warps * tile.rows * (hdim + 8) * 4
     return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * tile.rows * 4
 
 
-def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[str]:
+def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts, kv_fp8: bool = False) -> list[str]:
     """Why the kernel cannot be built with this tile (empty: it can); kernel_traits.cuh's rules."""
     problems = []
     if computed_head_dim(hdim) is None:
         problems.append(f"hdim {hdim}: the decode kernels take multiples of 8 from 32 to 256")
         return problems
+    if kv_fp8 and hdim % 16:
+        problems.append(f"hdim {hdim}: an e4m3 cache's rows are whole 16-byte chunks, so its head dim is a "
+                        "multiple of 16")
     hdim = computed_head_dim(hdim)  # what the tile holds
     for value, allowed, what in ((tile.rows, DECODE_ROWS, "rows"), (tile.block_n, DECODE_BLOCK_N, "block_n"),
                                  (tile.warps, DECODE_WARPS, "warps"), (tile.stages, DECODE_STAGES, "stages")):
@@ -74,11 +80,14 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts) -> list[s
     if (tile.rows // 16) * (hdim + tile.block_n) // 2 > REGISTER_BUDGET:
         problems.append(f"rows {tile.rows} x (hdim {hdim} + block_n {tile.block_n}) accumulators do not fit "
                         "in registers; use 16 rows")
-    smem = decode_smem_bytes(hdim, tile)
+    smem = decode_smem_bytes(hdim, tile, kv_fp8)
     if smem + RESERVED_SMEM_PER_CTA > arch.max_smem_per_block:
         problems.append(f"{smem} bytes of shared memory; {arch.name} allows {arch.max_smem_per_block}")
     if not arch.mma_sync:
         problems.append(f"{arch.name} has no mma.sync")
+    if kv_fp8 and not arch.fp8:
+        problems.append(f"an e4m3 KV cache needs FP8 conversions in hardware, which {arch.name} lacks "
+                        "(sm_89, sm_90 and sm_120 have them)")
     return problems
 
 
@@ -89,7 +98,9 @@ def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
 
 
 def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
-    """The family's first tile for the built head dim `hdim` is computed at that fits the arch."""
+    """The family's first tile for the built head dim `hdim` is computed at that fits the arch
+    (with a 16-bit cache; an FP8 cache's ring and staging never take more shared memory than the
+    16-bit ring at 2 stages or more)."""
     hdim = computed_head_dim(hdim) or hdim
     for block_n, warps, stages in DEFAULT_TILE_ORDER[hdim, rows]:
         tile = DecodeTile(rows, block_n, warps, stages)
@@ -120,16 +131,17 @@ class DecodeSpec:
     causal: bool
     paging: str = "contiguous"
     nvcc_flags: tuple[str, ...] = ()
+    kv_fp8: bool = False  # an e4m3 KV cache (descales per sequence and KV head); q and o in `dtype`
 
     family = "decode"
-    fp8 = False
+    fp8 = False  # FP8 Q/K (the prefill kernels' twins): never in decode
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise SpecError(f"dtype {self.dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
         if self.paging not in PAGINGS:
             raise SpecError(f"paging {self.paging!r}; allowed: {', '.join(PAGINGS)}")
-        problems = decode_tile_problems(self.hdim, self.tile, self.arch_facts)
+        problems = decode_tile_problems(self.hdim, self.tile, self.arch_facts, self.kv_fp8)
         if problems:
             raise SpecError(f"decode tile {self.tile.label} for hdim {self.hdim} on {self.arch}: "
                             + "; ".join(problems))
@@ -145,6 +157,8 @@ class DecodeSpec:
             parts.append("c")
         if self.paging != "contiguous":
             parts.append(self.paging)
+        if self.kv_fp8:
+            parts.append("e4m3kv")
         parts.append(self.arch.replace("_", ""))
         return "_".join(parts)
 
@@ -162,18 +176,19 @@ class DecodeSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return decode_smem_bytes(self.hdim, self.tile)
+        return decode_smem_bytes(self.hdim, self.tile, self.kv_fp8)
 
     def source(self) -> str:
         elem = DTYPES[self.dtype][1]
         t = self.tile
         paging = f"flashtune::decode::Paging({PAGINGS.index(self.paging)})"
         causal = "true" if self.causal else "false"
+        kv_fp8 = "true" if self.kv_fp8 else "false"
         return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
 #include "decode/launch.cuh"
 
 namespace {{
-using Cfg = flashtune::decode::Traits<{elem}, {self.hdim}, {t.rows}, {t.block_n}, {t.warps}, {t.stages}, {paging}, {causal}>;
+using Cfg = flashtune::decode::Traits<{elem}, {self.hdim}, {t.rows}, {t.block_n}, {t.warps}, {t.stages}, {paging}, {causal}, {kv_fp8}>;
 }}
 
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
@@ -199,28 +214,29 @@ extern "C" int {self.launcher_symbol}(const flashtune::DecodeParams* params, voi
 
 
 def decode_spec_for(profile, dtype: str, hdim: int, rows: int, causal: bool, paging: str,
-                    arch: str | None = None) -> DecodeSpec:
+                    arch: str | None = None, kv_fp8: bool = False) -> DecodeSpec:
     """The decode kernel a profile launches for these settings, on its arch or `arch` (a retarget
     takes the family's default tile for that arch): the one place a profile becomes a DecodeSpec
     (the runtime and `flashtune build` both ask here)."""
     if arch is None or arch == profile.arch.name:  # tiles are the built head dim's, e.g. 128's for 96
         return DecodeSpec(profile.arch.name, dtype, hdim, profile.decode_tile(computed_head_dim(hdim) or hdim, rows),
-                          causal, paging, profile.nvcc_flags)
+                          causal, paging, profile.nvcc_flags, kv_fp8)
     return DecodeSpec(arch, dtype, hdim, default_decode_tile(get_arch(arch), hdim, rows), causal, paging,
-                      profile.nvcc_flags)
+                      profile.nvcc_flags, kv_fp8)
 
 
 def decode_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[DecodeSpec]:
     """Every decode kernel a profile can launch (optionally narrowed), for `flashtune build`: each
     dtype and head dim, 16 and 32 packed rows (where they fit), causal and not, contiguous, paged
-    and gathered caches."""
+    and gathered caches; with `fp8: {kv: e4m3}` each again for an e4m3 cache."""
     specs = []
-    for dtype in dtypes or profile.dtypes:
-        for hdim in hdims or profile.head_dims:
-            for rows in DECODE_ROWS:
-                if (hdim, rows) not in DEFAULT_TILE_ORDER:
-                    continue
-                for causal in (False, True):
-                    for paging in PAGINGS:
-                        specs.append(decode_spec_for(profile, dtype, hdim, rows, causal, paging, arch))
+    for kv_fp8 in (False, True) if profile.fp8_kv else (False,):
+        for dtype in dtypes or profile.dtypes:
+            for hdim in hdims or profile.head_dims:
+                for rows in DECODE_ROWS:
+                    if (hdim, rows) not in DEFAULT_TILE_ORDER:
+                        continue
+                    for causal in (False, True):
+                        for paging in PAGINGS:
+                            specs.append(decode_spec_for(profile, dtype, hdim, rows, causal, paging, arch, kv_fp8))
     return specs

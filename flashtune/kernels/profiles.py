@@ -23,7 +23,7 @@ from flashtune.kernels.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_o
 from flashtune.kernels.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
-FP8_FORMATS = {"qk": ("e4m3",)}
+FP8_FORMATS = {"qk": ("e4m3",), "kv": ("e4m3",)}  # kv: decode kernels for an e4m3 KV cache
 
 
 def how_to_write() -> str:
@@ -105,6 +105,11 @@ class Profile:
     @property
     def fp8_qk(self) -> bool:
         return bool(self.fp8 and self.fp8.get("qk"))
+
+    @property
+    def fp8_kv(self) -> bool:
+        """Whether the profile builds decode kernels for an e4m3 KV cache (`fp8: {kv: e4m3}`)."""
+        return bool(self.fp8 and self.fp8.get("kv"))
 
     def tile_for(self, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> TileConfig:
         """The tile for a call; the seqlen bucket is chosen by max(seqlen_q, seqlen_k). FP8 Q/K
@@ -340,7 +345,7 @@ class _Validator:
     def fp8(self, value: dict | None, arch: ArchFacts) -> dict | None:
         if value is None:
             return None
-        self.expect(value, dict, "fp8", "null or a mapping like {qk: e4m3}")
+        self.expect(value, dict, "fp8", "null or a mapping like {qk: e4m3, kv: e4m3}")
         self.check_keys(value, "fp8", (*FP8_FORMATS, "configs"))
         for key, formats in FP8_FORMATS.items():
             if key in value and value[key] not in formats:

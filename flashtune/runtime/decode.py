@@ -31,15 +31,18 @@ _decode_specs: dict[tuple, DecodeSpec] = {}
 
 
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
-                page_size: int | None) -> DecodeSpec:
+                page_size: int | None, kv_fp8: bool = False) -> DecodeSpec:
     """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
-    profile's `decode:` tiles, else the family's default for its arch), and the cache's paging."""
+    profile's `decode:` tiles, else the family's default for its arch), the cache's paging, and
+    whether the cache is e4m3 (`dtype` is q's)."""
     rows = decode_rows(seqlen_q, head_ratio, hdim)
-    key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size)
+    key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size,
+           kv_fp8)
     spec = _decode_specs.get(key)
     if spec is None:
         paging = paging_for(page_size, profile.decode_tile(computed_head_dim(hdim) or hdim, rows).block_n)
-        spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging)
+        spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging,
+                                                    kv_fp8=kv_fp8)
     return spec
 
 
@@ -86,8 +89,9 @@ def _fewest_efficient_splits(ctas: int, slots: int, most: int, efficiency: float
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
                num_splits: int, with_lse: bool, out=None, poison: bool = False,
-               policy: DecodeSplitPolicy = DecodeSplitPolicy()):
-    """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic."""
+               policy: DecodeSplitPolicy = DecodeSplitPolicy(), k_descale=None, v_descale=None):
+    """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic.
+    An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv)."""
     varlen = cu_seqlens_q is not None
     heads_q, hdim = q.shape[-2], q.shape[-1]
     heads_kv = k_cache.shape[2]
@@ -114,5 +118,5 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     load_binding()
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
-                                 num_splits, o_partial, lse_partial)
+                                 num_splits, o_partial, lse_partial, k_descale, v_descale)
     return out, lse

@@ -1,5 +1,5 @@
-"""FP8 Q/K: quantising 16-bit q and k to e4m3 with per-(batch, kv head) descales, and the
-operands an FP8 kernel takes.
+"""FP8: quantising 16-bit q and k to e4m3 with per-(batch, kv head) descales and the operands an
+FP8 Q/K kernel takes; an e4m3 KV cache's descales and its quantise-on-append.
 """
 from __future__ import annotations
 
@@ -46,3 +46,25 @@ def quantise_qk(q: torch.Tensor, k: torch.Tensor, heads_kv: int):
     q8, q_descale = one(q)
     k8, k_descale = one(k)
     return q8, k8, q_descale, k_descale
+
+
+def kv_descales(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_descale, v_descale) for an e4m3 KV cache from 16-bit keys and values (batch, seqlen,
+    heads_kv, head_dim), e.g. a prompt's: per (batch, KV head) absmax / 448, float32 (batch,
+    heads_kv), so those keys and values quantise without saturating. Later keys larger than the
+    prompt's saturate at +-448 x descale."""
+    for name, x in (("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            raise FlashtuneInputError(f"flashtune: kv_descales needs float (batch, seqlen, heads_kv, head_dim) {name}")
+
+    def one(x: torch.Tensor) -> torch.Tensor:
+        amax = x.abs().amax(dim=(1, 3)).float() if x.shape[1] else torch.zeros(x.shape[0], x.shape[2], device=x.device)
+        return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+    return one(k), one(v)
+
+
+def quantise_kv(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """16-bit (batch, seqlen, heads_kv, head_dim) keys or values -> e4m3 with their sequences'
+    (batch, heads_kv) descales, saturating at +-448 (a cast alone would give NaN beyond it)."""
+    return (x.float() / descale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)

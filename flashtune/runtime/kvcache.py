@@ -8,6 +8,11 @@ passes (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) are checked 
 (room for the new keys, page and row indices in range) by one read on the host, a device sync,
 unless the stream is capturing a graph or FLASHTUNE_TRUST_CU_SEQLENS=1 (as flash_attn, which never
 checks: a wrong value then reads or writes the wrong rows).
+
+An e4m3 cache (torch.float8_e4m3fn k_cache and v_cache, profiles with `fp8: {kv: e4m3}`) is read
+by the decode kernels' FP8 twins with k_descale / v_descale per (sequence, KV head), FlashAttention-3's
+and vLLM's convention (dequantised value = byte x descale; None: 1); new 16-bit k/v are quantised
+with those descales as they are appended.
 """
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ import torch
 
 from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.runtime import checks, ops
-from flashtune.runtime.checks import DTYPE_NAMES, fail, scale_for
+from flashtune.runtime.checks import DTYPE_NAMES, FP8, fail, scale_for
 from flashtune.runtime.decode import decode_spec, run_decode
+from flashtune.runtime.fp8 import quantise_kv
 from flashtune.runtime.selection import active_profile
 
 MAX_PAGE_SIZE = 512
@@ -34,11 +40,13 @@ def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpa
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             fail(f"{name} must be a 4-d tensor, got "
                  + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
-        if t.dtype not in DTYPE_NAMES:
-            fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16")
+        if t.dtype not in DTYPE_NAMES and not (name != "q" and t.dtype == FP8):
+            fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16"
+                 + (", or torch.float8_e4m3fn for an FP8 cache" if name != "q" else ""))
         checks.check_strides(name, t)
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        fail(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, FP8):
+        fail(f"k_cache and v_cache must both be in q's dtype or both in torch.float8_e4m3fn, got q "
+             f"{q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
     if k_cache.shape != v_cache.shape:
         fail(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     hdim = q.shape[-1]
@@ -72,6 +80,38 @@ def _check_pages(block_table, k_cache, batch: int) -> int:
         fail(f"page size {page_size} (k_cache.shape[1]) is not served; allowed: 1 and multiples of 16 up to "
              f"{MAX_PAGE_SIZE}")
     return page_size
+
+
+def _check_descales(q, k_cache, k_descale, v_descale, batch: int) -> tuple:
+    """An e4m3 cache's (k_descale, v_descale) as the kernels take them: contiguous float32 (batch,
+    heads_kv) (from anything that broadcasts to it; None: 1); (None, None) for a 16-bit cache."""
+    heads_kv = k_cache.shape[2]
+    if k_cache.dtype != FP8:
+        if k_descale is not None or v_descale is not None:
+            fail(f"k_descale / v_descale apply to an e4m3 cache; k_cache is {k_cache.dtype}: pass None")
+        return None, None
+    out = []
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            t = torch.ones(batch, heads_kv, dtype=torch.float32, device=q.device)
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() > 2:
+            fail(f"{name} must be a float tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got "
+                 + (f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
+        try:
+            t = t.float().expand(batch, heads_kv).contiguous()
+        except RuntimeError:
+            fail(f"{name} of shape {tuple(t.shape)} does not broadcast to (batch, heads_kv) = ({batch}, {heads_kv})")
+        out.append(t)
+    return tuple(out)
+
+
+def _check_fp8_profile(profile, q, kv_fp8: bool) -> None:
+    """An e4m3 cache runs where the GPU converts e4m3 in hardware (a profile's `fp8: {kv: e4m3}`
+    only builds its kernels ahead; elsewhere they are built on first use)."""
+    if kv_fp8 and not profile.arch.fp8:
+        fail(f"an e4m3 KV cache needs FP8 conversions in hardware, which {profile.arch.name} (profile "
+             f"{profile.name}) lacks: sm_89 (RTX 4090, L40S), sm_90 (H100/H200) and sm_120 (RTX 5090) have "
+             f"them; use a {DTYPE_NAMES[q.dtype]} cache here")
 
 
 def _check_new(q, k_cache, k, v) -> int:
@@ -153,6 +193,8 @@ def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, se
 
 def _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size) -> None:
     """Write the new keys and values at their positions (batch, seqlen_new), in place."""
+    if k_cache.dtype == FP8:  # e4m3 written as its bytes: uint8 indexing is in every torch build
+        k_cache, v_cache, k, v = (t.view(torch.uint8) for t in (k_cache, v_cache, k, v))
     if block_table is None:
         k_cache[rows[:, None], positions] = k
         v_cache[rows[:, None], positions] = v
@@ -165,7 +207,8 @@ def _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size) -> 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            *, q_descale=None, k_descale=None, v_descale=None):
     """Attention of q against a KV cache, appending new keys/values first, as flash_attn's.
 
     q: (batch, seqlen_q, heads, head_dim). k_cache, v_cache: (batch_cache, capacity, heads_kv,
@@ -176,9 +219,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     positions when given, as is q: at cache_seqlens + i when causal, else at cache_seqlens).
     cache_batch_idx: the cache row of each sequence; cache_leftpad: its first valid key.
     causal: bottom-right aligned. num_splits: CTAs per sequence's keys (0: chosen from the SM count,
-    the tiles and the cache length). Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
+    the tiles and the cache length). An e4m3 cache (torch.float8_e4m3fn k_cache, v_cache) takes
+    k_descale, v_descale of shape (batch, heads_kv) (None: 1) and quantises new k/v with them;
+    q stays 16-bit (q_descale must be None). Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
     """
     checks.check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    if q_descale is not None:
+        fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
     page_size = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     seqlen_new = _check_new(q, k_cache, k, v)
     rotary_dim = _check_rotary(rotary_cos, rotary_sin, q.shape[-1], seqlen_new > 0)
@@ -205,9 +252,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if t is not None:
             _int32_vector(t, name, batch)
     scale = scale_for(softmax_scale, hdim)
+    k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
-                         rotary_sin=rotary_sin)
+                         rotary_sin=rotary_sin, k_descale=k_descale, v_descale=v_descale)
+    profile = active_profile(q.device)
+    _check_fp8_profile(profile, q, k_descale is not None)
     if cache_seqlens is not None and (caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None
                                       or block_table is not None):
         _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new, capacity,
@@ -222,18 +272,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                            else cache_seqlens.long()[:, None].expand(batch, seqlen_q))
             q = _rotate(q, rotary_cos[q_positions], rotary_sin[q_positions], rotary_interleaved)
         rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=q.device)
+        if k_descale is not None:  # an e4m3 cache: quantised with the sequences' descales
+            k, v = quantise_kv(k, k_descale), quantise_kv(v, v_descale)
         _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size)
         seqused = cache_seqlens + seqlen_new
 
-    profile = active_profile(q.device)
-    spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size)
+    spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size,
+                       kv_fp8=k_descale is not None)
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
                           cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
                           max_seqlen_q=seqlen_q, seqlen_k=capacity if keys_known is None else keys_known,
                           softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs,
-                          policy=profile.decode_split)
+                          policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -252,11 +304,13 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool):
 
 
 def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                 seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool):
+                 seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool, k_descale=None,
+                 v_descale=None):
     """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
     head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
     (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
-    lengths cu_seqlens_k delimits); `out` written in place when given. Returns (out, lse or None)."""
+    lengths cu_seqlens_k delimits); `out` written in place when given; an e4m3 cache with k_descale /
+    v_descale (num_seqs, heads_kv), vLLM's. Returns (out, lse or None)."""
     if block_table is None:
         fail("seqused_k is served with a paged cache (block_table); pass block_table, or cu_seqlens_k alone "
              "for packed keys")
@@ -285,13 +339,15 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype:
             fail(f"out must be a tensor like q: {tuple(q.shape)} {q.dtype}")
         checks.check_strides("out", out)
+    k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
-                         block_table=block_table, out=out)
+                         block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale)
     _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
     profile = active_profile(q.device)
+    _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
-                       page_size)
+                       page_size, kv_fp8=k_descale is not None)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
                       num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
-                      policy=profile.decode_split)
+                      policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale)
