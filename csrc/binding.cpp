@@ -152,7 +152,8 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
             const std::optional<at::Tensor>& block_table, int64_t max_seqlen_q, int64_t seqlen_k,
             double softmax_scale, int64_t num_splits, const std::optional<at::Tensor>& o_partial,
             const std::optional<at::Tensor>& lse_partial, const std::optional<at::Tensor>& k_descale,
-            const std::optional<at::Tensor>& v_descale) {
+            const std::optional<at::Tensor>& v_descale, double softcap, int64_t window_left, int64_t window_right,
+            const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out}) {
@@ -215,6 +216,18 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
     p.k_descale = k_descale->data_ptr<float>();
     p.v_descale = v_descale->data_ptr<float>();
   }
+  // The variants' values (a kernel built without a variant never reads its).
+  if (softcap > 0) {
+    p.softcap_in = float(softmax_scale / softcap);
+    p.softcap_out = float(softcap / softmax_scale);
+  }
+  p.window_left = int32_t(window_left), p.window_right = int32_t(window_right);
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_cuda() && sinks->is_contiguous() &&
+                    sinks->numel() == p.heads_q,
+                "flashtune: sinks must be a contiguous CUDA float32 tensor of (heads_q,)");
+    p.sinks = sinks->data_ptr<float>();
+  }
   p.num_splits = int32_t(num_splits);
   if (num_splits > 1) {
     TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
@@ -239,7 +252,8 @@ TORCH_LIBRARY(flashtune_C, m) {
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
       "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
-      "Tensor(d!)? lse_partial, Tensor? k_descale=None, Tensor? v_descale=None) -> ()");
+      "Tensor(d!)? lse_partial, Tensor? k_descale=None, Tensor? v_descale=None, float softcap=0., "
+      "int window_left=-1, int window_right=-1, Tensor? sinks=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {

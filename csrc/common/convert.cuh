@@ -19,6 +19,13 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   }
 }
 
+// tanh with the hardware approximation (sm_75+; the logit softcap's, as FlashAttention's).
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 2^x with the hardware approximation (what the softmax needs; -inf -> 0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

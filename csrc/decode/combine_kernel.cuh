@@ -20,7 +20,8 @@ constexpr int kSplitsInFlight = 8;   // partial rows a lane loads before it adds
 
 // kDim: the head dim (a multiple of 8 from 32 to 256); the lanes cover the next of 64, 128 or 256
 // columns, kPerLane each, and lanes past kDim only help with the LSEs.
-template <typename Elem, int kDim>
+// kSinks: the head's sink logit joins the merged sum once (split_kernel.cuh leaves it out of the partials).
+template <typename Elem, int kDim, bool kSinks = false>
 __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;
   constexpr int kPerLane = kHeadDim / 32;  // 2, 4 or 8 columns per lane: never split by kDim (a multiple of 8)
@@ -51,7 +52,12 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
     for (int i = 0; i < kLseSlots; ++i) sum += expf(ls[i] - m);  // exp(-inf) = 0: absent splits
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  const float lse = m == -INFINITY ? INFINITY : m + logf(sum);  // no key at all: +inf, O = 0
+  float lse = m == -INFINITY ? INFINITY : m + logf(sum);  // no key at all: +inf, O = 0
+  if constexpr (kSinks) {  // lse = logaddexp(keys' lse, sink): the partials weigh exp(lse_s - lse)
+    const float sink = p.sinks[head];
+    const float keys = m == -INFINITY ? -INFINITY : lse;
+    lse = fmaxf(keys, sink) + log1pf(expf(-fabsf(keys - sink)));
+  }
 
   // O: kSplitsInFlight splits' partial rows (and LSEs, for their weights) loaded together, their
   // latencies overlapping, then added in split order, so two identical calls give identical bits.

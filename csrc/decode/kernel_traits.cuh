@@ -32,9 +32,19 @@ enum class Paging : int {
   kGather = 2,      // any page size: one lookup per row
 };
 
+// The attention variants real models use, each a template switch (off: the kernel is the plain
+// one, instruction for instruction): a logit softcap (Gemma 2), a sliding window (Mistral, Gemma,
+// gpt-oss), a learned sink logit per query head in every softmax (gpt-oss).
+struct Variants {
+  bool softcap = false, window = false, sinks = false;
+};
+
 template <typename Elem_, int kDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,
-          bool kCausal_, bool kKvFp8_ = false>
+          bool kCausal_, bool kKvFp8_ = false, Variants kVariants_ = Variants{}>
 struct Traits {
+  static constexpr bool kSoftcap = kVariants_.softcap;  // S = cap * tanh(S / cap), scaled scores
+  static constexpr bool kWindow = kVariants_.window;    // keys outside [i - left, i + right] masked, skipped
+  static constexpr bool kSinks = kVariants_.sinks;      // exp(sink of the head) joins each row's sum
   using Elem = Elem_;  // q, o and what the MMAs take
   static constexpr bool kKvFp8 = kKvFp8_;
   using KvElem = std::conditional_t<kKvFp8, uint8_t, Elem>;  // the cache's element (e4m3 bytes)

@@ -33,6 +33,12 @@ struct DecodeParams {
 
   float softmax_scale;
   float softmax_scale_log2;
+  // Variants (the kernels built with them read these; others ignore them):
+  float softcap_in, softcap_out;  // softcap: S <- softcap_out * tanh(S * softcap_in) on raw scores
+                                  // (softcap_in = scale / cap, softcap_out = cap / scale)
+  int32_t window_left, window_right;  // window: key j visible to position i iff
+                                      // i + shift - left <= j <= i + shift + right (-1: unbounded)
+  const float* sinks;  // sinks: (heads_q,) fp32 logits in the scaled scores' units
   // An e4m3 cache (the FP8 kernels): dequantised value = byte * descale, per (sequence, KV head);
   // (batch, heads_kv) fp32, contiguous. Null for a 16-bit cache.
   const float* k_descale;

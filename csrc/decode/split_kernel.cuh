@@ -67,11 +67,21 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
     }
   }
 
-  // Masks: keys past the sequence's end (the last block) and, causal, past a row's position.
+  if constexpr (T::kSoftcap) {  // on the scaled scores, kept raw: s * scale = cap * tanh(s * scale / cap)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = w.softcap_out * fast_tanh(s[mt][nt][e] * w.softcap_in);
+  }
+
+  // Masks: keys past the sequence's end (the last block), causal, past a row's position, and
+  // with a window, outside the row's window (any block may cross a row's window edge).
   const int t = lane & 3;
   const bool tail = (block + 1) * BN > w.seqlen_k;
   const bool diagonal = T::kCausal && (block + 1) * BN - 1 > w.causal_shift + row_pos[0][0];
-  if (tail || diagonal) {
+  if (tail || diagonal || T::kWindow) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -79,8 +89,12 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = block * BN + nt * 8 + 2 * t + (e & 1);
-          if (col >= w.seqlen_k || (T::kCausal && col > row_pos[mt][e >> 1] + w.causal_shift))
-            s[mt][nt][e] = -INFINITY;
+          const int diag = row_pos[mt][e >> 1] + w.causal_shift;  // the row's own key
+          bool masked = col >= w.seqlen_k || (T::kCausal && col > diag);
+          if constexpr (T::kWindow)
+            masked = masked || (w.window_left >= 0 && col < diag - w.window_left) ||
+                     (w.window_right >= 0 && col > diag + w.window_right);
+          if (masked) s[mt][nt][e] = -INFINITY;
         }
   }
 
@@ -295,15 +309,26 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       const float4 oi = *reinterpret_cast<const float4*>(merge_o + (i * T::kRows + row) * T::kMergeRowFloats + col);
       o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
     }
-    const float inv = l > 0.f ? out_scale / l : 0.f;
-    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
+    float inv = l > 0.f ? out_scale / l : 0.f;
+    float lse_sink = 0.f;  // with sinks and one split: the row's LSE, its sink included
+    if constexpr (T::kSinks) {
+      // One split: the head's sink logit joins the sum, in units of the scaled scores (several
+      // splits: the combine kernel adds it once, to the merged LSE).
+      if (p.num_splits == 1) {
+        const float sink = p.sinks[head];
+        const float lse_keys = l > 0.f ? __fmaf_rn(m, scale, logf(l)) : -INFINITY;
+        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        inv = l > 0.f ? out_scale * expf(lse_keys - lse_sink) / l : 0.f;
+      }
+    }
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     if (p.num_splits == 1) {
       Elem* out = static_cast<Elem*>(p.o) + w.o_offset + int64_t(pos) * p.o_row_stride +
                   int64_t(head) * p.o_head_stride + col;
       *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(o.x, o.y), pack2<Elem>(o.z, o.w));
       if (col == 0 && p.lse != nullptr)
-        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = row_lse(m, scale, l);
+        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = T::kSinks ? lse_sink : row_lse(m, scale, l);
     } else {
       const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
       *reinterpret_cast<float4*>(p.o_partial + at * T::kDim + col) = o;

@@ -20,6 +20,8 @@ struct Work {
   int64_t row0;            // the sequence's first row in total_q (partial buffers, varlen LSE)
   int cache_batch, leftpad;
   int block_begin, block_end;  // this split's key blocks [begin, end)
+  float softcap_in, softcap_out;      // the softcap variant's (params.h)
+  int window_left, window_right;      // the window variant's (params.h)
 };
 
 template <class T>
@@ -49,14 +51,22 @@ __device__ __forceinline__ Work schedule_work(const DecodeParams& p) {
   const int used = p.seqused_k != nullptr ? p.seqused_k[w.batch] : p.seqlen_k;
   w.seqlen_k = max(0, used - w.leftpad);
   w.causal_shift = w.seqlen_k - w.seqlen_q;
-  int keys = w.seqlen_k;
+  if (T::kSoftcap) w.softcap_in = p.softcap_in, w.softcap_out = p.softcap_out;
+  if (T::kWindow) w.window_left = p.window_left, w.window_right = p.window_right;
+  int keys = w.seqlen_k, first_key = 0;
+  const int last_row = min(w.packed_rows, (w.row_block + 1) * T::kRows) - 1;
   if (T::kCausal) {  // no key past what the CTA's last row sees
-    const int last_row = min(w.packed_rows, (w.row_block + 1) * T::kRows) - 1;
     keys = min(keys, max(0, last_row / p.head_ratio + w.causal_shift + 1));
   }
+  if (T::kWindow) {  // nor before what its first row sees, nor past what its last row sees
+    const int first_pos = (w.row_block * T::kRows) / p.head_ratio;
+    if (p.window_left >= 0) first_key = max(0, first_pos + w.causal_shift - p.window_left);
+    if (p.window_right >= 0) keys = min(keys, max(0, last_row / p.head_ratio + w.causal_shift + p.window_right + 1));
+  }
+  const int first_block = min(first_key, keys) / T::kBlockN;  // blocks before it: no key any row sees
   const int blocks = (keys + T::kBlockN - 1) / T::kBlockN;
-  const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
-  w.block_begin = min(blocks, w.split * per_split);
+  const int per_split = (blocks - first_block + p.num_splits - 1) / p.num_splits;
+  w.block_begin = min(blocks, first_block + w.split * per_split);
   w.block_end = min(blocks, w.block_begin + per_split);
   return w;
 }

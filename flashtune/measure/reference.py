@@ -11,8 +11,14 @@ import torch
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                        softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq))."""
+                        softmax_scale: float | None = None, window: tuple[int, int] = (-1, -1),
+                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq)).
+
+    Variants as flash_attn and vLLM define them: window (left, right) keys around each query's own
+    position (bottom-right aligned; -1: unbounded), softcap (scaled scores -> softcap x
+    tanh(scores / softcap)), sinks (heads,): a logit per head joining every row's softmax, with
+    no value (the LSE includes it; a row that sees no key then has LSE = its sink)."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
@@ -20,10 +26,22 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    rows = torch.arange(sq, device=q.device)[:, None]
+    cols = torch.arange(sk, device=q.device)[None, :]
+    own = rows + (sk - sq)  # each query's own key, bottom-right aligned
     if causal:
-        rows = torch.arange(sq, device=q.device)[:, None]
-        cols = torch.arange(sk, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + (sk - sq), float("-inf"))
+        scores = scores.masked_fill(cols > own, float("-inf"))
+    left, right = window
+    if left >= 0:
+        scores = scores.masked_fill(cols < own - left, float("-inf"))
+    if right >= 0:
+        scores = scores.masked_fill(cols > own + right, float("-inf"))
+    if sinks is not None:  # one more column per head: the sink, with a zero value row
+        sink_col = sinks.float().to(q.device)[None, :, None, None].expand(b, hq, sq, 1)
+        scores = torch.cat([scores, sink_col], dim=-1)
+        vf = torch.cat([vf, torch.zeros_like(vf[:, :, :1])], dim=2)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
     probs = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(torch.float32).min))
     probs = torch.nan_to_num(probs, nan=0.0)

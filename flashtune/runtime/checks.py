@@ -99,16 +99,44 @@ def check_devices(q, k, v, **extra) -> None:
             fail(f"{name} is on {t.device}, q on {q.device}; put them on the same device")
 
 
-def check_unsupported(dropout_p, window_size, softcap, alibi_slopes) -> None:
+DECODE_ONLY = ("so far only the decode kernels have it (flash_attn_with_kvcache, and flash_attn_varlen_func "
+               "with a paged cache)")
+
+
+def check_unsupported(dropout_p, window_size, softcap, alibi_slopes, variants_served: bool = False) -> None:
+    """Arguments flash_attn has that a call cannot be served with. `variants_served`: the call
+    goes to the decode kernels, which have sliding windows and softcap (check_variants)."""
     if dropout_p:
         fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
-    if tuple(window_size) != (-1, -1):
-        fail(f"window_size={tuple(window_size)}: sliding-window attention is not supported; "
-              "pass (-1, -1)")
-    if softcap:
-        fail(f"softcap={softcap} is not supported; pass 0.0")
+    if not variants_served:
+        if tuple(window_size) != (-1, -1):
+            fail(f"window_size={tuple(window_size)}: sliding-window attention is not in the prefill kernels; "
+                 f"{DECODE_ONLY}; pass (-1, -1)")
+        if softcap:
+            fail(f"softcap={softcap}: the logit softcap is not in the prefill kernels; {DECODE_ONLY}; pass 0.0")
     if alibi_slopes is not None:
         fail("alibi_slopes are not supported; pass None")
+
+
+def check_variants(window_size, softcap, sinks, heads_q: int) -> tuple:
+    """The decode kernels' variants from flash_attn's arguments: ((softcap?, window?, sinks?),
+    (left, right), softcap, sinks as contiguous float32 (heads_q,) or None)."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        fail(f"window_size must be a pair of ints (left, right), -1 for unbounded; got {window_size!r}")
+    if left < -1 or right < -1:
+        fail(f"window_size={tuple(window_size)}: each side is a number of keys >= 0, or -1 for unbounded")
+    softcap = float(softcap or 0.0)
+    if softcap < 0 or not math.isfinite(softcap):
+        fail(f"softcap must be a finite number >= 0 (0: none), got {softcap}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or sinks.shape != (heads_q,):
+            got = f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+            fail(f"sinks must be a float tensor of shape (heads_q,) = ({heads_q},), one logit per query head; got {got}")
+        sinks = sinks.float().contiguous()
+    variants = (softcap > 0, (left, right) != (-1, -1), sinks is not None)
+    return variants, (left, right), softcap, sinks
 
 
 def scale_for(softmax_scale: float | None, hdim: int) -> float:

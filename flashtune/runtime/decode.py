@@ -31,18 +31,19 @@ _decode_specs: dict[tuple, DecodeSpec] = {}
 
 
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
-                page_size: int | None, kv_fp8: bool = False) -> DecodeSpec:
+                page_size: int | None, kv_fp8: bool = False, variants: tuple[bool, bool, bool] = (False,) * 3
+                ) -> DecodeSpec:
     """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
     profile's `decode:` tiles, else the family's default for its arch), the cache's paging, and
     whether the cache is e4m3 (`dtype` is q's)."""
     rows = decode_rows(seqlen_q, head_ratio, hdim)
     key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size,
-           kv_fp8)
+           kv_fp8, variants)
     spec = _decode_specs.get(key)
     if spec is None:
         paging = paging_for(page_size, profile.decode_tile(computed_head_dim(hdim) or hdim, rows).block_n)
         spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging,
-                                                    kv_fp8=kv_fp8)
+                                                    kv_fp8=kv_fp8, variants=variants)
     return spec
 
 
@@ -89,9 +90,12 @@ def _fewest_efficient_splits(ctas: int, slots: int, most: int, efficiency: float
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
                num_splits: int, with_lse: bool, out=None, poison: bool = False,
-               policy: DecodeSplitPolicy = DecodeSplitPolicy(), k_descale=None, v_descale=None):
+               policy: DecodeSplitPolicy = DecodeSplitPolicy(), k_descale=None, v_descale=None,
+               softcap: float = 0.0, window: tuple[int, int] = (-1, -1), sinks=None):
     """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic.
-    An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv)."""
+    An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv); the
+    variants built into spec take softcap (> 0), window (left, right; -1 unbounded) and sinks
+    (contiguous float32 (heads_q,))."""
     varlen = cu_seqlens_q is not None
     heads_q, hdim = q.shape[-2], q.shape[-1]
     heads_kv = k_cache.shape[2]
@@ -118,5 +122,6 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     load_binding()
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
-                                 num_splits, o_partial, lse_partial, k_descale, v_descale)
+                                 num_splits, o_partial, lse_partial, k_descale, v_descale, softcap, window[0],
+                                 window[1], sinks)
     return out, lse

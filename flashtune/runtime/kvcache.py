@@ -208,7 +208,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            *, q_descale=None, k_descale=None, v_descale=None):
+                            *, q_descale=None, k_descale=None, v_descale=None, sinks=None):
     """Attention of q against a KV cache, appending new keys/values first, as flash_attn's.
 
     q: (batch, seqlen_q, heads, head_dim). k_cache, v_cache: (batch_cache, capacity, heads_kv,
@@ -221,9 +221,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     causal: bottom-right aligned. num_splits: CTAs per sequence's keys (0: chosen from the SM count,
     the tiles and the cache length). An e4m3 cache (torch.float8_e4m3fn k_cache, v_cache) takes
     k_descale, v_descale of shape (batch, heads_kv) (None: 1) and quantises new k/v with them;
-    q stays 16-bit (q_descale must be None). Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
+    q stays 16-bit (q_descale must be None). Variants: window_size=(left, right) keys around each
+    query's own position (bottom-right aligned, -1 unbounded; blocks outside are skipped),
+    softcap > 0 (scores = softcap x tanh(scores / softcap)), sinks (heads,) float: one logit per
+    query head that joins every row's softmax (gpt-oss), O is not pulled toward it.
+    Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
     """
-    checks.check_unsupported(0.0, window_size, softcap, alibi_slopes)
+    checks.check_unsupported(0.0, window_size, softcap, alibi_slopes, variants_served=True)
+    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks,
+                                                             q.shape[2] if isinstance(q, torch.Tensor) else 0)
     if q_descale is not None:
         fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
     page_size = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
@@ -255,7 +261,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
-                         rotary_sin=rotary_sin, k_descale=k_descale, v_descale=v_descale)
+                         rotary_sin=rotary_sin, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     if cache_seqlens is not None and (caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None
@@ -278,14 +284,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqused = cache_seqlens + seqlen_new
 
     spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size,
-                       kv_fp8=k_descale is not None)
+                       kv_fp8=k_descale is not None, variants=variants)
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
                           cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
                           max_seqlen_q=seqlen_q, seqlen_k=capacity if keys_known is None else keys_known,
                           softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs,
-                          policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale)
+                          policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale,
+                          softcap=softcap, window=window, sinks=sinks)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -305,7 +312,7 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool):
 
 def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                  seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool, k_descale=None,
-                 v_descale=None):
+                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None):
     """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
     head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
     (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
@@ -322,6 +329,7 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
             fail(f"with block_table, {name} is a paged cache (num_pages, page_size, heads_kv, head_dim), got "
                  + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
     _check_cache(q[None], k_cache, v_cache, None, None, None)  # dtypes, head dims, heads, strides
+    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks, q.shape[1])
     checks.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, covers_all=True)
     batch = cu_seqlens_q.numel() - 1
     page_size = _check_pages(block_table, k_cache, batch)
@@ -341,13 +349,14 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         checks.check_strides("out", out)
     k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
-                         block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale)
+                         block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
     _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
-                       page_size, kv_fp8=k_descale is not None)
+                       page_size, kv_fp8=k_descale is not None, variants=variants)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
                       num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
-                      policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale)
+                      policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale, softcap=softcap,
+                      window=window, sinks=sinks)

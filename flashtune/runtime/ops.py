@@ -14,8 +14,8 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
-from flashtune.runtime.checks import (FP8, FlashtuneInputError, check_cu_seqlens, check_devices, check_fp8_args,
-                                      check_tensors, check_unsupported, fail, scale_for)
+from flashtune.runtime.checks import (DECODE_ONLY, FP8, FlashtuneInputError, check_cu_seqlens, check_devices,
+                                      check_fp8_args, check_tensors, check_unsupported, fail, scale_for)
 from flashtune.runtime.fp8 import fp8_operands, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -147,7 +147,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, return_lse=False, seqused_k=None,
-                           out=None, q_descale=None, k_descale=None, v_descale=None):
+                           out=None, q_descale=None, k_descale=None, v_descale=None, sinks=None):
     """Attention over packed (total, heads, head_dim) sequences delimited by int32 cu_seqlens.
 
     As flash_attn.flash_attn_varlen_func; lse is (heads, total_q). With block_table, k and v are a
@@ -156,16 +156,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (like q) is written in place when given: vLLM's call. An e4m3 paged cache takes k_descale /
     v_descale of shape (batch, heads_kv) (vLLM's FP8 KV cache); q stays 16-bit.
     """
-    check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    paged = block_table is not None or seqused_k is not None
+    check_unsupported(dropout_p, window_size, softcap, alibi_slopes, variants_served=paged)
     if q_descale is not None:
         fail("q_descale: FP8 q is served by flash_attn_func (FP8 Q/K profiles); the varlen call takes 16-bit q")
-    if block_table is not None or seqused_k is not None:
+    if paged:
         from flashtune.runtime.kvcache import paged_varlen
 
         scale = scale_for(softmax_scale, q.shape[-1])
         out, lse = paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale)
+                                block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale,
+                                window_size, softcap, sinks)
         return _pack(out, lse, return_lse, return_attn_probs)
+    if sinks is not None:
+        fail(f"sinks are not in the prefill kernels; {DECODE_ONLY}; pass None")
     if k_descale is not None or v_descale is not None:
         fail("k_descale / v_descale are for an e4m3 paged KV cache (with block_table); packed varlen k and v "
              "are 16-bit: pass None")

@@ -1,0 +1,95 @@
+"""Attention variants on the CPU: the fp32 reference's sliding window, softcap and sinks against a
+plain per-row loop, the arguments' checks, and the decode kernels' names for them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashtune
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile
+from flashtune.measure.reference import attention_reference
+
+BF16 = torch.bfloat16
+
+
+def loop_reference(q, k, v, causal, window, softcap, sinks):
+    """One query row at a time, written from the definitions (flash_attn's, vLLM's)."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    out = torch.zeros(b, sq, hq, d)
+    lse = torch.full((b, hq, sq), float("inf"))
+    for bi in range(b):
+        for h in range(hq):
+            for i in range(sq):
+                own = i + sk - sq
+                logits, values = [], []
+                for j in range(sk):
+                    if (causal and j > own) or (window[0] >= 0 and j < own - window[0]) or \
+                            (window[1] >= 0 and j > own + window[1]):
+                        continue
+                    s = float(q[bi, i, h] @ k[bi, j, h // (hq // hkv)]) / math.sqrt(d)
+                    logits.append(softcap * math.tanh(s / softcap) if softcap else s)
+                    values.append(v[bi, j, h // (hq // hkv)])
+                if sinks is not None:
+                    logits.append(float(sinks[h]))
+                    values.append(torch.zeros(d))
+                if not logits:
+                    continue
+                weights = torch.softmax(torch.tensor(logits), dim=0)
+                out[bi, i, h] = sum(w * x for w, x in zip(weights, values))
+                lse[bi, h, i] = torch.logsumexp(torch.tensor(logits), dim=0)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal,window,softcap,with_sinks", [
+    (False, (3, 1), 0.0, False), (True, (4, -1), 0.0, False), (True, (-1, -1), 5.0, False),
+    (True, (-1, -1), 0.0, True), (True, (2, 0), 3.0, True), (False, (0, 0), 0.0, True),
+])
+def test_the_reference_follows_the_definitions(causal, window, softcap, with_sinks):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, h, 16, generator=g) for n, h in ((5, 4), (9, 2), (9, 2)))
+    sinks = torch.randn(4, generator=g) if with_sinks else None
+    out, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks)
+    want, want_lse = loop_reference(q, k, v, causal, window, softcap, sinks)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+
+
+def call_kv(**overrides):
+    args = dict(q=torch.zeros(2, 1, 32, 128, dtype=BF16), k_cache=torch.zeros(2, 64, 8, 128, dtype=BF16),
+                v_cache=torch.zeros(2, 64, 8, 128, dtype=BF16))
+    args.update(overrides)
+    flashtune.flash_attn_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(window_size=(-2, 0)), "each side is a number of keys >= 0, or -1"),
+    (dict(window_size=(4,)), "a pair of ints"),
+    (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
+    (dict(sinks=torch.zeros(8)), r"sinks must be a float tensor of shape \(heads_q,\) = \(32,\)"),
+    (dict(window_size=(128, 0), softcap=30.0, sinks=torch.zeros(32)), "on cpu"),  # all accepted: the device last
+])
+def test_variant_arguments_are_checked(overrides, message):
+    with pytest.raises(flashtune.FlashtuneInputError, match=message):
+        call_kv(**overrides)
+
+
+def test_the_prefill_path_says_where_the_variants_are():
+    q = torch.zeros(1, 300, 8, 64, dtype=BF16)
+    for kwargs in (dict(window_size=(128, 0)), dict(softcap=30.0)):
+        with pytest.raises(flashtune.FlashtuneInputError, match="only the decode kernels have it"):
+            flashtune.flash_attn_func(q, q, q, **kwargs)
+    cu = torch.tensor([0, 300], dtype=torch.int32)
+    with pytest.raises(flashtune.FlashtuneInputError, match="sinks are not in the prefill kernels"):
+        flashtune.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 300, 300, sinks=torch.zeros(8))
+
+
+def test_variant_kernels_are_named_and_built_with_them():
+    tile = DecodeTile(16, 32, 4, 3)
+    plain = DecodeSpec("sm_90a", "bfloat16", 128, tile, True)
+    every = DecodeSpec("sm_90a", "bfloat16", 128, tile, True, softcap=True, window=True, sinks=True)
+    assert every.name == plain.name.replace("_c_sm90a", "_c_softcap_swa_sinks_sm90a")
+    assert "Variants{true, true, true}" in every.source() and "combine_body<__nv_bfloat16, 128, true>" in every.source()
+    assert "Variants{false, false, false}" in plain.source() and every.source_hash() != plain.source_hash()
