@@ -50,11 +50,30 @@ std::pair<at::Tensor, bool> tile_counter_for(const at::Tensor& like, cudaStream_
 
 // Python validates every input with a clear message first; these checks only keep a bad
 // internal call from becoming an out-of-bounds kernel.
+// The variants' values (common/variants.h), for FwdParams and DecodeParams alike; a kernel built
+// without a variant never reads its.
+template <class Params>
+void set_variants(Params& p, double softmax_scale, double softcap, int64_t window_left, int64_t window_right,
+                  const std::optional<at::Tensor>& sinks) {
+  if (softcap > 0) {
+    p.softcap_in = float(softmax_scale / softcap);
+    p.softcap_out = float(softcap / softmax_scale);
+  }
+  p.window_left = int32_t(window_left), p.window_right = int32_t(window_right);
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_cuda() && sinks->is_contiguous() &&
+                    sinks->numel() == p.heads_q,
+                "flashtune: sinks must be a contiguous CUDA float32 tensor of (heads_q,)");
+    p.sinks = sinks->data_ptr<float>();
+  }
+}
+
 void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& out, const std::optional<at::Tensor>& lse,
          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-         const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale) {
+         const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, double softcap,
+         int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
@@ -122,6 +141,7 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
     p.k_descale = k_descale->data_ptr<float>();
     p.descale_batch_stride = p.heads_kv;
   }
+  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks);
   if (p.batch == 0 || p.seqlen_q == 0) return;
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -216,18 +236,7 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
     p.k_descale = k_descale->data_ptr<float>();
     p.v_descale = v_descale->data_ptr<float>();
   }
-  // The variants' values (a kernel built without a variant never reads its).
-  if (softcap > 0) {
-    p.softcap_in = float(softmax_scale / softcap);
-    p.softcap_out = float(softcap / softmax_scale);
-  }
-  p.window_left = int32_t(window_left), p.window_right = int32_t(window_right);
-  if (sinks.has_value()) {
-    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_cuda() && sinks->is_contiguous() &&
-                    sinks->numel() == p.heads_q,
-                "flashtune: sinks must be a contiguous CUDA float32 tensor of (heads_q,)");
-    p.sinks = sinks->data_ptr<float>();
-  }
+  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks);
   p.num_splits = int32_t(num_splits);
   if (num_splits > 1) {
     TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
@@ -247,7 +256,8 @@ TORCH_LIBRARY(flashtune_C, m) {
   m.def(
       "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-      "float softmax_scale, Tensor? q_descale, Tensor? k_descale) -> ()");
+      "float softmax_scale, Tensor? q_descale, Tensor? k_descale, float softcap=0., int window_left=-1, "
+      "int window_right=-1, Tensor? sinks=None) -> ()");
   m.def(
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "

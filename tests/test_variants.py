@@ -76,14 +76,21 @@ def test_variant_arguments_are_checked(overrides, message):
         call_kv(**overrides)
 
 
-def test_the_prefill_path_says_where_the_variants_are():
+def test_prefill_variants_are_the_sm80_familys_and_every_decode_kernels():
+    from flashtune.kernels.profiles import find_profile
+    from flashtune.runtime.selection import kernel_for, select_spec
+
+    every = (True, True, True)
+    spec = select_spec(find_profile("rtx4090"), BF16, 128, True, 4096, 4096, variants=every)
+    assert spec.name.endswith("_c_softcap_swa_sinks_sm89") and "flashtune::Variants{true, true, true}" in spec.source()
+    with pytest.raises(flashtune.FlashtuneInputError, match="sm90 family\\) have no softcap or a sliding window or sinks"):
+        select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096, variants=every)
+    # queries of at most 16 rows: the decode kernels, which have the variants under an sm90 profile too
+    decode = kernel_for(find_profile("h200"), BF16, 128, True, 4, 4096, 4, variants=(False, True, True))
+    assert decode.name.endswith("_c_swa_sinks_sm90a")
     q = torch.zeros(1, 300, 8, 64, dtype=BF16)
-    for kwargs in (dict(window_size=(128, 0)), dict(softcap=30.0)):
-        with pytest.raises(flashtune.FlashtuneInputError, match="only the decode kernels have it"):
-            flashtune.flash_attn_func(q, q, q, **kwargs)
-    cu = torch.tensor([0, 300], dtype=torch.int32)
-    with pytest.raises(flashtune.FlashtuneInputError, match="sinks are not in the prefill kernels"):
-        flashtune.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 300, 300, sinks=torch.zeros(8))
+    with pytest.raises(flashtune.FlashtuneInputError, match="on cpu"):  # accepted: only the device is left
+        flashtune.flash_attn_func(q, q, q, causal=True, window_size=(128, 0), softcap=30.0, sinks=torch.zeros(8))
 
 
 def test_variant_kernels_are_named_and_built_with_them():

@@ -37,6 +37,13 @@ struct FwdParams {
   const float* k_descale;
   int64_t descale_batch_stride;
 
+  // Variants (common/variants.h; kernels built without one never read its values):
+  float softcap_in, softcap_out;      // softcap: S <- softcap_out * tanh(S * softcap_in) on raw scores
+                                      // (softcap_in = scale / cap, softcap_out = cap / scale)
+  int32_t window_left, window_right;  // window: key j visible to query i iff
+                                      // i + shift - left <= j <= i + shift + right (-1: unbounded)
+  const float* sinks;                 // sinks: (heads_q,) fp32 logits in the scaled scores' units
+
   // The tile counter of kernels that hand out work tiles from it (the sm90 family's persistent
   // grid, for causal and varlen calls): two int32 on the device, [0] the tiles handed out, [1]
   // the CTAs done; the last CTA out sets both back to 0. tile_counter_zeroed = 1: they are 0

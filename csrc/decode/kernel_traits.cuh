@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <type_traits>
 
+#include "common/variants.h"
+
 namespace flashtune {
 namespace decode {
 
@@ -30,13 +32,6 @@ enum class Paging : int {
   kContiguous = 0,  // (batch, capacity, heads_kv, hdim), rows at a stride
   kPages = 1,       // pages of a multiple of kBlockN rows: one block_table lookup per tile
   kGather = 2,      // any page size: one lookup per row
-};
-
-// The attention variants real models use, each a template switch (off: the kernel is the plain
-// one, instruction for instruction): a logit softcap (Gemma 2), a sliding window (Mistral, Gemma,
-// gpt-oss), a learned sink logit per query head in every softmax (gpt-oss).
-struct Variants {
-  bool softcap = false, window = false, sinks = false;
 };
 
 template <typename Elem_, int kDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,

@@ -101,6 +101,21 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     const int last_visible = (m_block + 1) * BM - 1 + causal_shift;  // of the CTA's last row
     n_blocks = min(n_blocks, last_visible < 0 ? 0 : last_visible / BN + 1);
   }
+  // A window: the CTA's keys start at block jb, the first any of its rows sees, and end at the
+  // last its last row sees; blocks outside are never loaded. The loop below counts blocks from jb
+  // (K and V's bases moved there); masks use absolute key indices.
+  int jb = 0;
+  if constexpr (T::kWindow) {
+    if (p.window_right >= 0) {
+      const int last_visible = (m_block + 1) * BM - 1 + causal_shift + p.window_right;
+      n_blocks = min(n_blocks, last_visible < 0 ? 0 : last_visible / BN + 1);
+    }
+    if (p.window_left >= 0) jb = min(n_blocks, max(0, m_block * BM + causal_shift - p.window_left) / BN);
+    gK += int64_t(jb) * BN * p.k_row_stride;
+    gV += int64_t(jb) * BN * p.v_row_stride;
+    n_blocks -= jb;
+  }
+  const int kv_rows = seqlen_k - jb * BN;  // keys from the first block the loop loads
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
@@ -133,12 +148,12 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     if (s > 0) {
       if (s - 1 < n_blocks)
         load_tile_async<T, BN>(sV + (s - 1) * kVBytes, gV + int64_t(s - 1) * BN * p.v_row_stride,
-                               p.v_row_stride, seqlen_k - (s - 1) * BN, tid);
+                               p.v_row_stride, kv_rows - (s - 1) * BN, tid);
       cp_async_commit();
     }
     if (s < n_blocks)
       load_tile_async<T, BN>(sK + s * kKBytes, gK + int64_t(s) * BN * p.k_row_stride,
-                             p.k_row_stride, seqlen_k - s * BN, tid);
+                             p.k_row_stride, kv_rows - s * BN, tid);
     cp_async_commit();
   }
 
@@ -178,7 +193,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       if (jv < n_blocks)
         load_tile_async<T, BN>(sV + (jv % T::kStages) * kVBytes,
                                gV + int64_t(jv) * BN * p.v_row_stride, p.v_row_stride,
-                               seqlen_k - jv * BN, tid);
+                               kv_rows - jv * BN, tid);
       cp_async_commit();
     }
 
@@ -213,20 +228,38 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       }
     }
 
-    // ---- Masks: only the last (tail) block and, for causal, blocks crossing the diagonal.
-    const bool tail = (j + 1) * BN > seqlen_k;
-    const bool diagonal = T::kCausal && (j + 1) * BN - 1 > m_block * BM + causal_shift;
-    if (tail || diagonal) {
+    if constexpr (T::kSoftcap) {  // on the scaled scores, kept raw: s * scale = cap * tanh(s * scale / cap)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = p.softcap_out * fast_tanh(acc_s[mt][nt][e] * p.softcap_in);
+    }
+
+    // ---- Masks: only the last (tail) block, for causal, blocks crossing the diagonal, and with a
+    // window, blocks crossing a row's window edge.
+    const int ja = jb + j;  // the block's absolute index
+    const bool tail = (ja + 1) * BN > seqlen_k;
+    const bool diagonal = T::kCausal && (ja + 1) * BN - 1 > m_block * BM + causal_shift;
+    bool edge = false;
+    if constexpr (T::kWindow)
+      edge = (p.window_left >= 0 && ja * BN < (m_block + 1) * BM - 1 + causal_shift - p.window_left) ||
+             (p.window_right >= 0 && (ja + 1) * BN - 1 > m_block * BM + causal_shift + p.window_right);
+    if (tail || diagonal || edge) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int col = j * BN + nt * 8 + 2 * t + (e & 1);
+            const int col = ja * BN + nt * 8 + 2 * t + (e & 1);
             const int row = m_block * BM + warp_row + mt * 16 + g + 8 * (e >> 1);
-            if (col >= seqlen_k || (T::kCausal && col > row + causal_shift))
-              acc_s[mt][nt][e] = -INFINITY;
+            bool masked = col >= seqlen_k || (T::kCausal && col > row + causal_shift);
+            if constexpr (T::kWindow)
+              masked = masked || (p.window_left >= 0 && col < row + causal_shift - p.window_left) ||
+                       (p.window_right >= 0 && col > row + causal_shift + p.window_right);
+            if (masked) acc_s[mt][nt][e] = -INFINITY;
           }
     }
 
@@ -289,7 +322,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       const int jk = j + T::kStages;  // refill the K buffer that S_j just released
       if (jk < n_blocks)
         load_tile_async<T, BN>(sK + stage * kKBytes, gK + int64_t(jk) * BN * p.k_row_stride,
-                               p.k_row_stride, seqlen_k - jk * BN, tid);
+                               p.k_row_stride, kv_rows - jk * BN, tid);
       cp_async_commit();
     }
 
@@ -325,7 +358,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       l += __shfl_xor_sync(0xffffffff, l, 1);
       l += __shfl_xor_sync(0xffffffff, l, 2);
       // A row that sees no key (causal with seqlen_k < seqlen_q, or seqlen_k = 0): O = 0, LSE = +inf.
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float inv = l > 0.f ? 1.f / l : 0.f;
+      float lse_sink = 0.f;
+      if constexpr (T::kSinks) {  // the head's sink logit joins the sum (LSE = its sink if no key)
+        const float sink = p.sinks[head];
+        const float lse_keys = l > 0.f ? __fmaf_rn(row_max[mt][r], p.softmax_scale * qk_descale, logf(l)) : -INFINITY;
+        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        inv = l > 0.f ? expf(lse_keys - lse_sink) / l : 0.f;
+      }
       const int row = warp_row + mt * 16 + g + 8 * r;
 #pragma unroll
       for (int dt = 0; dt < T::kOTiles; ++dt) {
@@ -335,7 +375,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       }
       if (p.lse != nullptr && t == 0 && m_block * BM + row < seqlen_q) {
         p.lse[lse_off + int64_t(head) * p.lse_head_stride + m_block * BM + row] =
-            row_lse(row_max[mt][r], p.softmax_scale * qk_descale, l);
+            T::kSinks ? lse_sink : row_lse(row_max[mt][r], p.softmax_scale * qk_descale, l);
       }
     }
   __syncwarp();  // each warp stores only the rows it wrote

@@ -196,7 +196,7 @@ class DecodeSpec:
 
 namespace {{
 using Cfg = flashtune::decode::Traits<{elem}, {self.hdim}, {t.rows}, {t.block_n}, {t.warps}, {t.stages}, {paging}, {causal}, {kv_fp8},
-                                      flashtune::decode::Variants{{{variants}}}>;
+                                      flashtune::Variants{{{variants}}}>;
 }}
 
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)

@@ -99,21 +99,10 @@ def check_devices(q, k, v, **extra) -> None:
             fail(f"{name} is on {t.device}, q on {q.device}; put them on the same device")
 
 
-DECODE_ONLY = ("so far only the decode kernels have it (flash_attn_with_kvcache, and flash_attn_varlen_func "
-               "with a paged cache)")
-
-
-def check_unsupported(dropout_p, window_size, softcap, alibi_slopes, variants_served: bool = False) -> None:
-    """Arguments flash_attn has that a call cannot be served with. `variants_served`: the call
-    goes to the decode kernels, which have sliding windows and softcap (check_variants)."""
+def check_unsupported(dropout_p, alibi_slopes) -> None:
+    """Arguments flash_attn has that flashtune cannot serve (windows, softcap and sinks: check_variants)."""
     if dropout_p:
         fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
-    if not variants_served:
-        if tuple(window_size) != (-1, -1):
-            fail(f"window_size={tuple(window_size)}: sliding-window attention is not in the prefill kernels; "
-                 f"{DECODE_ONLY}; pass (-1, -1)")
-        if softcap:
-            fail(f"softcap={softcap}: the logit softcap is not in the prefill kernels; {DECODE_ONLY}; pass 0.0")
     if alibi_slopes is not None:
         fail("alibi_slopes are not supported; pass None")
 

@@ -227,7 +227,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     query head that joins every row's softmax (gpt-oss), O is not pulled toward it.
     Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
     """
-    checks.check_unsupported(0.0, window_size, softcap, alibi_slopes, variants_served=True)
+    checks.check_unsupported(0.0, alibi_slopes)
     variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks,
                                                              q.shape[2] if isinstance(q, torch.Tensor) else 0)
     if q_descale is not None:

@@ -83,7 +83,8 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
-                seqlen_q: int, seqlen_k: int, fp8: bool = False) -> KernelSpec:
+                seqlen_q: int, seqlen_k: int, fp8: bool = False,
+                variants: tuple[bool, bool, bool] = (False,) * 3) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
     output's; `fp8`: q and k in e4m3). A head dim between the built ones (a multiple of 8 from 32
     to 256) is served by the next built one's kernel, on inputs zero-padded to it (ops.py)."""
@@ -97,6 +98,12 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(
             f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
             "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
+    if any(variants) and profile.family == "sm90":
+        names = [n for n, on in zip(("softcap", "a sliding window", "sinks"), variants) if on]
+        raise FlashtuneInputError(
+            f"profile {profile.name}'s kernels (the sm90 family) have no {' or '.join(names)} yet; the sm80 family's "
+            "do: use_profile('h200-sm80') (or FLASHTUNE_PROFILE=h200-sm80) on an H100/H200, and the decode "
+            "kernels (queries of at most 16 rows) have them under every profile")
     built = computed_head_dim(hdim)
     if built is None or built not in profile.head_dims:
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} (its kernels: head dims "
@@ -114,10 +121,11 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(f"dtype {dtype_name} is not in profile {profile.name} "
                                   f"(dtypes: {', '.join(profile.dtypes)})")
     # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
-    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags)
+    key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags,
+           variants)
     spec = _spec_cache.get(key)
     if spec is None:
-        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8)
+        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8, variants=variants)
     return spec
 
 
@@ -128,14 +136,18 @@ DECODE_MAX_SEQLEN_Q = 16
 
 
 def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
-               head_ratio: int = 1, fp8: bool = False, varlen: bool = False) -> KernelSpec | DecodeSpec:
+               head_ratio: int = 1, fp8: bool = False, varlen: bool = False,
+               variants: tuple[bool, bool, bool] = (False,) * 3) -> KernelSpec | DecodeSpec:
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
-    (select_spec). The one place that decides; `flashtune verify` asks it for the expected name."""
-    spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8)  # validates the call
-    if fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q:
+    (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
+    `variants`: (softcap, window, sinks), which every decode kernel and the sm80 family have."""
+    decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
+    spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
+                       variants=(False,) * 3 if decode else variants)
+    if not decode:
         return spec
     from flashtune.runtime.decode import decode_spec
 
     dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
-    return decode_spec(profile, dtype, hdim, bool(causal), seqlen_q, head_ratio, None)
+    return decode_spec(profile, dtype, hdim, bool(causal), seqlen_q, head_ratio, None, variants=variants)
