@@ -35,9 +35,11 @@ SINK_MODEL_TYPES = ("gpt_oss",)
 ALIBI_MODEL_TYPES = ("bloom", "mpt")
 
 
-def unsupported_features(config) -> list[str]:
+def unsupported_features(config, family: str | None = None) -> list[str]:
     """What a model's config asks of its attention that flashtune's kernels lack, one phrase each;
-    empty when flashtune can serve every layer. Checked when the model is loaded with "ftune"."""
+    empty when flashtune can serve every layer. Checked when the model is loaded with "ftune".
+    `family`: the kernel family of the profile that will run it, when known: sliding windows,
+    softcap and sinks are in the decode kernels and the sm80 family's prefill, not yet in sm90's."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     missing = []
     if getattr(text, "v_head_dim", None) is not None and getattr(text, "qk_nope_head_dim", None) is not None:
@@ -53,18 +55,19 @@ def unsupported_features(config) -> list[str]:
     window = getattr(text, "sliding_window", None)
     # without layer_types, a window applies to every layer (Mistral), unless switched off (Qwen2)
     every_layer = not layer_types and window is not None and getattr(text, "use_sliding_window", True) is not False
-    if "sliding_attention" in layer_types:
-        missing.append(f"sliding-window attention on some layers (sliding_window={window})")
-    elif every_layer:  # where no sequence is longer than the window, the window changes nothing
-        missing.append(f"sliding-window attention (sliding_window={window}; config.sliding_window = None "
-                       f"gives the same results if no sequence exceeds {window} tokens)")
-    if "chunked_attention" in layer_types:
-        missing.append(f"chunked attention (attention_chunk_size={getattr(text, 'attention_chunk_size', None)})")
+    variants = []
+    if "sliding_attention" in layer_types or every_layer:
+        variants.append(f"sliding-window attention (sliding_window={window})")
     if getattr(text, "attn_logit_softcapping", None) is not None:
-        missing.append(f"logit softcapping (attn_logit_softcapping={text.attn_logit_softcapping})")
+        variants.append(f"logit softcapping (attn_logit_softcapping={text.attn_logit_softcapping})")
     model_type = getattr(text, "model_type", "")
     if model_type in SINK_MODEL_TYPES:
-        missing.append("attention sinks (a learned logit per head in every softmax)")
+        variants.append("attention sinks (a learned logit per head in every softmax)")
+    if variants and family == "sm90":
+        missing.append(f"{' and '.join(variants)}, which the sm90 prefill kernels lack (FLASHTUNE_PROFILE=h200-sm80 "
+                       "runs the sm80 family's, which have them, on an H100/H200)")
+    if "chunked_attention" in layer_types:
+        missing.append(f"chunked attention (attention_chunk_size={getattr(text, 'attention_chunk_size', None)})")
     if getattr(text, "alibi", False) or model_type in ALIBI_MODEL_TYPES:
         missing.append("ALiBi position biases")
     return missing
@@ -75,26 +78,34 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: (batch, heads, seqlen, head_dim) in,
     (batch, seqlen, heads, head_dim) out. GQA is handled by the kernel (no repeat_kv)."""
-    for unsupported in ("softcap", "s_aux"):
-        if kwargs.get(unsupported) is not None:
-            raise ValueError(f"flashtune attention does not support {unsupported}; use attn_implementation='sdpa'")
-    window = kwargs.get("sliding_window")
-    if window is not None and key.shape[2] > window:  # a window no longer than the sequence changes nothing
-        raise ValueError(f"flashtune attention has no sliding window ({window} < {key.shape[2]} keys); "
-                         "use attn_implementation='sdpa' for sequences longer than the window")
     if dropout and module.training:
         raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
+    extra = _variants(kwargs, k.shape[1])
     packed = _packed_sequences(q, k, attention_mask, kwargs)
     if packed is not None:
-        return _varlen(q, k, v, *packed, scaling, causal), None
+        return _varlen(q, k, v, *packed, scaling, causal, extra), None
     if attention_mask is None:
-        return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal), None
+        return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal, **extra), None
     if attention_mask.dim() != 2:
         raise ValueError(f"flashtune attention takes no {attention_mask.dim()}-D attention mask; it needs the "
                          "2-D padding mask that its registered mask function produces")
-    return _padded(q, k, v, attention_mask.bool(), scaling, causal), None
+    return _padded(q, k, v, attention_mask.bool(), scaling, causal, extra), None
+
+
+def _variants(kwargs, keys: int) -> dict:
+    """flash_attn's keyword arguments for the variants a layer asks for: transformers passes its
+    sliding_window (tokens, the query's own included), softcap, and s_aux (gpt-oss's sinks)."""
+    extra = {}
+    window = kwargs.get("sliding_window")
+    if window is not None and keys > window:  # a window no shorter than the keys changes nothing
+        extra["window_size"] = (window - 1, window - 1)  # as transformers' FlashAttention path: causal bounds the right
+    if kwargs.get("softcap"):
+        extra["softcap"] = kwargs["softcap"]
+    if kwargs.get("s_aux") is not None:
+        extra["sinks"] = kwargs["s_aux"]
+    return extra
 
 
 def _packed_sequences(q, k, attention_mask, kwargs) -> tuple | None:
@@ -145,10 +156,10 @@ def _sequences_of(position_ids: torch.Tensor) -> tuple | None:
     return answer
 
 
-def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scaling, causal: bool) -> torch.Tensor:
+def _varlen(q, k, v, cu_q, cu_k, max_q: int, max_k: int, scaling, causal: bool, extra: dict) -> torch.Tensor:
     """Packed sequences of one row: (1, total, heads, d) in and out."""
     out = ops.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, softmax_scale=scaling,
-                                     causal=causal)
+                                     causal=causal, **extra)
     return out[None]
 
 
@@ -187,7 +198,7 @@ def _host_reads_allowed() -> bool:
     return not torch.compiler.is_compiling() and checks.device_values_checked()
 
 
-def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tensor:
+def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) -> torch.Tensor:
     """A masked batch (key_mask's mask: padding, a static cache's unwritten positions). Few
     queries per row go to the decode kernels, which read each row's run of valid keys in place
     (first..last valid key; the queries are the last ones of the run, as in generation);
@@ -207,7 +218,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tens
              & (end - first >= q_len)).all())
         if one_run:
             scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-            return kvcache.padded_cache_decode(q, k, v, first, end, scale, causal)
+            return kvcache.padded_cache_decode(q, k, v, first, end, scale, causal, **extra)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence
     lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), kv_mask.sum(1, dtype=torch.int32)
     zero = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -215,7 +226,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool) -> torch.Tens
     cu_k = torch.cat([zero, lens_k.cumsum(0, dtype=torch.int32)])
     out_packed = ops.flash_attn_varlen_func(
         q[q_mask], k[kv_mask], v[kv_mask], cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
-        softmax_scale=scaling, causal=causal)
+        softmax_scale=scaling, causal=causal, **extra)
     out = q.new_zeros(batch, q_len, q.shape[2], q.shape[3])
     out[q_mask] = out_packed
     return out
@@ -229,11 +240,24 @@ def check_model(model) -> None:
     """Raise UnsupportedModelError, one line naming what is missing, if flashtune cannot serve
     every attention layer of `model` (a transformers PreTrainedModel or its config)."""
     config = getattr(model, "config", model)
-    missing = unsupported_features(config)
+    missing = unsupported_features(config, _active_family())
     if missing:
         name = type(model).__name__ if hasattr(model, "config") else getattr(config, "model_type", "this model")
         raise UnsupportedModelError(f"flashtune cannot serve {name}'s attention: it needs {' and '.join(missing)}; "
                                     "load it with attn_implementation='sdpa'")
+
+
+def _active_family() -> str | None:
+    """The kernel family of the profile this process's GPU uses, or None without a GPU (or a
+    profile that does not run on it, which the first call reports)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from flashtune.runtime.selection import active_profile
+
+        return active_profile().family
+    except ValueError:
+        return None
 
 
 def _checked_at_load(choose):

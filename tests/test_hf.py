@@ -4,6 +4,7 @@ causal alignment and padded batches through varlen - in real Llama/Qwen2/Mistral
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -15,23 +16,30 @@ from flashtune.runtime import kvcache, ops  # noqa: E402
 from flashtune.measure.reference import attention_reference, varlen_reference  # noqa: E402
 
 CALLS = []
+VARIANTS = []  # the variant arguments each call passed
 
 
 @pytest.fixture(autouse=True)
 def reference_kernels(monkeypatch):
     CALLS.clear()
+    VARIANTS.clear()
 
-    def dense(q, k, v, softmax_scale=None, causal=False):
+    def variants(kw):  # flash_attn's variant arguments, as the reference takes them
+        VARIANTS.append(dict(kw))
+        return kw.get("window_size", (-1, -1)), kw.get("softcap", 0.0), kw.get("sinks")
+
+    def dense(q, k, v, softmax_scale=None, causal=False, **kw):
         CALLS.append(("dense", q.shape, k.shape, causal))
-        return attention_reference(q, k, v, causal, softmax_scale)[0].to(q.dtype)
+        return attention_reference(q, k, v, causal, softmax_scale, *variants(kw))[0].to(q.dtype)
 
-    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False, **kw):
         CALLS.append(("varlen", cu_q.tolist(), cu_k.tolist(), causal))
-        return varlen_reference(q, k, v, cu_q, cu_k, causal, softmax_scale)[0].to(q.dtype)
+        return varlen_reference(q, k, v, cu_q, cu_k, causal, softmax_scale, *variants(kw))[0].to(q.dtype)
 
-    def padded_cache(q, k, v, first, end, scale, causal):
+    def padded_cache(q, k, v, first, end, scale, causal, **kw):
         CALLS.append(("leftpad", first.tolist(), tuple(q.shape), causal, end.tolist(), k.shape[1]))
-        rows = [attention_reference(q[b:b + 1], k[b:b + 1, f:e], v[b:b + 1, f:e], causal, scale)[0]
+        extra = variants(kw)
+        rows = [attention_reference(q[b:b + 1], k[b:b + 1, f:e], v[b:b + 1, f:e], causal, scale, *extra)[0]
                 for b, (f, e) in enumerate(zip(first.tolist(), end.tolist()))]
         return torch.cat(rows).to(q.dtype)
 
@@ -198,10 +206,6 @@ def test_continuous_batching_with_a_block_table_is_refused():
 def test_unsupported_features_are_refused():
     module = torch.nn.Module()
     q = torch.zeros(1, 4, 8, 64)
-    with pytest.raises(ValueError, match="softcap"):
-        hf.attention_forward(module, q, q, q, None, softcap=30.0)
-    with pytest.raises(ValueError, match="no sliding window"):
-        hf.attention_forward(module, q, q, q, None, sliding_window=4)
     module.train()
     with pytest.raises(ValueError, match="forward-only"):
         hf.attention_forward(module, q, q, q, None, dropout=0.1)
@@ -219,10 +223,6 @@ def _tiny(config_name: str, **fields):
 
 @pytest.mark.parametrize("config_name, fields, missing", [
     ("Phi3Config", dict(hidden_size=200, num_attention_heads=2), r"head dim 100 \(served: multiples of 8 from 32 to 256\)"),
-    ("MistralConfig", {}, r"sliding-window attention \(sliding_window=4096; config.sliding_window = None"),
-    ("Gemma2Config", dict(head_dim=64), r"sliding-window attention on some layers .* and logit softcapping"),
-    ("GptOssConfig", dict(head_dim=64, num_local_experts=2), "attention sinks"),
-    ("Qwen2Config", dict(use_sliding_window=True, sliding_window=64, max_window_layers=1), "sliding-window"),
     ("Llama4TextConfig", dict(head_dim=64, num_local_experts=2), "chunked attention"),
     ("DeepseekV3Config", dict(qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, n_routed_experts=2,
                               kv_lora_rank=32, q_lora_rank=32), r"a V head dim \(64\) that differs from Q/K's \(128\)"),
@@ -244,8 +244,51 @@ def test_models_flashtune_cannot_serve_fail_at_load(config_name, fields, missing
     ("LlamaConfig", {}), ("Qwen2Config", {}), ("Qwen3Config", dict(head_dim=128)),
     ("Phi3Config", dict(hidden_size=192, num_attention_heads=2)),  # head dim 96: computed at 128
     ("MistralConfig", dict(sliding_window=None)), ("Gemma3TextConfig", dict(head_dim=64, layer_types=["full_attention"] * 2)),
+    # the variants: in the decode kernels and the sm80 family's prefill (no GPU here: no sm90 profile to refuse them)
+    ("MistralConfig", {}), ("Gemma2Config", dict(head_dim=64)),
+    ("GptOssConfig", dict(head_dim=64, num_local_experts=2, num_experts_per_tok=2)),
 ])
 def test_models_flashtune_serves_load(config_name, fields):
     model = transformers.AutoModelForCausalLM.from_config(_tiny(config_name, **fields), attn_implementation=hf.NAME)
     assert model.config._attn_implementation == hf.NAME
     assert hf.unsupported_features(model.config) == []
+
+
+@pytest.mark.parametrize("config_name, fields, named", [
+    ("MistralConfig", {}, "sliding-window attention \\(sliding_window=4096\\)"),
+    ("Gemma2Config", dict(head_dim=64), "sliding-window attention .* and logit softcapping"),
+    ("GptOssConfig", dict(head_dim=64, num_local_experts=2), "attention sinks"),
+])
+def test_an_sm90_profile_refuses_the_variants_at_load(config_name, fields, named):
+    missing = hf.unsupported_features(_tiny(config_name, **fields), family="sm90")
+    assert len(missing) == 1 and re.search(named + ".*which the sm90 prefill kernels lack .*h200-sm80", missing[0])
+    assert hf.unsupported_features(_tiny(config_name, **fields), family="sm80") == []
+
+
+def _variant_pair(config_name: str, **fields):
+    config = _tiny(config_name, vocab_size=128, **fields)
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=hf.NAME).eval()
+    ours.load_state_dict(eager.state_dict())
+    return eager, ours
+
+
+@pytest.mark.parametrize("config_name, fields, wanted", [
+    ("MistralConfig", dict(sliding_window=8), {"window_size": (7, 7)}),
+    ("Gemma2Config", dict(head_dim=64, sliding_window=8, attn_logit_softcapping=20.0), {"softcap": 20.0}),
+    ("GptOssConfig", dict(head_dim=64, num_local_experts=2, num_experts_per_tok=2, sliding_window=8), {"sinks": None}),
+])
+def test_models_with_variants_match_eager_in_prefill_and_decode(config_name, fields, wanted):
+    """Mistral's window, Gemma 2's softcap and alternating windows, gpt-oss's sinks and windows:
+    transformers' arguments reach the kernels as flash_attn's (here the fp32 reference), in the
+    prefill and every decode step, and the model generates what eager does."""
+    eager, ours = _variant_pair(config_name, **fields)
+    ids = torch.randint(0, 128, (2, 20))
+    with torch.no_grad():
+        ref, got = eager(ids).logits, ours(ids).logits
+        torch.testing.assert_close(got, ref, atol=3e-4, rtol=3e-4)
+        assert torch.equal(ours.generate(ids, max_new_tokens=5, do_sample=False),
+                           eager.generate(ids, max_new_tokens=5, do_sample=False))
+    for key, value in wanted.items():
+        assert any(key in kw and (value is None or kw[key] == value) for kw in VARIANTS), VARIANTS

@@ -107,3 +107,34 @@ def test_packed_sequences_match_each_sequence_run_alone():
         packed = ours(torch.cat(parts, dim=1), position_ids=positions, use_cache=False).logits.float()
     agree = (alone.argmax(-1) == packed.argmax(-1)).float().mean().item()
     assert agree >= 0.99, agree
+
+
+@pytest.mark.parametrize("config_name, fields", [
+    ("MistralConfig", dict(sliding_window=128)),
+    ("Gemma2Config", dict(head_dim=128, sliding_window=128, attn_logit_softcapping=50.0)),
+    ("GptOssConfig", dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128)),
+])
+def test_models_with_windows_softcap_and_sinks_generate_like_eager(config_name, fields):
+    """Under an sm80-family profile (prefill variants: h200-sm80 on an H100/H200); the decode steps
+    take the decode kernels' variants."""
+    from flashtune import hf
+    from flashtune.runtime import ops
+    from flashtune.runtime.selection import active_profile
+
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+    if active_profile(torch.device("cuda")).family != "sm80":
+        pytest.skip("prefill variants are the sm80 family's: FLASHTUNE_PROFILE=h200-sm80")
+    config = getattr(transformers, config_name)(vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                                                num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                                pad_token_id=None, bos_token_id=None, eos_token_id=None, **fields)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", torch_dtype=torch.bfloat16)
+    ours = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
+    ref, ours = ref.cuda().eval(), ours.cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 1000, (2, 500), device="cuda")
+    with torch.no_grad():
+        agree = (ref(ids).logits.argmax(-1) == ours(ids).logits.argmax(-1)).float().mean().item()
+        same = (ref.generate(ids, max_new_tokens=16, do_sample=False) ==
+                ours.generate(ids, max_new_tokens=16, do_sample=False)).all(dim=1).sum().item()
+    assert agree >= 0.99 and same >= 1, (agree, same)

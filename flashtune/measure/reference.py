@@ -51,14 +51,15 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return out, lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
-def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None):
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, window=(-1, -1),
+                     softcap=0.0, sinks=None):
     """Packed (total, h, d) inputs -> (out fp32 (total_q, h, d), lse fp32 (h, total_q))."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs, lses = [], []
     for i in range(len(cq) - 1):
         qs, ks = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]]
         vs = v[ck[i]:ck[i + 1]]
-        o, l = attention_reference(qs[None], ks[None], vs[None], causal, softmax_scale)
+        o, l = attention_reference(qs[None], ks[None], vs[None], causal, softmax_scale, window, softcap, sinks)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

@@ -296,17 +296,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
-def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool):
+def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
+                        sinks=None):
     """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
     first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
     in place (any strides of multiples of 8 elements), the queries the last sq of them:
     transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
     checked again (no sync, and a CUDA graph can capture the call)."""
+    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks, q.shape[2])
     profile = active_profile(q.device)
-    spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None)
+    spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None,
+                       variants=variants)
     out, _ = run_decode(spec, q, k, v, seqused_k=end, leftpad_k=first, max_seqlen_q=q.shape[1], seqlen_k=k.shape[1],
                         softmax_scale=scale, num_splits=0, with_lse=False, poison=ops.poison_outputs,
-                        policy=profile.decode_split)
+                        policy=profile.decode_split, softcap=softcap, window=window, sinks=sinks)
     return out
 
 

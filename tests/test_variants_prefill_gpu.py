@@ -1,0 +1,89 @@
+"""The sm80 family's prefill kernels with the variants, on the GPU against the fp32 reference:
+sliding windows (blocks outside skipped), softcap and sinks, alone and together, causal and not,
+GQA, seqlen_q != seqlen_k, varlen, with the LSE. Runs under an sm80-family profile
+(FLASHTUNE_PROFILE=h200-sm80 on an H100/H200: the RTX cards' code path; an sm90 profile refuses
+the variants in prefill: tests/test_variants.py). Outputs start as NaN."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import flashtune  # noqa: E402
+from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference  # noqa: E402
+from flashtune.runtime import ops  # noqa: E402
+from flashtune.runtime.selection import active_profile  # noqa: E402
+
+DEV = "cuda"
+CASES = [  # (window, softcap, sinks)
+    ((255, 0), 0.0, False), ((100, 37), 0.0, False), ((-1, -1), 30.0, False), ((-1, -1), 0.0, True),
+    ((255, 0), 50.0, True),
+]
+
+
+@pytest.fixture(autouse=True)
+def sm80_family(monkeypatch):
+    monkeypatch.setattr(ops, "poison_outputs", True)
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+    if active_profile(torch.device(DEV)).family != "sm80":
+        pytest.skip("prefill variants are the sm80 family's: run with FLASHTUNE_PROFILE=h200-sm80")
+
+
+def randn(*shape, seed, dtype=torch.bfloat16):
+    return torch.randn(*shape, device=DEV, dtype=dtype, generator=torch.Generator(device=DEV).manual_seed(seed))
+
+
+@pytest.mark.parametrize("window,softcap,with_sinks", CASES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim,seqlen_q,seqlen_k", [(64, 700, 700), (128, 333, 1000), (256, 1000, 517)])
+def test_prefill_variants_match_the_reference(window, softcap, with_sinks, causal, hdim, seqlen_q, seqlen_k):
+    if causal and window[1] > 0:
+        window = (window[0], 0)  # causal already bounds the right side
+    q = randn(2, seqlen_q, 8, hdim, seed=1)
+    k, v = randn(2, seqlen_k, 2, hdim, seed=2), randn(2, seqlen_k, 2, hdim, seed=3)
+    sinks = 2 * randn(8, seed=4, dtype=torch.float32) if with_sinks else None
+    out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sinks=sinks,
+                                         return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal, None, window, softcap, sinks)
+    assert not torch.isnan(out).any()
+    assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(q.dtype).float(), ref) + 1e-6
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~finite)
+    assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3
+
+
+def test_varlen_with_a_window_and_sinks():
+    lens_q, lens_k = [7, 0, 300, 513], [9, 4, 300, 900]
+    cu_q = torch.tensor([0, 7, 7, 307, 820], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0, 9, 13, 313, 1213], dtype=torch.int32, device=DEV)
+    q, k, v = randn(820, 8, 128, seed=5), randn(1213, 2, 128, seed=6), randn(1213, 2, 128, seed=7)
+    sinks = randn(8, seed=8, dtype=torch.float32)
+    out = flashtune.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                           window_size=(64, 0), sinks=sinks)
+    for i in range(4):
+        a, b, c, d = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        if b == a:
+            continue
+        ref, _ = attention_reference(q[a:b][None], k[c:d][None], v[c:d][None], True, None, (64, 0), 0.0, sinks)
+        assert rel_l2(out[a:b][None], ref) <= 3 * rel_l2(ref.to(q.dtype).float(), ref) + 1e-6
+
+
+def test_a_window_skips_the_blocks_outside_it():
+    """A 512-key window over 16k keys: the kernel's time near 512 keys' worth, not 16k's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q = k = v = randn(1, 16384, 8, 128, seed=9)
+
+    def kernel_us(**kw):
+        flashtune.flash_attn_func(q, k, v, causal=True, **kw)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            flashtune.flash_attn_func(q, k, v, causal=True, **kw)
+            torch.cuda.synchronize()
+        return sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA")
+
+    assert kernel_us(window_size=(511, 0)) < 0.15 * kernel_us()
+
