@@ -30,16 +30,14 @@ from flashtune.runtime.selection import DECODE_MAX_SEQLEN_Q
 NAME = "ftune"  # no "flash" in it: see the module docstring
 
 # Models whose attention adds what flashtune's kernels lack, told by their config's model_type
-# where no config field says it: a learned sink logit per head (gpt-oss), ALiBi biases (BLOOM, MPT).
-SINK_MODEL_TYPES = ("gpt_oss",)
+# where no config field says it: ALiBi biases (BLOOM, MPT).
 ALIBI_MODEL_TYPES = ("bloom", "mpt")
 
 
-def unsupported_features(config, family: str | None = None) -> list[str]:
+def unsupported_features(config) -> list[str]:
     """What a model's config asks of its attention that flashtune's kernels lack, one phrase each;
     empty when flashtune can serve every layer. Checked when the model is loaded with "ftune".
-    `family`: the kernel family of the profile that will run it, when known: sliding windows,
-    softcap and sinks are in the decode kernels and the sm80 family's prefill, not yet in sm90's."""
+    Sliding windows, softcap and sinks are served (every kernel family has them)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     missing = []
     if getattr(text, "v_head_dim", None) is not None and getattr(text, "qk_nope_head_dim", None) is not None:
@@ -52,20 +50,7 @@ def unsupported_features(config, family: str | None = None) -> list[str]:
         if head_dim is not None and computed_head_dim(head_dim) is None:
             missing.append(f"head dim {head_dim} (served: multiples of 8 from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})")
     layer_types = set(getattr(text, "layer_types", None) or ())
-    window = getattr(text, "sliding_window", None)
-    # without layer_types, a window applies to every layer (Mistral), unless switched off (Qwen2)
-    every_layer = not layer_types and window is not None and getattr(text, "use_sliding_window", True) is not False
-    variants = []
-    if "sliding_attention" in layer_types or every_layer:
-        variants.append(f"sliding-window attention (sliding_window={window})")
-    if getattr(text, "attn_logit_softcapping", None) is not None:
-        variants.append(f"logit softcapping (attn_logit_softcapping={text.attn_logit_softcapping})")
     model_type = getattr(text, "model_type", "")
-    if model_type in SINK_MODEL_TYPES:
-        variants.append("attention sinks (a learned logit per head in every softmax)")
-    if variants and family == "sm90":
-        missing.append(f"{' and '.join(variants)}, which the sm90 prefill kernels lack (FLASHTUNE_PROFILE=h200-sm80 "
-                       "runs the sm80 family's, which have them, on an H100/H200)")
     if "chunked_attention" in layer_types:
         missing.append(f"chunked attention (attention_chunk_size={getattr(text, 'attention_chunk_size', None)})")
     if getattr(text, "alibi", False) or model_type in ALIBI_MODEL_TYPES:
@@ -240,24 +225,11 @@ def check_model(model) -> None:
     """Raise UnsupportedModelError, one line naming what is missing, if flashtune cannot serve
     every attention layer of `model` (a transformers PreTrainedModel or its config)."""
     config = getattr(model, "config", model)
-    missing = unsupported_features(config, _active_family())
+    missing = unsupported_features(config)
     if missing:
         name = type(model).__name__ if hasattr(model, "config") else getattr(config, "model_type", "this model")
         raise UnsupportedModelError(f"flashtune cannot serve {name}'s attention: it needs {' and '.join(missing)}; "
                                     "load it with attn_implementation='sdpa'")
-
-
-def _active_family() -> str | None:
-    """The kernel family of the profile this process's GPU uses, or None without a GPU (or a
-    profile that does not run on it, which the first call reports)."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        from flashtune.runtime.selection import active_profile
-
-        return active_profile().family
-    except ValueError:
-        return None
 
 
 def _checked_at_load(choose):

@@ -244,7 +244,7 @@ def test_models_flashtune_cannot_serve_fail_at_load(config_name, fields, missing
     ("LlamaConfig", {}), ("Qwen2Config", {}), ("Qwen3Config", dict(head_dim=128)),
     ("Phi3Config", dict(hidden_size=192, num_attention_heads=2)),  # head dim 96: computed at 128
     ("MistralConfig", dict(sliding_window=None)), ("Gemma3TextConfig", dict(head_dim=64, layer_types=["full_attention"] * 2)),
-    # the variants: in the decode kernels and the sm80 family's prefill (no GPU here: no sm90 profile to refuse them)
+    # the variants: every kernel family has sliding windows, softcap and sinks
     ("MistralConfig", {}), ("Gemma2Config", dict(head_dim=64)),
     ("GptOssConfig", dict(head_dim=64, num_local_experts=2, num_experts_per_tok=2)),
 ])
@@ -252,17 +252,6 @@ def test_models_flashtune_serves_load(config_name, fields):
     model = transformers.AutoModelForCausalLM.from_config(_tiny(config_name, **fields), attn_implementation=hf.NAME)
     assert model.config._attn_implementation == hf.NAME
     assert hf.unsupported_features(model.config) == []
-
-
-@pytest.mark.parametrize("config_name, fields, named", [
-    ("MistralConfig", {}, "sliding-window attention \\(sliding_window=4096\\)"),
-    ("Gemma2Config", dict(head_dim=64), "sliding-window attention .* and logit softcapping"),
-    ("GptOssConfig", dict(head_dim=64, num_local_experts=2), "attention sinks"),
-])
-def test_an_sm90_profile_refuses_the_variants_at_load(config_name, fields, named):
-    missing = hf.unsupported_features(_tiny(config_name, **fields), family="sm90")
-    assert len(missing) == 1 and re.search(named + ".*which the sm90 prefill kernels lack .*h200-sm80", missing[0])
-    assert hf.unsupported_features(_tiny(config_name, **fields), family="sm80") == []
 
 
 def _variant_pair(config_name: str, **fields):

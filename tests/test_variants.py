@@ -76,15 +76,17 @@ def test_variant_arguments_are_checked(overrides, message):
         call_kv(**overrides)
 
 
-def test_prefill_variants_are_the_sm80_familys_and_every_decode_kernels():
+def test_every_kernel_family_has_the_variants():
     from flashtune.kernels.profiles import find_profile
     from flashtune.runtime.selection import kernel_for, select_spec
 
     every = (True, True, True)
     spec = select_spec(find_profile("rtx4090"), BF16, 128, True, 4096, 4096, variants=every)
     assert spec.name.endswith("_c_softcap_swa_sinks_sm89") and "flashtune::Variants{true, true, true}" in spec.source()
-    with pytest.raises(flashtune.FlashtuneInputError, match="sm90 family\\) have no softcap or a sliding window or sinks"):
-        select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096, variants=every)
+    sm90 = select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096, variants=(False, True, False))
+    assert sm90.name.endswith("_c_swa_sm90a") and "KernelSchedule, flashtune::Variants{false, true, false}>" in sm90.source()
+    plain = select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096)
+    assert "KernelSchedule>;" in plain.source()  # the plain kernel's source as before
     # queries of at most 16 rows: the decode kernels, which have the variants under an sm90 profile too
     decode = kernel_for(find_profile("h200"), BF16, 128, True, 4, 4096, 4, variants=(False, True, True))
     assert decode.name.endswith("_c_swa_sinks_sm90a")

@@ -49,7 +49,7 @@ struct Epilogue {
   // scale from scores to the LSE's natural-log domain.
   __device__ __forceinline__ void store(int q_done, const float (&acc_o)[T::kORegs], const float (&sum)[2],
                                         const float (&mx)[2], float lse_scale) {
-    const Tile& tile = Pipeline<T>::shared().tile_info[q_done % Pipeline<T>::kTileSlots];
+    const Tile<T>& tile = Pipeline<T>::shared().tile_info[q_done % Pipeline<T>::kTileSlots];
     const int lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int rows_end = tile.seqlen_q;  // rows below it are stored
     const int m0 = tile.m_block * BM;
@@ -71,7 +71,14 @@ struct Epilogue {
       l += __shfl_xor_sync(0xffffffff, l, 2);
       // A row that saw no key: O = 0, LSE = +inf. l >= 1 otherwise (its maximum's own term), so
       // the approximate reciprocal is within 2 ulp and has no slow path to branch around.
-      const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
+      float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
+      float lse_sink = 0.f;
+      if constexpr (T::kSinks) {  // the head's sink logit joins the sum (LSE = its sink if no key)
+        const float sink = p.sinks[tile.head];
+        const float lse_keys = l > 0.f ? __fmaf_rn(mx[r], lse_scale, logf(l)) : -INFINITY;
+        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        inv = l > 0.f ? expf(lse_keys - lse_sink) / l : 0.f;
+      }
       inv_of[r] = inv;
       const int row = m0 + row_in_tile + 8 * r;
       if (!tma_store) {
@@ -100,7 +107,7 @@ struct Epilogue {
       }
       if (row >= rows_end) continue;
       if (p.lse != nullptr && t == 0)
-        p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] = row_lse(mx[r], lse_scale, l);
+        p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] = T::kSinks ? lse_sink : row_lse(mx[r], lse_scale, l);
     }
     if (tma_store) {
       // Into sO's 128B-swizzled 64-column panels (16-byte chunk c of a row r at c ^ (r % 8)):

@@ -60,11 +60,16 @@ __device__ __forceinline__ void consume(const FwdParams& p, const TmaMaps& maps,
     if (n_blocks < 0) break;
     ml.q_base = smem_u32(smem.q + q_buf * T::kQBytes) + cw * 64 * T::kQKRowBytes;
     {
-      const Tile& tile = pipe.tile_info[q_iter % pipe.kTileSlots];
+      const Tile<T>& tile = pipe.tile_info[q_iter % pipe.kTileSlots];
       ml.softmax.m_row0 = tile.m_block * T::kBlockM;
       ml.softmax.seqlen_k = tile.seqlen_k;
       ml.softmax.causal_shift = tile.seqlen_k - tile.seqlen_q;
       ml.softmax.scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
+      if constexpr (T::kWindow) {
+        ml.softmax.block0 = tile.block0;
+        ml.softmax.window_left = p.window_left, ml.softmax.window_right = p.window_right;
+      }
+      if constexpr (T::kSoftcap) ml.softmax.softcap_in = p.softcap_in, ml.softmax.softcap_out = p.softcap_out;
       if (T::kFp8Qk) {  // S = (q . k) x q_descale x k_descale: folded into the softmax scale
         const int64_t at = int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head;
         const float descale = p.q_descale[at] * p.k_descale[at];
@@ -142,7 +147,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const TmaMaps& maps
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SmemTiles<T> smem(smem_raw);
   if constexpr (!T::kPersistent) {  // one tile per CTA, tile blockIdx.x: a CTA without rows leaves now
-    Tile tile;
+    Tile<T> tile;
     if (!tile_at<T>(p, blockIdx.x, tile)) return;
   }
   if (threadIdx.x == 0) Pipeline<T>::shared().init();

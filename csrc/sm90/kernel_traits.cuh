@@ -3,6 +3,7 @@
 // Python side mirrors the sizes in flashtune/kernels/tiles.py and the schedule's defaults and rules in
 // flashtune/kernels/schedule.py; the static_asserts here hold both to the kernel.
 #pragma once
+#include "common/variants.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -29,9 +30,12 @@ namespace sm90 {
 
 // Elem: V, P and O (16-bit). Fp8Qk: Q and K are e4m3 and S = Q K^T runs on FP8 wgmma (k32).
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
-          class Schedule_>
+          class Schedule_, Variants kVariants_ = Variants{}>
 struct Traits {
   using Elem = Elem_;
+  static constexpr bool kSoftcap = kVariants_.softcap;  // common/variants.h
+  static constexpr bool kWindow = kVariants_.window;
+  static constexpr bool kSinks = kVariants_.sinks;
   using Schedule = Schedule_;
   using QKElem = std::conditional_t<kFp8Qk_, __nv_fp8_e4m3, Elem>;
   static constexpr bool kFp8Qk = kFp8Qk_;

@@ -29,7 +29,7 @@ struct Pipeline {
   static constexpr int kTileSlots = T::kQBuffers + 1;
   uint64_t bar_q[T::kQBuffers], q_empty[T::kQBuffers];
   uint64_t full_k[T::kStages], empty_k[T::kStages], full_v[T::kStages], empty_v[T::kStages];
-  Tile tile_info[kTileSlots];
+  Tile<T> tile_info[kTileSlots];
 
   // The CTA's one instance. Every part asks for it here rather than holding a reference: then each
   // access is plainly to shared memory (a reference kept in a struct lost that, and its generic
@@ -81,7 +81,7 @@ __device__ __forceinline__ void produce(const FwdParams& p, const TmaMaps& maps,
   TileScheduler<T> scheduler{p};
   int kv_iter = 0;
   for (int q_iter = 0;; ++q_iter) {
-    Tile tile;
+    Tile<T> tile;
     const int buf = q_iter % T::kQBuffers;  // Q buffer, used for the (q_iter / kQBuffers)-th time
     const bool have = scheduler.get(tile);
     if constexpr (T::kPersistent) {  // free once the consumers released its last use (and this tile's slot)
@@ -98,10 +98,10 @@ __device__ __forceinline__ void produce(const FwdParams& p, const TmaMaps& maps,
     for (int c = 0; c < T::kQKPanels; ++c)
       tma_load_4d(smem.q + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &pipe.bar_q[buf], T::kQKBoxCols * c,
                   tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
-    const Tile& cur = pipe.tile_info[q_iter % pipe.kTileSlots];  // read back: the producer has 40 registers or fewer
+    const Tile<T>& cur = pipe.tile_info[q_iter % pipe.kTileSlots];  // read back: the producer has 40 registers or fewer
     for (int j = 0; j < cur.n_blocks; ++j, ++kv_iter) {
       const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
-      const int row = cur.k_row0 + j * BN;
+      const int row = cur.k_row0 + (first_block<T>(cur) + j) * BN;
       unsigned char* k_tile = smem.k + stage * T::kKBytes;
       unsigned char* v_tile = smem.v + stage * T::kVBytes;
       if (kv_iter >= T::kStages) mbarrier_wait(&pipe.empty_k[stage], free_phase);

@@ -24,6 +24,10 @@ struct OnlineSoftmax {
   // visible to row i iff j <= i + causal_shift); the scale from scores to exp2's domain.
   int m_row0 = 0, seqlen_k = 0, causal_shift = 0;
   float scale_log2 = 0.f;
+  int block0 = 0;  // the tile's first block (a window); block j of the tile is block0 + j of the keys
+  // The variants' values (common/variants.h), set per CTA where the kernel has the variant.
+  float softcap_in = 0.f, softcap_out = 0.f;
+  int window_left = -1, window_right = -1;
   int row_in_tile = 0, t = 0;  // this thread's first row in the tile; its column pair in a quad
 
   __device__ __forceinline__ void start() {
@@ -35,20 +39,38 @@ struct OnlineSoftmax {
   // diagonal. Per row, how many of the columns from this thread's first one on are visible;
   // accumulator i sits at the constant offset 8 (i / 4) + i % 2 from it: one compare and one
   // select per element.
+  // With a window, also the blocks that cross a row's window edge: columns before the row's first
+  // visible key too (a second compare per element). With a softcap, the scores are capped first.
   __device__ __forceinline__ void mask(float (&acc_s)[T::kSRegs], int j) const {
-    const int key0 = j * BN;
+    if constexpr (T::kSoftcap) {
+#pragma unroll
+      for (int i = 0; i < T::kSRegs; ++i) acc_s[i] = softcap_out * fast_tanh(acc_s[i] * softcap_in);
+    }
+    const int key0 = ((T::kWindow ? block0 : 0) + j) * BN;
     const bool tail = key0 + BN > seqlen_k;
     const bool diagonal = T::kCausal && key0 + BN - 1 > m_row0 + causal_shift;
-    if (tail || diagonal) {
-      int visible[2];
+    bool edge = false;
+    if constexpr (T::kWindow)
+      edge = (window_left >= 0 && key0 < m_row0 + T::kBlockM - 1 + causal_shift - window_left) ||
+             (window_right >= 0 && key0 + BN - 1 > m_row0 + causal_shift + window_right);
+    if (tail || diagonal || edge) {
+      int visible[2], first[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = m_row0 + row_in_tile + 8 * r;
-        visible[r] = (T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k) - (key0 + 2 * t);
+        int end = T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k;
+        first[r] = 0;
+        if constexpr (T::kWindow) {
+          if (window_right >= 0) end = min(end, row + causal_shift + window_right + 1);
+          if (window_left >= 0) first[r] = row + causal_shift - window_left - (key0 + 2 * t);
+        }
+        visible[r] = end - (key0 + 2 * t);
       }
 #pragma unroll
-      for (int i = 0; i < T::kSRegs; ++i)
-        if (8 * (i >> 2) + (i & 1) >= visible[(i >> 1) & 1]) acc_s[i] = -INFINITY;
+      for (int i = 0; i < T::kSRegs; ++i) {
+        const int offset = 8 * (i >> 2) + (i & 1);
+        if (offset >= visible[(i >> 1) & 1] || (T::kWindow && offset < first[(i >> 1) & 1])) acc_s[i] = -INFINITY;
+      }
     }
   }
 

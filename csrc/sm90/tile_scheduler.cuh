@@ -4,22 +4,38 @@
 // cost) and leaving that counter at 0 for the next launch. Only the producer thread calls it; it
 // waits on no barrier and arrives at none (the counter is global memory, by atomics).
 #pragma once
+#include <type_traits>
+
 #include "common/params.h"
 
 namespace flashtune {
 namespace sm90 {
 
-// One work tile: BM query rows of one head of one sequence, and the K/V blocks they see.
-struct Tile {
+// One work tile: BM query rows of one head of one sequence, and the K/V blocks they see. With a
+// window its blocks start at block0, the first any of its rows sees (a field only such kernels
+// have: the tiles the consumers read from shared memory keep their size in every other kernel).
+struct TileBase {
   int m_block, head, batch, kv_head;
   int seqlen_q, seqlen_k, q_row0, k_row0, tma_batch;
   int n_blocks;  // K/V blocks of BN keys this tile reads (0: every row is masked out; -1: no more tiles)
 };
+struct WindowTile : TileBase {
+  int block0;
+};
+template <class T>
+using Tile = std::conditional_t<T::kWindow, WindowTile, TileBase>;
+
+// The tile's first K/V block: block0 with a window, else 0.
+template <class T>
+__device__ __forceinline__ int first_block(const Tile<T>& tile) {
+  if constexpr (T::kWindow) return tile.block0;
+  else return 0;
+}
 
 // The tile of m-block m_block of one head of one sequence. Returns false for an m-block past the
 // sequence's end (varlen: a sequence shorter than the tile's first row); the fields are set anyway.
 template <class T>
-__device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int head, int batch, Tile& tile) {
+__device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int head, int batch, Tile<T>& tile) {
   tile.m_block = m_block;
   tile.head = head;
   tile.batch = batch;
@@ -38,6 +54,17 @@ __device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int hea
     const int last_visible = (tile.m_block + 1) * T::kBlockM - 1 + tile.seqlen_k - tile.seqlen_q;
     tile.n_blocks = min(tile.n_blocks, last_visible < 0 ? 0 : last_visible / T::kBlockN + 1);
   }
+  if constexpr (T::kWindow) {
+    tile.block0 = 0;  // blocks past the last row's window end and before the first row's start: skipped
+    const int shift = tile.seqlen_k - tile.seqlen_q;
+    if (p.window_right >= 0) {
+      const int last_visible = (tile.m_block + 1) * T::kBlockM - 1 + shift + p.window_right;
+      tile.n_blocks = min(tile.n_blocks, last_visible < 0 ? 0 : last_visible / T::kBlockN + 1);
+    }
+    if (p.window_left >= 0)
+      tile.block0 = min(tile.n_blocks, max(0, tile.m_block * T::kBlockM + shift - p.window_left) / T::kBlockN);
+    tile.n_blocks -= tile.block0;
+  }
   return tile.m_block * T::kBlockM < tile.seqlen_q;
 }
 
@@ -45,7 +72,7 @@ __device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int hea
 // and share its K/V in L2), the heaviest causal rows first. Returns false for a varlen
 // sequence shorter than the tile's first row (the tile has no rows).
 template <class T>
-__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile& tile) {
+__device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile<T>& tile) {
   const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   return tile_of<T>(p, num_m - 1 - t % num_m, (t / num_m) % p.heads_q, t / num_m / p.heads_q, tile);
 }
@@ -66,7 +93,7 @@ struct TileScheduler {
 
   // The current tile, or the next one with rows, into `tile` (false once there is none): varlen
   // tiles past their sequence's end are skipped here, so no CTA waits for one.
-  __device__ __forceinline__ bool get(Tile& tile) {
+  __device__ __forceinline__ bool get(Tile<T>& tile) {
     if constexpr (!T::kPersistent) {
       tile_at<T>(p, t, tile);  // valid: the kernel's entry checked it
       return true;

@@ -98,12 +98,6 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(
             f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
             "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
-    if any(variants) and profile.family == "sm90":
-        names = [n for n, on in zip(("softcap", "a sliding window", "sinks"), variants) if on]
-        raise FlashtuneInputError(
-            f"profile {profile.name}'s kernels (the sm90 family) have no {' or '.join(names)} yet; the sm80 family's "
-            "do: use_profile('h200-sm80') (or FLASHTUNE_PROFILE=h200-sm80) on an H100/H200, and the decode "
-            "kernels (queries of at most 16 rows) have them under every profile")
     built = computed_head_dim(hdim)
     if built is None or built not in profile.head_dims:
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} (its kernels: head dims "
@@ -141,7 +135,7 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
     (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
-    `variants`: (softcap, window, sinks), which every decode kernel and the sm80 family have."""
+    `variants`: (softcap, window, sinks), which every kernel family has."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
     spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
                        variants=(False,) * 3 if decode else variants)
