@@ -147,6 +147,13 @@ def test_profiles_list_json():
     assert names == ["a100", "h100", "h200", "h200-sm80", "l40s", "rtx3090", "rtx4090", "rtx5090"]
 
 
+def test_profiles_show_says_which_fp8_recipes_a_profile_builds():
+    assert "FP8: Q and K in e4m3 (prefill twins" in run("profiles", "show", "rtx4090").output
+    h200 = " ".join(run("profiles", "show", "h200").output.split())
+    assert "Q and K in e4m3" in h200 and "an e4m3 KV cache (decode twins" in h200
+    assert "FP8: none" in run("profiles", "show", "a100").output
+
+
 def test_profiles_show():
     result = run("profiles", "show", "rtx4090")
     assert result.exit_code == 0

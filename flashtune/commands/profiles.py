@@ -125,13 +125,23 @@ def render_list(profiles: list[Profile], console: Console) -> None:
     console.print("Details: flashtune profiles show NAME")
 
 
+def fp8_recipes(profile: Profile) -> str:
+    """The FP8 recipes a profile builds, in words."""
+    recipes = []
+    if profile.fp8_qk:
+        recipes.append("Q and K in e4m3 (prefill twins: S = Q K^T on FP8 tensor cores, P V 16-bit)")
+    if profile.fp8_kv:
+        recipes.append("an e4m3 KV cache (decode twins: K and V read as e4m3, computed in 16 bits)")
+    return "; ".join(recipes) if recipes else "none"
+
+
 def render_details(profile: Profile, console: Console) -> None:
     data = details(profile)
     arch = profile.arch
     console.print(f"[bold]{escape(profile.name)}[/]  {escape(profile.description)}")
     console.print(f"file: {escape(str(profile.path))}")
     console.print(f"family {profile.family} on {arch.name}; matches: {escape(_match_text(profile))}")
-    console.print(f"dtypes: {', '.join(profile.dtypes)}; fp8: {profile.fp8 or 'no'}; "
+    console.print(f"dtypes: {', '.join(profile.dtypes)}; FP8: {fp8_recipes(profile)}; "
                   f"nvcc flags: {' '.join(profile.nvcc_flags) or 'none'}")
     console.print(f"{arch.name} limits: {human_bytes(arch.max_smem_per_block)} shared memory per block, "
                   f"{human_bytes(arch.smem_per_sm)} per SM, {arch.max_threads_per_sm} threads per SM")
