@@ -92,3 +92,35 @@ def test_profiles_build_fp8_cache_kernels_only_when_asked(tmp_path):
     with pytest.raises(ProfileError, match="fp8.kv.*e5m2"):
         from flashtune.kernels.profiles import load_profile
         load_profile(bad)
+
+
+def test_k_smoothing_is_exact_for_the_output_and_the_lse_is_put_back():
+    """K's mean over the tokens subtracted before quantisation shifts each row's scores by a
+    constant: the softmax (so O) is unchanged, the LSE moves by scale * q.mean, which
+    lse_unsmoothed adds back."""
+    from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = fp8_floor.inputs("activations", 2, 50, 70, 8, 2, 64, torch.float32, "cpu", g)
+    q8, k8, q_descale, k_descale, k_mean = fp8_operands(q, k, None, None, True, k_smoothing=True)
+    assert k_mean.shape == (2, 2, 64) and torch.allclose(k_mean, k.mean(dim=1))
+    assert k8.dtype == E4M3 and fp8_operands(q, k, None, None, True)[4] is None  # off unless asked
+    smoothed = k - k_mean[:, None]
+    out, lse = attention_reference(q, smoothed, v, True)
+    ref_out, ref_lse = attention_reference(q, k, v, True)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_unsmoothed(lse, q, k_mean, 1 / 8), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_k_smoothing_is_a_profile_option(tmp_path):
+    from flashtune.kernels.profiles import load_profile
+
+    base = find_profile("h200").path.read_text()
+    assert not find_profile("h200").k_smoothing
+    on = tmp_path / "smooth.yaml"
+    on.write_text(base.replace("  kv: e4m3", "  kv: e4m3\n  k_smoothing: true"))
+    assert load_profile(on).k_smoothing
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base.replace("  kv: e4m3", "  kv: e4m3\n  k_smoothing: maybe"))
+    with pytest.raises(ProfileError, match="k_smoothing"):
+        load_profile(bad)

@@ -163,7 +163,7 @@ def test_fp8_on_sm89_loads_and_shrinks_smem(tmp_path):
 
 
 def test_fp8_unknown_format(tmp_path):
-    assert "fp8.qk: unknown format 'e5m3'; allowed: e4m3" in broken(tmp_path, lambda d: d.update(fp8={"qk": "e5m3"}))
+    assert "fp8.qk: unknown value 'e5m3'; allowed: e4m3" in broken(tmp_path, lambda d: d.update(fp8={"qk": "e5m3"}))
 
 
 def test_overlapping_buckets(tmp_path):

@@ -23,7 +23,10 @@ from flashtune.kernels.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_o
 from flashtune.kernels.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
-FP8_FORMATS = {"qk": ("e4m3",), "kv": ("e4m3",)}  # kv: decode kernels for an e4m3 KV cache
+# qk: the prefill kernels' FP8 Q/K twins; kv: decode kernels for an e4m3 KV cache; k_smoothing: qk_fp8
+# quantisation subtracts K's mean over the tokens first (exact for softmax; cuts the error where keys
+# have offset channels, as LLM keys do)
+FP8_FORMATS = {"qk": ("e4m3",), "kv": ("e4m3",), "k_smoothing": (True, False)}
 
 
 def how_to_write() -> str:
@@ -105,6 +108,11 @@ class Profile:
     @property
     def fp8_qk(self) -> bool:
         return bool(self.fp8 and self.fp8.get("qk"))
+
+    @property
+    def k_smoothing(self) -> bool:
+        """Whether qk_fp8 quantisation subtracts K's mean over the tokens first (`fp8: {k_smoothing: true}`)."""
+        return bool(self.fp8 and self.fp8.get("k_smoothing"))
 
     @property
     def fp8_kv(self) -> bool:
@@ -349,7 +357,7 @@ class _Validator:
         self.check_keys(value, "fp8", (*FP8_FORMATS, "configs"))
         for key, formats in FP8_FORMATS.items():
             if key in value and value[key] not in formats:
-                raise self.fail(f"fp8.{key}", f"unknown format {value[key]!r}", ", ".join(formats))
+                raise self.fail(f"fp8.{key}", f"unknown value {value[key]!r}", ", ".join(map(str, formats)).lower())
         if not arch.fp8:
             raise self.fail("fp8", f"{arch.name} has no FP8 tensor cores",
                             "fp8: null on sm_80/sm_86; FP8 on sm_89, sm_90a, sm_100a, sm_120")

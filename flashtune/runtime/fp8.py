@@ -10,17 +10,34 @@ from flashtune.runtime.checks import FP8, FlashtuneInputError
 FP8_MAX = 448.0  # the largest finite e4m3 value
 
 
-def fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool):
-    """(q, k, q_descale, k_descale) as the kernel takes them (arguments already checked): e4m3
-    q/k with contiguous float32 (batch, heads_kv) descales, or 16-bit q/k with none."""
+def fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool, k_smoothing: bool = False):
+    """(q, k, q_descale, k_descale, k_mean) as the kernel takes them (arguments already checked):
+    e4m3 q/k with contiguous float32 (batch, heads_kv) descales, or 16-bit q/k with none; k_mean
+    (batch, heads_kv, d) float32 when qk_fp8 quantised K smoothed (lse_unsmoothed puts it back in
+    the LSE), else None."""
     if q.dtype != FP8:
-        return quantise_qk(q, k, k.shape[2]) if qk_fp8 else (q, k, None, None)
+        if not qk_fp8:
+            return q, k, None, None, None
+        k_mean = None
+        if k_smoothing and k.shape[1]:
+            k_mean = k.float().mean(dim=1)  # (batch, heads_kv, d)
+            k = (k.float() - k_mean[:, None]).to(k.dtype)
+        return (*quantise_qk(q, k, k.shape[2]), k_mean)
 
     def ones():  # FlashAttention-3's default: no descaling
         return torch.ones(q.shape[0], k.shape[2], dtype=torch.float32, device=q.device)
 
     return (q, k, ones() if q_descale is None else q_descale.contiguous(),
-            ones() if k_descale is None else k_descale.contiguous())
+            ones() if k_descale is None else k_descale.contiguous(), None)
+
+
+def lse_unsmoothed(lse: torch.Tensor, q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Tensor:
+    """The LSE of the original keys from the LSE of the smoothed ones: smoothing shifted each row's
+    scores by -scale * q.mean (the output is unchanged, the LSE moves by that much). lse: (batch,
+    heads, seqlen_q); q: 16-bit (batch, seqlen_q, heads, d); k_mean: (batch, heads_kv, d)."""
+    ratio = q.shape[2] // k_mean.shape[1]
+    shift = torch.einsum("bshd,bhd->bhs", q.float(), k_mean.repeat_interleave(ratio, dim=1))
+    return lse + scale * shift
 
 
 def quantise_qk(q: torch.Tensor, k: torch.Tensor, heads_kv: int):

@@ -16,7 +16,7 @@ from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, check_cu_seqlens, check_devices, check_fp8_args,
                                       check_tensors, check_unsupported, check_variants, fail, scale_for)
-from flashtune.runtime.fp8 import fp8_operands, quantise_qk
+from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
 
@@ -152,9 +152,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     scale = scale_for(softmax_scale, q.shape[-1])
     check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
     check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=sinks)
-    q, k, q_descale, k_descale = fp8_operands(q, k, q_descale, k_descale, qk_fp8)
+    # Smoothing shifts every key score of a row by one constant: exact for the softmax, not under a
+    # softcap (tanh of shifted scores) or beside a sink (whose logit does not move).
+    smoothing = qk_fp8 and not softcap and sinks is None and active_profile(q.device).k_smoothing
+    q16 = q
+    q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
                         return_lse or return_attn_probs, softcap, *window, sinks)
+    if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
+        lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
