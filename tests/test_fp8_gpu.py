@@ -126,3 +126,17 @@ def test_k_smoothing_cuts_the_error_on_keys_with_offset_channels(fp8_profile, tm
         ops.use_profile(fp8_profile)
     assert rel_l2(out, ref) < 0.8 * rel_l2(plain_out, ref), (rel_l2(out, ref), rel_l2(plain_out, ref))
     assert (lse - ref_lse).abs().max() < 0.05
+
+
+def test_fp8_qk_with_softcap_caps_the_true_scores(fp8_profile):
+    """qk_fp8 quantises with descales far from 1; the cap must apply to the dequantised scores."""
+    import flashtune.runtime.ops as ops
+    from flashtune.measure.reference import attention_reference, rel_l2
+
+    q, k, v = _inputs(2, 300, 300, 8, 2, 128)
+    out = ops.flash_attn_func(q, k, v, causal=True, qk_fp8=True, softcap=5.0)
+    q8, k8, qd, kd = ops.quantise_qk(q, k, 2)
+    qq = q8.float() * qd.repeat_interleave(4, dim=1)[:, None, :, None]
+    kk = k8.float() * kd[:, None, :, None]
+    ref, _ = attention_reference(qq, kk, v, True, None, (-1, -1), 5.0)
+    assert rel_l2(out, ref) <= KERNEL_BAR

@@ -122,3 +122,16 @@ def test_the_fp8_twin_is_the_kernel_that_runs():
                                                                    v_descale=v_descale, num_splits=4))
     expected = decode_spec(active_profile(torch.device(DEV)), BF16, 128, False, 1, 4, None, kv_fp8=True)
     assert expected.name in names and expected.combine_name in names, names
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_cache_with_softcap_caps_the_true_scores(splits):
+    """The cap is on the dequantised scores (raw x descale x scale): with descales far from 1 a
+    kernel that capped the raw ones would squash every score (a review found it before a GPU did)."""
+    q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 1, 32, 8, 128, 1000)
+    out = flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale, softcap=5.0,
+                                            num_splits=splits)
+    assert (k_descale - 1).abs().min() > 0.5  # far from 1: absmax / 448 of normal data
+    kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
+    ref, _ = attention_reference(q.float(), kd, vd, False, None, (-1, -1), 5.0)
+    assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6

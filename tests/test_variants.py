@@ -102,3 +102,11 @@ def test_variant_kernels_are_named_and_built_with_them():
     assert every.name == plain.name.replace("_c_sm90a", "_c_softcap_swa_sinks_sm90a")
     assert "Variants{true, true, true}" in every.source() and "combine_body<__nv_bfloat16, 128, true>" in every.source()
     assert "Variants{false, false, false}" in plain.source() and every.source_hash() != plain.source_hash()
+
+
+def test_a_huge_window_side_is_clamped_not_wrapped():
+    from flashtune.runtime.checks import MAX_WINDOW, check_variants
+
+    variants, window, _, _ = check_variants((2**40, 2**31 - 1), 0.0, None, 8)
+    assert window == (MAX_WINDOW, MAX_WINDOW) and variants == (False, True, False)
+    assert check_variants((-1, -1), 0.0, None, 8)[0] == (False, False, False)

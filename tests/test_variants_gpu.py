@@ -85,3 +85,19 @@ def test_a_window_reads_only_its_keys():
     assert windowed < 0.1 * whole, (windowed, whole)
     names = kernel_names(lambda: flashtune.flash_attn_with_kvcache(q, k, k, window_size=(255, 0)))
     assert any("_swa_" in n for n in names), names
+
+
+def test_a_sink_of_minus_infinity_joins_nothing():
+    """sinks = -inf: the plain softmax, and a row without keys keeps LSE +inf (not NaN)."""
+    q = randn(2, 1, 32, 128, seed=11)
+    k, v = randn(2, 300, 8, 128, seed=12), randn(2, 300, 8, 128, seed=13)
+    seqlens = torch.tensor([0, 300], dtype=torch.int32, device=DEV)
+    sinks = torch.full((32,), float("-inf"), device=DEV)
+    for splits in (1, 3):
+        out, lse = flashtune.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, sinks=sinks, num_splits=splits,
+                                                     return_softmax_lse=True)
+        plain, plain_lse = flashtune.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=splits,
+                                                             return_softmax_lse=True)
+        assert torch.isinf(lse[0]).all() and (lse[0] > 0).all()
+        torch.testing.assert_close(out, plain, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse[1], plain_lse[1], atol=1e-4, rtol=1e-4)

@@ -14,4 +14,13 @@ __device__ __forceinline__ float row_lse(float row_max, float scale, float l) {
   return l > 0.f ? __fmaf_rn(row_max, scale, logf(l)) : INFINITY;
 }
 
+// The sinks variant (common/variants.h): a row's keys' LSE (-inf: no key) with its head's sink
+// logit joined, logaddexp(keys, sink). -inf for neither (a sink of -inf joins nothing); a caller
+// writes that as +inf, FlashAttention's no-key LSE.
+__device__ __forceinline__ float lse_with_sink(float lse_keys, float sink) {
+  if (sink == -INFINITY) return lse_keys;
+  if (lse_keys == -INFINITY) return sink;
+  return fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));
+}
+
 }  // namespace flashtune

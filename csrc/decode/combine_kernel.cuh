@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/convert.cuh"
+#include "common/row_lse.cuh"
 #include "decode/params.h"
 
 namespace flashtune {
@@ -56,7 +57,8 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   if constexpr (kSinks) {  // lse = logaddexp(keys' lse, sink): the partials weigh exp(lse_s - lse)
     const float sink = p.sinks[head];
     const float keys = m == -INFINITY ? -INFINITY : lse;
-    lse = fmaxf(keys, sink) + log1pf(expf(-fabsf(keys - sink)));
+    lse = lse_with_sink(keys, sink);
+    if (lse == -INFINITY) lse = INFINITY;  // no key and a sink of -inf: as a row without keys
   }
 
   // O: kSplitsInFlight splits' partial rows (and LSEs, for their weights) loaded together, their

@@ -81,7 +81,7 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
   const int t = lane & 3;
   const bool tail = (block + 1) * BN > w.seqlen_k;
   const bool diagonal = T::kCausal && (block + 1) * BN - 1 > w.causal_shift + row_pos[0][0];
-  if (tail || diagonal || T::kWindow) {
+  if constexpr (T::kWindow) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -90,11 +90,20 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
         for (int e = 0; e < 4; ++e) {
           const int col = block * BN + nt * 8 + 2 * t + (e & 1);
           const int diag = row_pos[mt][e >> 1] + w.causal_shift;  // the row's own key
-          bool masked = col >= w.seqlen_k || (T::kCausal && col > diag);
-          if constexpr (T::kWindow)
-            masked = masked || (w.window_left >= 0 && col < diag - w.window_left) ||
-                     (w.window_right >= 0 && col > diag + w.window_right);
-          if (masked) s[mt][nt][e] = -INFINITY;
+          if (col >= w.seqlen_k || (T::kCausal && col > diag) || (w.window_left >= 0 && col < diag - w.window_left) ||
+              (w.window_right >= 0 && col > diag + w.window_right))
+            s[mt][nt][e] = -INFINITY;
+        }
+  } else if (tail || diagonal) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          if (col >= w.seqlen_k || (T::kCausal && col > row_pos[mt][e >> 1] + w.causal_shift))
+            s[mt][nt][e] = -INFINITY;
         }
   }
 
@@ -309,20 +318,21 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       const float4 oi = *reinterpret_cast<const float4*>(merge_o + (i * T::kRows + row) * T::kMergeRowFloats + col);
       o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
     }
-    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
     float inv = l > 0.f ? out_scale / l : 0.f;
     float lse_sink = 0.f;  // with sinks and one split: the row's LSE, its sink included
     if constexpr (T::kSinks) {
       // One split: the head's sink logit joins the sum, in units of the scaled scores (several
       // splits: the combine kernel adds it once, to the merged LSE).
       if (p.num_splits == 1) {
-        const float sink = p.sinks[head];
+        const float sink = p.sinks[w.kv_head * p.head_ratio + packed % p.head_ratio];
         const float lse_keys = l > 0.f ? __fmaf_rn(m, scale, logf(l)) : -INFINITY;
-        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        lse_sink = lse_with_sink(lse_keys, sink);
         inv = l > 0.f ? out_scale * expf(lse_keys - lse_sink) / l : 0.f;
+        if (lse_sink == -INFINITY) lse_sink = INFINITY;
       }
     }
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
     if (p.num_splits == 1) {
       Elem* out = static_cast<Elem*>(p.o) + w.o_offset + int64_t(pos) * p.o_row_stride +
                   int64_t(head) * p.o_head_stride + col;

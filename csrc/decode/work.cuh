@@ -51,7 +51,13 @@ __device__ __forceinline__ Work schedule_work(const DecodeParams& p) {
   const int used = p.seqused_k != nullptr ? p.seqused_k[w.batch] : p.seqlen_k;
   w.seqlen_k = max(0, used - w.leftpad);
   w.causal_shift = w.seqlen_k - w.seqlen_q;
-  if (T::kSoftcap) w.softcap_in = p.softcap_in, w.softcap_out = p.softcap_out;
+  if constexpr (T::kSoftcap) {
+    w.softcap_in = p.softcap_in, w.softcap_out = p.softcap_out;
+    if constexpr (T::kKvFp8) {  // the cap is on the true scores: raw x descale x scale
+      const float descale = p.k_descale[w.batch * p.heads_kv + w.kv_head];
+      w.softcap_in *= descale, w.softcap_out /= descale;
+    }
+  }
   if (T::kWindow) w.window_left = p.window_left, w.window_right = p.window_right;
   int keys = w.seqlen_k, first_key = 0;
   const int last_row = min(w.packed_rows, (w.row_block + 1) * T::kRows) - 1;

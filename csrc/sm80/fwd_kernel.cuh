@@ -180,6 +180,8 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
     qk_descale = p.q_descale[idx] * p.k_descale[idx];
     scale_log2 *= qk_descale;
   }
+  // The softcap is on the true scores (FP8: raw x descales x scale).
+  const float softcap_in = p.softcap_in * qk_descale, softcap_out = p.softcap_out / qk_descale;
 
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;
@@ -234,7 +236,7 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
 #pragma unroll
         for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = p.softcap_out * fast_tanh(acc_s[mt][nt][e] * p.softcap_in);
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = softcap_out * fast_tanh(acc_s[mt][nt][e] * softcap_in);
     }
 
     // ---- Masks: only the last (tail) block, for causal, blocks crossing the diagonal, and with a
@@ -363,8 +365,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
       if constexpr (T::kSinks) {  // the head's sink logit joins the sum (LSE = its sink if no key)
         const float sink = p.sinks[head];
         const float lse_keys = l > 0.f ? __fmaf_rn(row_max[mt][r], p.softmax_scale * qk_descale, logf(l)) : -INFINITY;
-        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        lse_sink = lse_with_sink(lse_keys, sink);
         inv = l > 0.f ? expf(lse_keys - lse_sink) / l : 0.f;
+        if (lse_sink == -INFINITY) lse_sink = INFINITY;
       }
       const int row = warp_row + mt * 16 + g + 8 * r;
 #pragma unroll

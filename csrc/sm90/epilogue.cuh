@@ -76,8 +76,9 @@ struct Epilogue {
       if constexpr (T::kSinks) {  // the head's sink logit joins the sum (LSE = its sink if no key)
         const float sink = p.sinks[tile.head];
         const float lse_keys = l > 0.f ? __fmaf_rn(mx[r], lse_scale, logf(l)) : -INFINITY;
-        lse_sink = fmaxf(lse_keys, sink) + log1pf(expf(-fabsf(lse_keys - sink)));  // logaddexp
+        lse_sink = lse_with_sink(lse_keys, sink);
         inv = l > 0.f ? expf(lse_keys - lse_sink) / l : 0.f;
+        if (lse_sink == -INFINITY) lse_sink = INFINITY;
       }
       inv_of[r] = inv;
       const int row = m0 + row_in_tile + 8 * r;

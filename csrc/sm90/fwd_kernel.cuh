@@ -75,6 +75,8 @@ __device__ __forceinline__ void consume(const FwdParams& p, const TmaMaps& maps,
         const float descale = p.q_descale[at] * p.k_descale[at];
         ml.softmax.scale_log2 *= descale;
         scale *= descale;
+        if constexpr (T::kSoftcap)  // the cap is on the true scores: raw x descales x scale
+          ml.softmax.softcap_in *= descale, ml.softmax.softcap_out /= descale;
       }
     }
     if (T::kDeferEpilogue && n_blocks == 0) finish_pending();

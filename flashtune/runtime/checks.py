@@ -107,6 +107,9 @@ def check_unsupported(dropout_p, alibi_slopes) -> None:
         fail("alibi_slopes are not supported; pass None")
 
 
+MAX_WINDOW = 2**30  # a side at least this long is as good as unbounded (no sequence is that long)
+
+
 def check_variants(window_size, softcap, sinks, heads_q: int) -> tuple:
     """The decode kernels' variants from flash_attn's arguments: ((softcap?, window?, sinks?),
     (left, right), softcap, sinks as contiguous float32 (heads_q,) or None)."""
@@ -116,6 +119,7 @@ def check_variants(window_size, softcap, sinks, heads_q: int) -> tuple:
         fail(f"window_size must be a pair of ints (left, right), -1 for unbounded; got {window_size!r}")
     if left < -1 or right < -1:
         fail(f"window_size={tuple(window_size)}: each side is a number of keys >= 0, or -1 for unbounded")
+    left, right = (min(side, MAX_WINDOW) for side in (left, right))  # the kernels add to it in int32
     softcap = float(softcap or 0.0)
     if softcap < 0 or not math.isfinite(softcap):
         fail(f"softcap must be a finite number >= 0 (0: none), got {softcap}")

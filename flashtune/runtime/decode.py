@@ -101,8 +101,9 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     heads_kv = k_cache.shape[2]
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     total_q = q.shape[0] if varlen else q.shape[0] * q.shape[1]
-    if num_splits <= 0:
-        num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, seqlen_k,
+    if num_splits <= 0:  # a window: the keys a row block reads, not the cache's
+        keys = seqlen_k if window[0] < 0 else min(seqlen_k, window[0] + max_seqlen_q + max(window[1], 0))
+        num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, keys,
                                    _sm_count(q.device.index), policy)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
