@@ -81,7 +81,7 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
   const int t = lane & 3;
   const bool tail = (block + 1) * BN > w.seqlen_k;
   const bool diagonal = T::kCausal && (block + 1) * BN - 1 > w.causal_shift + row_pos[0][0];
-  if constexpr (T::kWindow) {
+  if constexpr (T::kWindow) {  // apart from the plain mask below, which keeps the plain kernels' exact SASS
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
