@@ -1,5 +1,5 @@
-// The FP8 cache's conversion: one warp turns a [kBlockN][kHeadDim] tile of e4m3 bytes (row-major
-// in its ring slot) into the 16-bit swizzled tile the MMAs read (sm80/kernel_traits.cuh's layout),
+// The FP8 cache's conversion: one warp turns a [kBlockN][kHeadDim] tile of e4m3 bytes (in its ring
+// slot, kv_loader.cuh's ring_chunk layout) into the 16-bit swizzled tile the MMAs read (sm80/kernel_traits.cuh's layout),
 // exactly: every e4m3 value is a half and a bfloat16 (3 mantissa bits, exponents 2^-9..2^8). The
 // descales are not applied here: K's folds into the softmax scale, V's into the output.
 // No barrier: the caller's __syncwarp orders the warp's reads of the ring and writes of the tile.
@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "decode/kernel_traits.cuh"
+#include "decode/kv_loader.cuh"
 #include "sm80/kernel_traits.cuh"
 
 namespace flashtune {
@@ -33,14 +34,21 @@ __device__ __forceinline__ void fp8_tile_to_16bit(uint32_t dst, uint32_t src, in
   constexpr int kChunks = T::kKvChunksPerRow;  // 16 e4m3 values = two 16-bit chunks
   constexpr int kTotal = T::kBlockN * kChunks;
   static_assert(kTotal % 32 == 0, "whole passes");
-#pragma unroll
+  static_assert(T::kBlockN % 8 == 0, "8-row phases");
+  // Unrolled up to 4 passes: hdim 256's 8 passes, unrolled, kept too many addresses live (16 bytes
+  // spilled on sm_90a).
+  constexpr int kUnroll = kTotal / 32 <= 4 ? kTotal / 32 : 2;
+#pragma unroll(kUnroll)
   for (int pass = 0; pass < kTotal / 32; ++pass) {
+    // Rows fastest: each 8-lane phase reads one chunk of 8 rows (swizzled apart in the ring) and
+    // writes one 16-bit chunk of the same 8 rows (swizzled apart in the staging tile): no bank
+    // conflicts either way (rows of one chunk in a phase would hit the 16-bit swizzle twice).
     const int i = lane + 32 * pass;
-    const int row = i / kChunks, chunk = i % kChunks;
+    const int row = i % T::kBlockN, chunk = i / T::kBlockN;
     uint32_t in[4];
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(in[0]), "=r"(in[1]), "=r"(in[2]), "=r"(in[3])
-                 : "r"(src + i * 16));
+                 : "r"(ring_chunk<T>(src, row, chunk)));
     uint32_t out[8];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {

@@ -40,12 +40,17 @@ struct KvRows {
 };
 
 // Where 16-byte chunk `chunk` of tile row `row` lands in a ring slot: 16-bit tiles swizzled for
-// ldmatrix; FP8 tiles row-major (the conversion reads them 16 bytes a lane, consecutive lanes
-// consecutive chunks: conflict-free without a swizzle).
+// ldmatrix; FP8 tiles swizzled so that the conversion (fp8_staging.cuh), whose 8-lane phases read
+// one chunk of 8 consecutive rows, hits 8 different bank groups: 128+ byte rows XOR the chunk with
+// (row & 7), 64-byte rows (hdim 64, two to a 128-byte line) with ((row >> 1) & 3).
 template <class T>
 __device__ __forceinline__ uint32_t ring_chunk(uint32_t smem, int row, int chunk) {
-  if constexpr (T::kKvFp8) return smem + row * T::kKvRowBytes + chunk * 16;
-  else return smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8);
+  if constexpr (T::kKvFp8) {
+    const int swizzled = T::kKvRowBytes >= 128 ? (chunk & ~7) | ((chunk & 7) ^ (row & 7)) : chunk ^ ((row >> 1) & 3);
+    return smem + row * T::kKvRowBytes + swizzled * 16;
+  } else {
+    return smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8);
+  }
 }
 
 // One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the tile at `smem` (ring_chunk's
