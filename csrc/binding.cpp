@@ -54,7 +54,7 @@ std::pair<at::Tensor, bool> tile_counter_for(const at::Tensor& like, cudaStream_
 // without a variant never reads its.
 template <class Params>
 void set_variants(Params& p, double softmax_scale, double softcap, int64_t window_left, int64_t window_right,
-                  const std::optional<at::Tensor>& sinks) {
+                  const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& alibi_slopes) {
   if (softcap > 0) {
     p.softcap_in = float(softmax_scale / softcap);
     p.softcap_out = float(softcap / softmax_scale);
@@ -66,6 +66,14 @@ void set_variants(Params& p, double softmax_scale, double softcap, int64_t windo
                 "flashtune: sinks must be a contiguous CUDA float32 tensor of (heads_q,)");
     p.sinks = sinks->data_ptr<float>();
   }
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    TORCH_CHECK(a.scalar_type() == at::kFloat && a.is_cuda() && a.is_contiguous() && a.size(-1) == p.heads_q &&
+                    (a.dim() == 1 || (a.dim() == 2 && a.size(0) == p.batch)),
+                "flashtune: alibi_slopes must be a contiguous CUDA float32 tensor of (heads,) or (batch, heads)");
+    p.alibi_slopes = a.data_ptr<float>();
+    p.alibi_batch_stride = a.dim() == 2 ? p.heads_q : 0;
+  }
 }
 
 void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -73,7 +81,8 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
          const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, double softcap,
-         int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks) {
+         int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks,
+         const std::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
@@ -141,7 +150,7 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
     p.k_descale = k_descale->data_ptr<float>();
     p.descale_batch_stride = p.heads_kv;
   }
-  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks);
+  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks, alibi_slopes);
   if (p.batch == 0 || p.seqlen_q == 0) return;
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -173,7 +182,7 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
             double softmax_scale, int64_t num_splits, const std::optional<at::Tensor>& o_partial,
             const std::optional<at::Tensor>& lse_partial, const std::optional<at::Tensor>& k_descale,
             const std::optional<at::Tensor>& v_descale, double softcap, int64_t window_left, int64_t window_right,
-            const std::optional<at::Tensor>& sinks) {
+            const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& alibi_slopes) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out}) {
@@ -236,7 +245,7 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
     p.k_descale = k_descale->data_ptr<float>();
     p.v_descale = v_descale->data_ptr<float>();
   }
-  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks);
+  set_variants(p, softmax_scale, softcap, window_left, window_right, sinks, alibi_slopes);
   p.num_splits = int32_t(num_splits);
   if (num_splits > 1) {
     TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
@@ -257,13 +266,13 @@ TORCH_LIBRARY(flashtune_C, m) {
       "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float softmax_scale, Tensor? q_descale, Tensor? k_descale, float softcap=0., int window_left=-1, "
-      "int window_right=-1, Tensor? sinks=None) -> ()");
+      "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
   m.def(
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
       "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
       "Tensor(d!)? lse_partial, Tensor? k_descale=None, Tensor? v_descale=None, float softcap=0., "
-      "int window_left=-1, int window_right=-1, Tensor? sinks=None) -> ()");
+      "int window_left=-1, int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {

@@ -54,7 +54,8 @@ def unsupported_features(config) -> list[str]:
     if "chunked_attention" in layer_types:
         missing.append(f"chunked attention (attention_chunk_size={getattr(text, 'attention_chunk_size', None)})")
     if getattr(text, "alibi", False) or model_type in ALIBI_MODEL_TYPES:
-        missing.append("ALiBi position biases")
+        missing.append("ALiBi position biases through transformers (the kernels have them: flash_attn_func's "
+                       "alibi_slopes; these models do not hand them to an attention function)")
     return missing
 
 

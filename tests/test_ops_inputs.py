@@ -50,7 +50,8 @@ def test_unsupported_flash_attn_features_are_refused_not_ignored():
     _raises("dropout is not supported", flash_attn_func, q, k, v, 0.1)
     _raises("each side is a number of keys", flash_attn_func, q, k, v, window_size=(-5, 0))
     _raises("softcap must be a finite number >= 0", flash_attn_func, q, k, v, softcap=-30.0)
-    _raises("alibi", flash_attn_func, q, k, v, alibi_slopes=torch.ones(4))
+    _raises(r"alibi_slopes must be a float32 tensor of shape \(heads,\) or \(batch, heads\)", flash_attn_func, q, k, v,
+            alibi_slopes=torch.ones(3))
     _raises("softmax_scale must be a positive finite", flash_attn_func, q, k, v, softmax_scale=-1.0)
     _raises("softmax_scale must be a positive finite", flash_attn_func, q, k, v, softmax_scale=float("nan"))
 

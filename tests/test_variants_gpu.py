@@ -1,5 +1,6 @@
 """The decode kernels' variants on the GPU against the fp32 reference: sliding windows (keys
-outside skipped, not only masked), softcap and attention sinks, alone and together, with GQA,
+outside skipped, not only masked), softcap, attention sinks and ALiBi (per sequence and head),
+alone and together, with GQA,
 causal query rows, split-KV (the sink joins once, in the combine), paged caches and the LSE.
 Outputs start as NaN."""
 from __future__ import annotations
@@ -26,21 +27,24 @@ def randn(*shape, seed, dtype=torch.bfloat16):
     return torch.randn(*shape, device=DEV, dtype=dtype, generator=torch.Generator(device=DEV).manual_seed(seed))
 
 
-CASES = [  # (window, softcap, sinks)
-    ((127, 0), 0.0, False), ((1000, -1), 0.0, False), ((-1, -1), 30.0, False), ((-1, -1), 0.0, True),
-    ((127, 0), 50.0, True), ((4096, 0), 0.0, True),
+CASES = [  # (window, softcap, sinks, alibi)
+    ((127, 0), 0.0, False, False), ((1000, -1), 0.0, False, False), ((-1, -1), 30.0, False, False),
+    ((-1, -1), 0.0, True, False), ((127, 0), 50.0, True, False), ((4096, 0), 0.0, True, False),
+    ((-1, -1), 0.0, False, True), ((255, 0), 30.0, True, True),
 ]
 
 
-@pytest.mark.parametrize("window,softcap,with_sinks", CASES)
+@pytest.mark.parametrize("window,softcap,with_sinks,with_alibi", CASES)
 @pytest.mark.parametrize("seqlen_q,causal", [(1, False), (4, True)])
 @pytest.mark.parametrize("splits", [1, 3, 0])
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_decode_variants_match_the_reference(window, softcap, with_sinks, seqlen_q, causal, splits, page_size):
+def test_decode_variants_match_the_reference(window, softcap, with_sinks, with_alibi, seqlen_q, causal, splits,
+                                             page_size):
     batch, capacity, hdim = 3, 2048, 128
     q = randn(batch, seqlen_q, 32, hdim, seed=1)
     k, v = randn(batch, capacity, 8, hdim, seed=2), randn(batch, capacity, 8, hdim, seed=3)
     sinks = (2 * randn(32, seed=4, dtype=torch.float32)) if with_sinks else None
+    alibi = torch.rand(3, 32, device=DEV, generator=torch.Generator(device=DEV).manual_seed(14)) / 8 if with_alibi else None
     seqlens = torch.tensor([0, 200, 2048], dtype=torch.int32, device=DEV)
     table, k_cache, v_cache = None, k, v
     if page_size:
@@ -53,11 +57,11 @@ def test_decode_variants_match_the_reference(window, softcap, with_sinks, seqlen
         v_cache[table.flatten().long()] = v.reshape(-1, page_size, 8, hdim)
     out, lse = flashtune.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
                                                  causal=causal, window_size=window, softcap=softcap, sinks=sinks,
-                                                 num_splits=splits, return_softmax_lse=True)
+                                                 alibi_slopes=alibi, num_splits=splits, return_softmax_lse=True)
     assert not torch.isnan(out).any()
     for b, n in enumerate(seqlens.tolist()):
         ref, ref_lse = attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, None, window,
-                                           softcap, sinks)
+                                           softcap, sinks, alibi[b] if alibi is not None else None)
         assert rel_l2(out[b:b + 1], ref) <= 3 * rel_l2(ref.to(q.dtype).float(), ref) + 1e-6
         finite = torch.isfinite(ref_lse)
         assert torch.equal(torch.isinf(lse[b:b + 1]), ~finite)

@@ -1,5 +1,5 @@
 """The prefill kernels with the variants, on the GPU against the fp32 reference: sliding windows
-(blocks outside skipped), softcap and sinks, alone and together, causal and not, GQA, seqlen_q
+(blocks outside skipped), softcap, sinks and ALiBi, alone and together, causal and not, GQA, seqlen_q
 != seqlen_k, varlen, with the LSE; under the profile the run selects (h200: the sm90 family;
 FLASHTUNE_PROFILE=h200-sm80: the RTX cards' code path). Outputs start as NaN."""
 from __future__ import annotations
@@ -16,9 +16,10 @@ from flashtune.measure.reference import attention_reference, rel_l2, varlen_refe
 from flashtune.runtime import ops  # noqa: E402
 
 DEV = "cuda"
-CASES = [  # (window, softcap, sinks)
-    ((255, 0), 0.0, False), ((100, 37), 0.0, False), ((-1, -1), 30.0, False), ((-1, -1), 0.0, True),
-    ((255, 0), 50.0, True),
+CASES = [  # (window, softcap, sinks, alibi)
+    ((255, 0), 0.0, False, False), ((100, 37), 0.0, False, False), ((-1, -1), 30.0, False, False),
+    ((-1, -1), 0.0, True, False), ((255, 0), 50.0, True, False), ((-1, -1), 0.0, False, True),
+    ((255, 0), 30.0, True, True),
 ]
 
 
@@ -32,18 +33,20 @@ def randn(*shape, seed, dtype=torch.bfloat16):
     return torch.randn(*shape, device=DEV, dtype=dtype, generator=torch.Generator(device=DEV).manual_seed(seed))
 
 
-@pytest.mark.parametrize("window,softcap,with_sinks", CASES)
+@pytest.mark.parametrize("window,softcap,with_sinks,with_alibi", CASES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim,seqlen_q,seqlen_k", [(64, 700, 700), (128, 333, 1000), (256, 1000, 517)])
-def test_prefill_variants_match_the_reference(window, softcap, with_sinks, causal, hdim, seqlen_q, seqlen_k):
+def test_prefill_variants_match_the_reference(window, softcap, with_sinks, with_alibi, causal, hdim, seqlen_q,
+                                              seqlen_k):
     if causal and window[1] > 0:
         window = (window[0], 0)  # causal already bounds the right side
     q = randn(2, seqlen_q, 8, hdim, seed=1)
     k, v = randn(2, seqlen_k, 2, hdim, seed=2), randn(2, seqlen_k, 2, hdim, seed=3)
     sinks = 2 * randn(8, seed=4, dtype=torch.float32) if with_sinks else None
+    alibi = torch.rand(8, device=DEV, generator=torch.Generator(device=DEV).manual_seed(15)) / 8 if with_alibi else None
     out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, sinks=sinks,
-                                         return_lse=True)
-    ref, ref_lse = attention_reference(q, k, v, causal, None, window, softcap, sinks)
+                                         alibi_slopes=alibi, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, alibi)
     assert not torch.isnan(out).any()
     assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(q.dtype).float(), ref) + 1e-6
     finite = torch.isfinite(ref_lse)

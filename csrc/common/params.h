@@ -43,6 +43,8 @@ struct FwdParams {
   int32_t window_left, window_right;  // window: key j visible to query i iff
                                       // i + shift - left <= j <= i + shift + right (-1: unbounded)
   const float* sinks;                 // sinks: (heads_q,) fp32 logits in the scaled scores' units
+  const float* alibi_slopes;  // alibi: (heads_q,) or (batch, heads_q) fp32; bias -slope * |i + shift - j|
+  int32_t alibi_batch_stride;  // heads_q for (batch, heads_q) slopes, else 0
 
   // The tile counter of kernels that hand out work tiles from it (the sm90 family's persistent
   // grid, for causal and varlen calls): two int32 on the device, [0] the tiles handed out, [1]

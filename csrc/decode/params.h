@@ -39,6 +39,8 @@ struct DecodeParams {
   int32_t window_left, window_right;  // window: key j visible to position i iff
                                       // i + shift - left <= j <= i + shift + right (-1: unbounded)
   const float* sinks;  // sinks: (heads_q,) fp32 logits in the scaled scores' units
+  const float* alibi_slopes;  // alibi: (heads_q,) or (batch, heads_q) fp32; bias -slope * |i + shift - j|
+  int32_t alibi_batch_stride;  // heads_q for (batch, heads_q) slopes, else 0
   // An e4m3 cache (the FP8 kernels): dequantised value = byte * descale, per (sequence, KV head);
   // (batch, heads_kv) fp32, contiguous. Null for a 16-bit cache.
   const float* k_descale;

@@ -39,7 +39,7 @@ template <class T>
 __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_t sV, const uint32_t (&q_addr)[4],
                                           const uint32_t (&k_lane)[4], const uint32_t (&v_lane)[4], int block,
                                           const Work& w, const int (&row_pos)[T::kMTiles][2], float scale_log2,
-                                          int lane) {
+                                          const float (&alibi)[T::kMTiles][2], int lane) {
   using Elem = typename T::Elem;
   constexpr int MT = T::kMTiles, BN = T::kBlockN;
   constexpr uint32_t kRowBytes = T::kRowBytes;
@@ -74,6 +74,19 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
       for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] = w.softcap_out * fast_tanh(s[mt][nt][e] * w.softcap_in);
+  }
+
+  if constexpr (T::kAlibi) {  // every block: the row's raw slope (-slope / scale) times the distance to its key
+    const int t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          s[mt][nt][e] += alibi[mt][e >> 1] * float(abs(row_pos[mt][e >> 1] + w.causal_shift - col));
+        }
   }
 
   // Masks: keys past the sequence's end (the last block), causal, past a row's position, and
@@ -239,6 +252,17 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) row_pos[mt][r] = (first_row + mt * 16 + g + 8 * r) / p.head_ratio;
+  float alibi[MT][2];  // ALiBi: each row's slope in raw-score units, -slope / scale (its head's)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      alibi[mt][r] = 0.f;
+      if constexpr (T::kAlibi) {
+        const int head = w.kv_head * p.head_ratio + (first_row + mt * 16 + g + 8 * r) % p.head_ratio;
+        alibi[mt][r] = -p.alibi_slopes[w.batch * p.alibi_batch_stride + head] / scale;
+      }
+    }
 
   WarpState<T> st;
 #pragma unroll
@@ -263,10 +287,10 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       __syncwarp();     // the staging tiles written, the slot read: refill it while the MMAs run
       issue(step + S);
       warp_step<T>(st, sStaging, sStaging + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w,
-                   row_pos, scale_log2, lane);
+                   row_pos, scale_log2, alibi, lane);
     } else {
       warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w, row_pos,
-                   scale_log2, lane);
+                   scale_log2, alibi, lane);
       __syncwarp();  // every lane is done with the slot before it is refilled
       issue(step + S);
     }

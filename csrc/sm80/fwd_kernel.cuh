@@ -182,6 +182,9 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   }
   // The softcap is on the true scores (FP8: raw x descales x scale).
   const float softcap_in = p.softcap_in * qk_descale, softcap_out = p.softcap_out / qk_descale;
+  // ALiBi: the head's slope in raw-score units (-slope / scale, FP8: / descales too).
+  const float alibi = T::kAlibi ? -p.alibi_slopes[batch * p.alibi_batch_stride + head] / (p.softmax_scale * qk_descale)
+                                : 0.f;
 
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;
@@ -239,9 +242,22 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
           for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = softcap_out * fast_tanh(acc_s[mt][nt][e] * softcap_in);
     }
 
+    const int ja = jb + j;  // the block's absolute index
+    if constexpr (T::kAlibi) {  // every block: the slope times each key's distance to the row's own
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < T::kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = ja * BN + nt * 8 + 2 * t + (e & 1);
+            const int row = m_block * BM + warp_row + mt * 16 + g + 8 * (e >> 1);
+            acc_s[mt][nt][e] += alibi * float(abs(row + causal_shift - col));
+          }
+    }
+
     // ---- Masks: only the last (tail) block, for causal, blocks crossing the diagonal, and with a
     // window, blocks crossing a row's window edge.
-    const int ja = jb + j;  // the block's absolute index
     const bool tail = (ja + 1) * BN > seqlen_k;
     const bool diagonal = T::kCausal && (ja + 1) * BN - 1 > m_block * BM + causal_shift;
     bool edge = false;

@@ -19,6 +19,7 @@ struct Traits {
   static constexpr bool kSoftcap = kVariants_.softcap;  // common/variants.h
   static constexpr bool kWindow = kVariants_.window;
   static constexpr bool kSinks = kVariants_.sinks;
+  static constexpr bool kAlibi = kVariants_.alibi;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   static constexpr int kBlockN = kBlockN_;  // keys per main-loop step

@@ -78,6 +78,8 @@ __device__ __forceinline__ void consume(const FwdParams& p, const TmaMaps& maps,
         if constexpr (T::kSoftcap)  // the cap is on the true scores: raw x descales x scale
           ml.softmax.softcap_in *= descale, ml.softmax.softcap_out /= descale;
       }
+      if constexpr (T::kAlibi)  // the head's slope in raw-score units
+        ml.softmax.alibi = -p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] / scale;
     }
     if (T::kDeferEpilogue && n_blocks == 0) finish_pending();
     if (!T::kDeferEpilogue || n_blocks == 0) start_tile_state();  // deferred: once the last tile's O is out

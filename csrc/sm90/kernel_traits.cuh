@@ -36,6 +36,7 @@ struct Traits {
   static constexpr bool kSoftcap = kVariants_.softcap;  // common/variants.h
   static constexpr bool kWindow = kVariants_.window;
   static constexpr bool kSinks = kVariants_.sinks;
+  static constexpr bool kAlibi = kVariants_.alibi;
   using Schedule = Schedule_;
   using QKElem = std::conditional_t<kFp8Qk_, __nv_fp8_e4m3, Elem>;
   static constexpr bool kFp8Qk = kFp8Qk_;

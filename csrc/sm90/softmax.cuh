@@ -28,6 +28,7 @@ struct OnlineSoftmax {
   // The variants' values (common/variants.h), set per CTA where the kernel has the variant.
   float softcap_in = 0.f, softcap_out = 0.f;
   int window_left = -1, window_right = -1;
+  float alibi = 0.f;  // the head's ALiBi slope in raw-score units, -slope / scale
   int row_in_tile = 0, t = 0;  // this thread's first row in the tile; its column pair in a quad
 
   __device__ __forceinline__ void start() {
@@ -47,6 +48,21 @@ struct OnlineSoftmax {
       for (int i = 0; i < T::kSRegs; ++i) acc_s[i] = softcap_out * fast_tanh(acc_s[i] * softcap_in);
     }
     const int key0 = ((T::kWindow ? block0 : 0) + j) * BN;
+    if constexpr (T::kAlibi) {  // every block: the slope times each key's distance to the row's own
+      // The distance from this thread's first element, as a float once; each accumulator's is a
+      // constant away from it (one add and one FMA with |x| each).
+      const float d0 = float(m_row0 + row_in_tile + causal_shift - key0 - 2 * t);
+      if constexpr (T::kCausal) {  // every key a row sees is at or left of its own: no |x|
+        const float base = alibi * d0;
+#pragma unroll
+        for (int i = 0; i < T::kSRegs; ++i)
+          acc_s[i] = fmaf(alibi, float(8 * ((i >> 1) & 1) - 8 * (i >> 2) - (i & 1)), acc_s[i] + base);
+      } else {
+#pragma unroll
+        for (int i = 0; i < T::kSRegs; ++i)
+          acc_s[i] = fmaf(alibi, fabsf(d0 + float(8 * ((i >> 1) & 1) - 8 * (i >> 2) - (i & 1))), acc_s[i]);
+      }
+    }
     const bool tail = key0 + BN > seqlen_k;
     const bool diagonal = T::kCausal && key0 + BN - 1 > m_row0 + causal_shift;
     bool edge = false;

@@ -12,13 +12,15 @@ import torch
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         softmax_scale: float | None = None, window: tuple[int, int] = (-1, -1),
-                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                        alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq)).
 
     Variants as flash_attn and vLLM define them: window (left, right) keys around each query's own
     position (bottom-right aligned; -1: unbounded), softcap (scaled scores -> softcap x
     tanh(scores / softcap)), sinks (heads,): a logit per head joining every row's softmax, with
-    no value (the LSE includes it; a row that sees no key then has LSE = its sink)."""
+    no value (the LSE includes it; a row that sees no key then has LSE = its sink), alibi_slopes
+    (heads,) or (batch, heads): -slope * |i + seqlen_k - seqlen_q - j| added after the softcap."""
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
@@ -31,6 +33,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     rows = torch.arange(sq, device=q.device)[:, None]
     cols = torch.arange(sk, device=q.device)[None, :]
     own = rows + (sk - sq)  # each query's own key, bottom-right aligned
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.float().to(q.device).expand(b, hq)[:, :, None, None]
+        scores = scores - slopes * (own - cols).abs().float()
     if causal:
         scores = scores.masked_fill(cols > own, float("-inf"))
     left, right = window
@@ -52,14 +57,15 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, window=(-1, -1),
-                     softcap=0.0, sinks=None):
+                     softcap=0.0, sinks=None, alibi_slopes=None):
     """Packed (total, h, d) inputs -> (out fp32 (total_q, h, d), lse fp32 (h, total_q))."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs, lses = [], []
     for i in range(len(cq) - 1):
         qs, ks = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]]
         vs = v[ck[i]:ck[i + 1]]
-        o, l = attention_reference(qs[None], ks[None], vs[None], causal, softmax_scale, window, softcap, sinks)
+        slopes = alibi_slopes[i] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l = attention_reference(qs[None], ks[None], vs[None], causal, softmax_scale, window, softcap, sinks, slopes)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

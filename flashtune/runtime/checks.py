@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
+
+from flashtune.kernels.variants import Variants
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 FP8 = torch.float8_e4m3fn  # FP8 profiles: q and k in e4m3, v and the output 16-bit
@@ -99,20 +102,31 @@ def check_devices(q, k, v, **extra) -> None:
             fail(f"{name} is on {t.device}, q on {q.device}; put them on the same device")
 
 
-def check_unsupported(dropout_p, alibi_slopes) -> None:
-    """Arguments flash_attn has that flashtune cannot serve (windows, softcap and sinks: check_variants)."""
+def check_unsupported(dropout_p) -> None:
+    """Arguments flash_attn has that flashtune cannot serve (the variants: check_variants)."""
     if dropout_p:
         fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
-    if alibi_slopes is not None:
-        fail("alibi_slopes are not supported; pass None")
+
+
+@dataclass(frozen=True)
+class VariantArgs:
+    """A call's variants, checked: which are on (the kernel's `Variants`) and their values."""
+    variants: Variants
+    window: tuple[int, int]  # (left, right), -1: unbounded
+    softcap: float           # 0: none
+    sinks: torch.Tensor | None  # contiguous float32 (heads_q,)
+    alibi: torch.Tensor | None  # contiguous float32 (heads_q,) or (batch, heads_q)
+
+
+NO_VARIANT_ARGS = VariantArgs(Variants(), (-1, -1), 0.0, None, None)
 
 
 MAX_WINDOW = 2**30  # a side at least this long is as good as unbounded (no sequence is that long)
 
 
-def check_variants(window_size, softcap, sinks, heads_q: int) -> tuple:
-    """The decode kernels' variants from flash_attn's arguments: ((softcap?, window?, sinks?),
-    (left, right), softcap, sinks as contiguous float32 (heads_q,) or None)."""
+def check_variants(window_size, softcap, sinks, heads_q: int, alibi_slopes=None, batch: int | None = None
+                   ) -> VariantArgs:
+    """A call's variants from flash_attn's arguments (and vLLM's sinks), checked."""
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
@@ -128,8 +142,17 @@ def check_variants(window_size, softcap, sinks, heads_q: int) -> tuple:
             got = f"{sinks.dtype} {tuple(sinks.shape)}" if isinstance(sinks, torch.Tensor) else type(sinks).__name__
             fail(f"sinks must be a float tensor of shape (heads_q,) = ({heads_q},), one logit per query head; got {got}")
         sinks = sinks.float().contiguous()
-    variants = (softcap > 0, (left, right) != (-1, -1), sinks is not None)
-    return variants, (left, right), softcap, sinks
+    if alibi_slopes is not None:
+        shapes = [(heads_q,)] + ([(batch, heads_q)] if batch is not None else [])
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32 or \
+                tuple(alibi_slopes.shape) not in shapes:
+            got = (f"{alibi_slopes.dtype} {tuple(alibi_slopes.shape)}" if isinstance(alibi_slopes, torch.Tensor)
+                   else type(alibi_slopes).__name__)
+            fail(f"alibi_slopes must be a float32 tensor of shape (heads,) or (batch, heads) = "
+                 f"{' or '.join(map(str, shapes))}; got {got}")
+        alibi_slopes = alibi_slopes.contiguous()
+    variants = Variants(softcap > 0, (left, right) != (-1, -1), sinks is not None, alibi_slopes is not None)
+    return VariantArgs(variants, (left, right), softcap, sinks, alibi_slopes)
 
 
 def scale_for(softmax_scale: float | None, hdim: int) -> float:

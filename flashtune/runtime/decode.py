@@ -15,7 +15,8 @@ from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
-from flashtune.runtime.checks import DTYPE_NAMES
+from flashtune.kernels.variants import NO_VARIANTS, Variants
+from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -31,8 +32,7 @@ _decode_specs: dict[tuple, DecodeSpec] = {}
 
 
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
-                page_size: int | None, kv_fp8: bool = False, variants: tuple[bool, bool, bool] = (False,) * 3
-                ) -> DecodeSpec:
+                page_size: int | None, kv_fp8: bool = False, variants: Variants = NO_VARIANTS) -> DecodeSpec:
     """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
     profile's `decode:` tiles, else the family's default for its arch), the cache's paging, and
     whether the cache is e4m3 (`dtype` is q's)."""
@@ -91,11 +91,12 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
                num_splits: int, with_lse: bool, out=None, poison: bool = False,
                policy: DecodeSplitPolicy = DecodeSplitPolicy(), k_descale=None, v_descale=None,
-               softcap: float = 0.0, window: tuple[int, int] = (-1, -1), sinks=None):
+               variant_args: VariantArgs | None = None):
     """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic.
     An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv); the
-    variants built into spec take softcap (> 0), window (left, right; -1 unbounded) and sinks
-    (contiguous float32 (heads_q,))."""
+    variants built into spec take their values from variant_args (checks.check_variants)."""
+    v = variant_args or NO_VARIANT_ARGS
+    window = v.window
     varlen = cu_seqlens_q is not None
     heads_q, hdim = q.shape[-2], q.shape[-1]
     heads_kv = k_cache.shape[2]
@@ -123,6 +124,6 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     load_binding()
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
-                                 num_splits, o_partial, lse_partial, k_descale, v_descale, softcap, window[0],
-                                 window[1], sinks)
+                                 num_splits, o_partial, lse_partial, k_descale, v_descale, v.softcap, window[0],
+                                 window[1], v.sinks, v.alibi)
     return out, lse

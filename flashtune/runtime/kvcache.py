@@ -224,12 +224,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     q stays 16-bit (q_descale must be None). Variants: window_size=(left, right) keys around each
     query's own position (bottom-right aligned, -1 unbounded; blocks outside are skipped),
     softcap > 0 (scores = softcap x tanh(scores / softcap)), sinks (heads,) float: one logit per
-    query head that joins every row's softmax (gpt-oss), O is not pulled toward it.
+    query head that joins every row's softmax (gpt-oss), O is not pulled toward it; alibi_slopes
+    (heads,) or (batch, heads) float32 (flash_attn's).
     Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
     """
-    checks.check_unsupported(0.0, alibi_slopes)
-    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks,
-                                                             q.shape[2] if isinstance(q, torch.Tensor) else 0)
+    checks.check_unsupported(0.0)
+    heads_q, batch = (q.shape[2], q.shape[0]) if isinstance(q, torch.Tensor) and q.dim() == 4 else (0, None)
+    var = checks.check_variants(window_size, softcap, sinks, heads_q, alibi_slopes, batch)
     if q_descale is not None:
         fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
     page_size = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
@@ -261,7 +262,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, k_new=k, v_new=v, cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
-                         rotary_sin=rotary_sin, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
+                         rotary_sin=rotary_sin, k_descale=k_descale, v_descale=v_descale, sinks=var.sinks,
+                         alibi_slopes=var.alibi)
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     if cache_seqlens is not None and (caller_seqlens or cache_leftpad is not None or cache_batch_idx is not None
@@ -284,7 +286,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqused = cache_seqlens + seqlen_new
 
     spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size,
-                       kv_fp8=k_descale is not None, variants=variants)
+                       kv_fp8=k_descale is not None, variants=var.variants)
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
                           cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
@@ -292,30 +294,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                           softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs,
                           policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale,
-                          softcap=softcap, window=window, sinks=sinks)
+                          variant_args=var)
     return (out, lse) if return_softmax_lse else out
 
 
 def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
-                        sinks=None):
+                        sinks=None, alibi_slopes=None):
     """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
     first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
     in place (any strides of multiples of 8 elements), the queries the last sq of them:
     transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
     checked again (no sync, and a CUDA graph can capture the call)."""
-    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks, q.shape[2])
+    var = checks.check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     profile = active_profile(q.device)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None,
-                       variants=variants)
+                       variants=var.variants)
     out, _ = run_decode(spec, q, k, v, seqused_k=end, leftpad_k=first, max_seqlen_q=q.shape[1], seqlen_k=k.shape[1],
                         softmax_scale=scale, num_splits=0, with_lse=False, poison=ops.poison_outputs,
-                        policy=profile.decode_split, softcap=softcap, window=window, sinks=sinks)
+                        policy=profile.decode_split, variant_args=var)
     return out
 
 
 def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                  seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool, k_descale=None,
-                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None):
+                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None):
     """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
     head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
     (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
@@ -332,7 +334,8 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
             fail(f"with block_table, {name} is a paged cache (num_pages, page_size, heads_kv, head_dim), got "
                  + (f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__))
     _check_cache(q[None], k_cache, v_cache, None, None, None)  # dtypes, head dims, heads, strides
-    variants, window, softcap, sinks = checks.check_variants(window_size, softcap, sinks, q.shape[1])
+    var = checks.check_variants(window_size, softcap, sinks, q.shape[1], alibi_slopes,
+                                cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else None)
     checks.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, covers_all=True)
     batch = cu_seqlens_q.numel() - 1
     page_size = _check_pages(block_table, k_cache, batch)
@@ -352,14 +355,14 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
         checks.check_strides("out", out)
     k_descale, v_descale = _check_descales(q, k_cache, k_descale, v_descale, batch)
     checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
-                         block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale, sinks=sinks)
+                         block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale, sinks=var.sinks,
+                         alibi_slopes=var.alibi)
     _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
-                       page_size, kv_fp8=k_descale is not None, variants=variants)
+                       page_size, kv_fp8=k_descale is not None, variants=var.variants)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
                       num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
-                      policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale, softcap=softcap,
-                      window=window, sinks=sinks)
+                      policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale, variant_args=var)

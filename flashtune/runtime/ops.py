@@ -14,8 +14,10 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
-from flashtune.runtime.checks import (FP8, FlashtuneInputError, check_cu_seqlens, check_devices, check_fp8_args,
-                                      check_tensors, check_unsupported, check_variants, fail, scale_for)
+from flashtune.kernels.variants import Variants
+from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
+                                      check_fp8_args, check_tensors, check_unsupported, check_variants, fail,
+                                      scale_for)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -31,27 +33,28 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                    causal: bool, q_descale: torch.Tensor | None = None,
                    k_descale: torch.Tensor | None = None, with_lse: bool = True, softcap: float = 0.0,
-                   window_left: int = -1, window_right: int = -1,
-                   sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   window_left: int = -1, window_right: int = -1, sinks: torch.Tensor | None = None,
+                   alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log),
     or an empty tensor in its place without with_lse (the kernel then writes none: up to 5% of a short
     sequence's time on the H200). FP8 (e4m3) q and k come with their (batch, heads_kv) float32
     descale factors. Variants (checked by checks.check_variants): softcap > 0, a window other than
-    (-1, -1), sinks (heads_q,) float32."""
+    (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32."""
     if q.numel() == 0:
         return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
     profile = active_profile(q.device)
     varlen = cu_seqlens_q is not None
     window = (window_left, window_right)
-    variants = (softcap > 0, window != (-1, -1), sinks is not None)
+    var = VariantArgs(Variants(softcap > 0, window != (-1, -1), sinks is not None, alibi_slopes is not None), window,
+                      softcap, sinks, alibi_slopes)
     spec = kernel_for(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, q.shape[-2] // k.shape[-2],
-                      fp8=q.dtype == FP8, varlen=varlen, variants=variants)
+                      fp8=q.dtype == FP8, varlen=varlen, variants=var.variants)
     if isinstance(spec, DecodeSpec):  # short queries: runtime/decode.py, the same outputs
         out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,
-                              policy=profile.decode_split, softcap=softcap, window=window, sinks=sinks)
+                              policy=profile.decode_split, variant_args=var)
         return out, lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device)
-    extra = (softcap, window, sinks)
+    extra = (softcap, window, sinks, alibi_slopes)
     if spec.hdim != q.shape[-1]:  # a head dim between the built ones: zero columns to the kernel's
         out, lse = run_spec(spec, *(_zero_padded(t, spec.hdim) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse, *extra)
@@ -75,7 +78,7 @@ def _zero_padded(t: torch.Tensor, hdim: int) -> torch.Tensor:
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
              softmax_scale: float, q_descale=None, k_descale=None,
              with_lse: bool = True, softcap: float = 0.0, window: tuple[int, int] = (-1, -1),
-             sinks=None) -> tuple[torch.Tensor, torch.Tensor]:
+             sinks=None, alibi_slopes=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on validated inputs (the tuner times candidates through this); the
     variants' values go to a spec built with them."""
     out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
@@ -83,7 +86,7 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     load_binding()
     torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse if with_lse else None, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, softcap, window[0],
-                              window[1], sinks)
+                              window[1], sinks, alibi_slopes)
     return out, lse
 
 
@@ -114,7 +117,7 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 
 @attention_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
-      k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None):
+      k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None, alibi_slopes=None):
     return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
 
 
@@ -141,24 +144,24 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     them per (batch, kv head) here. v and the output stay 16-bit; softmax_scale is applied
     on top of the descales.
 
-    Variants (the sm80 family's kernels and the decode kernels; an sm90 profile refuses them for
-    prefill): window_size=(left, right) bottom-right aligned (-1: unbounded; key blocks outside
-    every row's window are skipped), softcap (scores = softcap x tanh(scores / softcap)), sinks
-    (heads,) float: one logit per query head joining every row's softmax (gpt-oss's, vLLM's).
+    Variants (every kernel family has them): window_size=(left, right) bottom-right aligned (-1:
+    unbounded; key blocks outside every row's window are skipped), softcap (scores = softcap x
+    tanh(scores / softcap)), sinks (heads,) float: one logit per query head joining every row's
+    softmax (gpt-oss's, vLLM's), alibi_slopes (heads,) or (batch, heads) float32 (flash_attn's).
     """
-    check_unsupported(dropout_p, alibi_slopes)
+    check_unsupported(dropout_p)
     check_tensors(q, k, v, varlen=False)
-    variants, window, softcap, sinks = check_variants(window_size, softcap, sinks, q.shape[2])
+    var = check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     scale = scale_for(softmax_scale, q.shape[-1])
     check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
-    check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=sinks)
+    check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=var.sinks, alibi_slopes=var.alibi)
     # Smoothing shifts every key score of a row by one constant: exact for the softmax, not under a
     # softcap (tanh of shifted scores) or beside a sink (whose logit does not move).
-    smoothing = qk_fp8 and not softcap and sinks is None and active_profile(q.device).k_smoothing
+    smoothing = qk_fp8 and not var.softcap and var.sinks is None and active_profile(q.device).k_smoothing
     q16 = q
     q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
-                        return_lse or return_attn_probs, softcap, *window, sinks)
+                        return_lse or return_attn_probs, var.softcap, *var.window, var.sinks, var.alibi)
     if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
         lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
@@ -178,7 +181,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     v_descale of shape (batch, heads_kv) (vLLM's FP8 KV cache); q stays 16-bit.
     """
     paged = block_table is not None or seqused_k is not None
-    check_unsupported(dropout_p, alibi_slopes)
+    check_unsupported(dropout_p)
     if q_descale is not None:
         fail("q_descale: FP8 q is served by flash_attn_func (FP8 Q/K profiles); the varlen call takes 16-bit q")
     if paged:
@@ -187,7 +190,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         scale = scale_for(softmax_scale, q.shape[-1])
         out, lse = paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                 block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale,
-                                window_size, softcap, sinks)
+                                window_size, softcap, sinks, alibi_slopes)
         return _pack(out, lse, return_lse, return_attn_probs)
     if k_descale is not None or v_descale is not None:
         fail("k_descale / v_descale are for an e4m3 paged KV cache (with block_table); packed varlen k and v "
@@ -195,7 +198,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if out is not None:
         fail("out= is served with a paged cache (block_table) here; drop it, or use the returned tensor")
     check_tensors(q, k, v, varlen=True)
-    variants, window, softcap, sinks = check_variants(window_size, softcap, sinks, q.shape[1])
+    var = check_variants(window_size, softcap, sinks, q.shape[1], alibi_slopes,
+                         cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else None)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     if max_seqlen_q < 0 or max_seqlen_k < 0:
         fail("max_seqlen_q and max_seqlen_k must be >= 0")
@@ -208,9 +212,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.numel() - 1 > 65535:
         fail("at most 65535 sequences per call")
     scale = scale_for(softmax_scale, q.shape[-1])
-    check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks)
+    check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=var.sinks,
+                  alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                        bool(causal), None, None, return_lse or return_attn_probs, softcap, *window, sinks)
+                        bool(causal), None, None, return_lse or return_attn_probs, var.softcap, *var.window, var.sinks,
+                        var.alibi)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 

@@ -14,6 +14,7 @@ from flashtune.kernels.profiles import Profile, ProfileError, find_profile, sele
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
 from flashtune.kernels.tiles import computed_head_dim
+from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
 
@@ -84,7 +85,7 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
                 seqlen_q: int, seqlen_k: int, fp8: bool = False,
-                variants: tuple[bool, bool, bool] = (False,) * 3) -> KernelSpec:
+                variants: Variants = NO_VARIANTS) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
     output's; `fp8`: q and k in e4m3). A head dim between the built ones (a multiple of 8 from 32
     to 256) is served by the next built one's kernel, on inputs zero-padded to it (ops.py)."""
@@ -131,14 +132,14 @@ DECODE_MAX_SEQLEN_Q = 16
 
 def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                head_ratio: int = 1, fp8: bool = False, varlen: bool = False,
-               variants: tuple[bool, bool, bool] = (False,) * 3) -> KernelSpec | DecodeSpec:
+               variants: Variants = NO_VARIANTS) -> KernelSpec | DecodeSpec:
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
     (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
-    `variants`: (softcap, window, sinks), which every kernel family has."""
+    `variants`: which of softcap, window, sinks and alibi the call has (every family has them)."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
     spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
-                       variants=(False,) * 3 if decode else variants)
+                       variants=NO_VARIANTS if decode else variants)
     if not decode:
         return spec
     from flashtune.runtime.decode import decode_spec
