@@ -135,3 +135,16 @@ def test_fp8_cache_with_softcap_caps_the_true_scores(splits):
     kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
     ref, _ = attention_reference(q.float(), kd, vd, False, None, (-1, -1), 5.0)
     assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6
+
+
+def test_fp8_cache_with_alibi_per_sequence_and_head():
+    """ALiBi's bias in raw-score units divides by the descaled scale; slopes of (batch, heads)."""
+    q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 4, 32, 8, 128, 900)
+    slopes = torch.rand(2, 32, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3)) / 16
+    out = flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale, causal=True,
+                                            alibi_slopes=slopes)
+    kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
+    for b in range(2):
+        ref, _ = attention_reference(q[b:b + 1].float(), kd[b:b + 1], vd[b:b + 1], True, None, (-1, -1), 0.0, None,
+                                     slopes[b])
+        assert rel_l2(out[b:b + 1], ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6

@@ -54,19 +54,21 @@ def test_prefill_variants_match_the_reference(window, softcap, with_sinks, with_
     assert (lse[finite] - ref_lse[finite]).abs().max() < 2e-3
 
 
-def test_varlen_with_a_window_and_sinks():
+def test_varlen_with_a_window_sinks_and_alibi_per_sequence():
     lens_q, lens_k = [7, 0, 300, 513], [9, 4, 300, 900]
     cu_q = torch.tensor([0, 7, 7, 307, 820], dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0, 9, 13, 313, 1213], dtype=torch.int32, device=DEV)
     q, k, v = randn(820, 8, 128, seed=5), randn(1213, 2, 128, seed=6), randn(1213, 2, 128, seed=7)
     sinks = randn(8, seed=8, dtype=torch.float32)
+    slopes = torch.rand(4, 8, device=DEV, generator=torch.Generator(device=DEV).manual_seed(9)) / 16  # (batch, heads)
     out = flashtune.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                           window_size=(64, 0), sinks=sinks)
+                                           window_size=(64, 0), sinks=sinks, alibi_slopes=slopes)
     for i in range(4):
         a, b, c, d = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
         if b == a:
             continue
-        ref, _ = attention_reference(q[a:b][None], k[c:d][None], v[c:d][None], True, None, (64, 0), 0.0, sinks)
+        ref, _ = attention_reference(q[a:b][None], k[c:d][None], v[c:d][None], True, None, (64, 0), 0.0, sinks,
+                                     slopes[i])
         assert rel_l2(out[a:b][None], ref) <= 3 * rel_l2(ref.to(q.dtype).float(), ref) + 1e-6
 
 

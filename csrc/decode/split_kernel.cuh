@@ -260,7 +260,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       alibi[mt][r] = 0.f;
       if constexpr (T::kAlibi) {
         const int head = w.kv_head * p.head_ratio + (first_row + mt * 16 + g + 8 * r) % p.head_ratio;
-        alibi[mt][r] = -p.alibi_slopes[w.batch * p.alibi_batch_stride + head] / scale;
+        alibi[mt][r] = scale > 0.f ? -p.alibi_slopes[w.batch * p.alibi_batch_stride + head] / scale : 0.f;
       }
     }
 

@@ -183,8 +183,10 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p) {
   // The softcap is on the true scores (FP8: raw x descales x scale).
   const float softcap_in = p.softcap_in * qk_descale, softcap_out = p.softcap_out / qk_descale;
   // ALiBi: the head's slope in raw-score units (-slope / scale, FP8: / descales too).
-  const float alibi = T::kAlibi ? -p.alibi_slopes[batch * p.alibi_batch_stride + head] / (p.softmax_scale * qk_descale)
-                                : 0.f;
+  // (a zero descale makes every score 0: no bias then, rather than -inf x 0)
+  const float alibi = T::kAlibi && qk_descale > 0.f
+                          ? -p.alibi_slopes[batch * p.alibi_batch_stride + head] / (p.softmax_scale * qk_descale)
+                          : 0.f;
 
   for (int j = 0; j < n_blocks; ++j) {
     const int stage = j % T::kStages;

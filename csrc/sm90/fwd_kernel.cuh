@@ -79,7 +79,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const TmaMaps& maps,
           ml.softmax.softcap_in *= descale, ml.softmax.softcap_out /= descale;
       }
       if constexpr (T::kAlibi)  // the head's slope in raw-score units
-        ml.softmax.alibi = -p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] / scale;
+        ml.softmax.alibi = scale > 0.f ? -p.alibi_slopes[tile.batch * p.alibi_batch_stride + tile.head] / scale : 0.f;
     }
     if (T::kDeferEpilogue && n_blocks == 0) finish_pending();
     if (!T::kDeferEpilogue || n_blocks == 0) start_tile_state();  // deferred: once the last tile's O is out

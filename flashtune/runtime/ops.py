@@ -147,7 +147,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Variants (every kernel family has them): window_size=(left, right) bottom-right aligned (-1:
     unbounded; key blocks outside every row's window are skipped), softcap (scores = softcap x
     tanh(scores / softcap)), sinks (heads,) float: one logit per query head joining every row's
-    softmax (gpt-oss's, vLLM's), alibi_slopes (heads,) or (batch, heads) float32 (flash_attn's).
+    softmax (gpt-oss's, vLLM's), alibi_slopes (heads,) or (batch, heads) float32 (flash_attn's:
+    -slope x |i + seqlen_k - seqlen_q - j|; flash_attn 2's causal kernels add +slope x j instead,
+    the same output with each row's LSE offset by its own slope x position).
     """
     check_unsupported(dropout_p)
     check_tensors(q, k, v, varlen=False)
