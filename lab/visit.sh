@@ -2,9 +2,9 @@
 # A device visit in named steps, each bounded by what is left of a total budget; logs under
 # $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
 # Usage: bash lab/visit.sh SECONDS STEP...   (from the repository root, on the device)
-#   build         kernels of h200 and h200-sm80 (16 parallel compiles)
+#   build         kernels of h200 and h200-sm80 (16 parallel compiles); build-h200, build-sm80: one of them
 #   build-release the kernels of lab/release-src (lab/make_release.sh COMMIT made it)
-#   gpu-h200, gpu-sm80   every GPU test under that profile
+#   gpu-h200, gpu-sm80   every GPU test under that profile, 16 pytest-xdist workers (the kernels they JIT build in parallel)
 #   verify-h200   flashtune verify --profile h200
 #   sanitize      compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200
 #   ab-bf16, ab-fp16     the FA grid: today's h200 kernels, the release's and SDPA's cuDNN in one
@@ -41,11 +41,13 @@ ab() {  # ab DTYPE [ROUND]
 for step in "$@"; do case $step in
   build) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16
          run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
+  build-h200) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16 ;;
+  build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-release) run build-release 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
                    --profile h200 --jobs 16 ;;
-  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 360 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+  gpu-h200) FLASHTUNE_PROFILE=h200 run gpu-h200 420 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py ;;
-  gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ \
+  gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
   verify-h200) run verify-h200 150 python3 -m flashtune verify --profile h200 ;;
   sanitize) for tool in memcheck racecheck synccheck; do

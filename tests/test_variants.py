@@ -91,10 +91,10 @@ def test_every_kernel_family_has_the_variants():
     every = Variants(True, True, True, True)
     spec = select_spec(find_profile("rtx4090"), BF16, 128, True, 4096, 4096, variants=every)
     assert spec.name.endswith("_c_softcap_swa_sinks_alibi_sm89")
-    assert "flashtune::Variants{true, true, true, true}" in spec.source()
+    assert "flashtune::Variants<true, true, true, true>" in spec.source()
     sm90 = select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096, variants=Variants(window=True))
     assert sm90.name.endswith("_c_swa_sm90a")
-    assert "KernelSchedule, flashtune::Variants{false, true, false, false}>" in sm90.source()
+    assert "KernelSchedule, flashtune::Variants<false, true, false, false>>" in sm90.source()
     plain = select_spec(find_profile("h200"), BF16, 128, True, 4096, 4096)
     assert "KernelSchedule>;" in plain.source()  # the plain kernel's source as before
     # queries of at most 16 rows: the decode kernels, which have the variants under an sm90 profile too
@@ -110,9 +110,9 @@ def test_variant_kernels_are_named_and_built_with_them():
     plain = DecodeSpec("sm_90a", "bfloat16", 128, tile, True)
     every = DecodeSpec("sm_90a", "bfloat16", 128, tile, True, variants=Variants(True, True, True, True))
     assert every.name == plain.name.replace("_c_sm90a", "_c_softcap_swa_sinks_alibi_sm90a")
-    assert "Variants{true, true, true, true}" in every.source()
+    assert "Variants<true, true, true, true>" in every.source()
     assert "combine_body<__nv_bfloat16, 128, true>" in every.source()
-    assert "Variants{false, false, false, false}" in plain.source() and every.source_hash() != plain.source_hash()
+    assert "Variants<false, false, false, false>" in plain.source() and every.source_hash() != plain.source_hash()
 
 
 def test_a_huge_window_side_is_clamped_not_wrapped():

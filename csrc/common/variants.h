@@ -7,11 +7,14 @@
 
 namespace flashtune {
 
+// A type, not a struct value: a class-type template parameter needs C++20, and torch before 2.14
+// builds extensions as C++17.
+template <bool kSoftcap = false, bool kWindow = false, bool kSinks = false, bool kAlibi = false>
 struct Variants {
-  bool softcap = false;  // scaled scores S -> cap * tanh(S / cap)
-  bool window = false;   // key j visible to query i iff i' - left <= j <= i' + right (i' = i + shift)
-  bool sinks = false;    // exp(sink of the head) joins every row's sum, with no value
-  bool alibi = false;    // S += -slope * |i' - j|, a slope per head (or per sequence and head)
+  static constexpr bool softcap = kSoftcap;  // scaled scores S -> cap * tanh(S / cap)
+  static constexpr bool window = kWindow;    // key j visible to query i iff i' - left <= j <= i' + right (i' = i + shift)
+  static constexpr bool sinks = kSinks;      // exp(sink of the head) joins every row's sum, with no value
+  static constexpr bool alibi = kAlibi;      // S += -slope * |i' - j|, a slope per head (or per sequence and head)
 };
 
 }  // namespace flashtune

@@ -35,12 +35,12 @@ enum class Paging : int {
 };
 
 template <typename Elem_, int kDim_, int kRows_, int kBlockN_, int kWarps_, int kStages_, Paging kPaging_,
-          bool kCausal_, bool kKvFp8_ = false, Variants kVariants_ = Variants{}>
+          bool kCausal_, bool kKvFp8_ = false, class Variants_ = Variants<>>
 struct Traits {
-  static constexpr bool kSoftcap = kVariants_.softcap;  // S = cap * tanh(S / cap), scaled scores
-  static constexpr bool kWindow = kVariants_.window;    // keys outside [i - left, i + right] masked, skipped
-  static constexpr bool kSinks = kVariants_.sinks;      // exp(sink of the head) joins each row's sum
-  static constexpr bool kAlibi = kVariants_.alibi;      // -slope * |i' - j| added to the scores
+  static constexpr bool kSoftcap = Variants_::softcap;  // S = cap * tanh(S / cap), scaled scores
+  static constexpr bool kWindow = Variants_::window;    // keys outside [i - left, i + right] masked, skipped
+  static constexpr bool kSinks = Variants_::sinks;      // exp(sink of the head) joins each row's sum
+  static constexpr bool kAlibi = Variants_::alibi;      // -slope * |i' - j| added to the scores
   using Elem = Elem_;  // q, o and what the MMAs take
   static constexpr bool kKvFp8 = kKvFp8_;
   using KvElem = std::conditional_t<kKvFp8, uint8_t, Elem>;  // the cache's element (e4m3 bytes)

@@ -13,13 +13,13 @@ namespace flashtune {
 namespace sm80 {
 
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_,
-          bool kCausal_, bool kFp8Qk_ = false, Variants kVariants_ = Variants{}>
+          bool kCausal_, bool kFp8Qk_ = false, class Variants_ = Variants<>>
 struct Traits {
   using Elem = Elem_;  // V, O and P; also Q and K unless kFp8Qk
-  static constexpr bool kSoftcap = kVariants_.softcap;  // common/variants.h
-  static constexpr bool kWindow = kVariants_.window;
-  static constexpr bool kSinks = kVariants_.sinks;
-  static constexpr bool kAlibi = kVariants_.alibi;
+  static constexpr bool kSoftcap = Variants_::softcap;  // common/variants.h
+  static constexpr bool kWindow = Variants_::window;
+  static constexpr bool kSinks = Variants_::sinks;
+  static constexpr bool kAlibi = Variants_::alibi;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per CTA
   static constexpr int kBlockN = kBlockN_;  // keys per main-loop step

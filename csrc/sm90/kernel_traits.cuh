@@ -30,13 +30,13 @@ namespace sm90 {
 
 // Elem: V, P and O (16-bit). Fp8Qk: Q and K are e4m3 and S = Q K^T runs on FP8 wgmma (k32).
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
-          class Schedule_, Variants kVariants_ = Variants{}>
+          class Schedule_, class Variants_ = Variants<>>
 struct Traits {
   using Elem = Elem_;
-  static constexpr bool kSoftcap = kVariants_.softcap;  // common/variants.h
-  static constexpr bool kWindow = kVariants_.window;
-  static constexpr bool kSinks = kVariants_.sinks;
-  static constexpr bool kAlibi = kVariants_.alibi;
+  static constexpr bool kSoftcap = Variants_::softcap;  // common/variants.h
+  static constexpr bool kWindow = Variants_::window;
+  static constexpr bool kSinks = Variants_::sinks;
+  static constexpr bool kAlibi = Variants_::alibi;
   using Schedule = Schedule_;
   using QKElem = std::conditional_t<kFp8Qk_, __nv_fp8_e4m3, Elem>;
   static constexpr bool kFp8Qk = kFp8Qk_;

@@ -23,8 +23,10 @@ DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
 IMPLEMENTED_FAMILIES = {"sm80": ("common", "sm80"), "sm90": ("common", "sm90")}
 
 # nvcc flags every kernel gets. torch defines the __CUDA_NO_HALF*__ macros for extensions;
-# undo them so cuda_fp16/bf16 keep their conversions. -DNDEBUG: no asserts in kernels.
+# undo them so cuda_fp16/bf16 keep their conversions. -DNDEBUG: no asserts in kernels. The C++
+# standard is ours, not torch's default (2.11 builds C++17, 2.14 C++20): one source, every install.
 BASE_NVCC_FLAGS = (
+    "-std=c++17",
     "-O3",
     "-DNDEBUG",
     "-Xptxas=-v",

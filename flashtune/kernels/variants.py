@@ -18,7 +18,7 @@ class Variants(NamedTuple):
         return [name for name, on in zip(("softcap", "swa", "sinks", "alibi"), self) if on]
 
     def cpp(self) -> str:
-        return "flashtune::Variants{" + ", ".join("true" if on else "false" for on in self) + "}"
+        return "flashtune::Variants<" + ", ".join("true" if on else "false" for on in self) + ">"
 
 
 NO_VARIANTS = Variants()
