@@ -502,8 +502,9 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
                    "fp32 math. Backends: flashtune (prefill and decode), sdpa (its default), sdpa-*, eager.")
 @click.option("--layers", type=click.IntRange(min=1), help="With --model: fewer layers, to fit.")
 @list_option("--prefill", None, "With --model: prompt lengths (default 1024,4096,16384).")
-@click.option("--decode-steps", type=click.IntRange(min=2), default=128, show_default=True,
-              help="With --model: greedy tokens generated with the KV cache.")
+@click.option("--decode-steps", type=click.IntRange(min=5), default=128, show_default=True,
+              help="With --model: greedy tokens generated with the KV cache (the first 4 are not timed: the "
+                   "prefill's, the profiled step's, the CUDA graph's warm-up and its first replay).")
 @click.option("--decode", is_flag=True,
               help="Decode steps instead of the prefill grid: query tokens against a full KV cache (flashtune's "
                    "flash_attn_with_kvcache, SDPA's backends, flash-attn's KV-cache functions); microseconds, GB/s "

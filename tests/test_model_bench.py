@@ -111,18 +111,22 @@ def test_the_decode_host_timing_leaves_the_attention_registry_as_it_was(tiny_con
     assert {name: ALL_ATTENTION_FUNCTIONS.get(name) for name in ("sdpa", "eager")} == before
 
 
-def test_static_decode_is_greedy_generation_on_a_static_cache(tiny_config):
-    """The decode harness of every backend (without a GPU, not captured): the tokens generate gives."""
+@pytest.mark.parametrize("profiled", [False, True])
+def test_static_decode_is_greedy_generation_on_a_static_cache(tiny_config, monkeypatch, profiled):
+    """The decode harness of every backend (without a GPU, not captured): the tokens generate gives,
+    also when one step is profiled (a real step: a static cache counts its writes)."""
     import torch
 
     from flashtune.commands.memory import find_model
 
+    monkeypatch.setattr(model_bench, "_kernel_times", lambda fn, backend: (fn(), (1.0, 2.0))[1])
     model = model_bench.build_model(find_model(tiny_config), None, torch.float32, "cpu")
     ids = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))
-    tokens, seconds, profiled = model_bench.static_decode(model, ids, 6, graph=False)
+    tokens, seconds, times = model_bench.static_decode(model, ids, 6, graph=False,
+                                                       profile_backend="sdpa" if profiled else None)
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False)[:, 20:]
-    assert torch.equal(tokens, expected) and seconds > 0 and profiled is None
+    assert torch.equal(tokens, expected) and seconds > 0 and times == ((1.0, 2.0) if profiled else None)
 
 
 def test_the_trained_model_rows_add_task_accuracy_and_fp32_agreement(monkeypatch, tmp_path):

@@ -160,14 +160,16 @@ def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_bac
     """Greedy decoding of `steps` tokens after the prompts `ids`, on a static KV cache, each step
     one forward of one token per sequence; with `graph` (a GPU) the step is captured once in a
     CUDA graph and replayed, the token and position fed through its input buffers, so no host
-    work repeats. Returns (tokens (batch, steps), seconds of the steps after the first, the
-    profiled (attention, total) kernel seconds of one step or None)."""
+    work repeats. Every forward is a real next step (transformers since about 5.20 counts a static
+    cache's writes itself and ignores cache_position, so a repeated step would write a second
+    row): the profiled step and the graph's warm-up are the first tokens. Returns (tokens
+    (batch, steps), seconds per step over the timed replays, the profiled (attention, total)
+    kernel seconds of one step or None)."""
     import inspect
 
     from transformers import StaticCache
 
     batch, length = ids.shape
-    cuda = ids.is_cuda
     cache = {("cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"):
              StaticCache(config=model.config, max_cache_len=length + steps)}  # its name since transformers 5.25
     with torch.no_grad():
@@ -175,39 +177,47 @@ def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_bac
                        logits_to_keep=1, **cache).logits
         token = logits[:, -1].argmax(-1, keepdim=True)
         position = torch.tensor([length], device=ids.device)
+        tokens = [token.clone()]
 
         def step():
             out = model(token, cache_position=position, use_cache=True, **cache).logits
             return out[:, -1].argmax(-1, keepdim=True)
 
-        # the first step is also the warm-up (and the profiled step): run again, it writes the
-        # same keys at the same position
-        profiled = _kernel_times(step, profile_backend) if cuda and profile_backend else None
+        def advance(new_token):  # the step's token becomes the next step's input
+            tokens.append(new_token.clone())
+            token.copy_(new_token)
+            position.add_(1)
+
+        profiled = None
+        if profile_backend:
+            profiled = _kernel_times(lambda: advance(step()), profile_backend)
         if graph:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                step()
+                advance(step())  # the warm-up before capture
             torch.cuda.current_stream().wait_stream(side)
             captured = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(captured):
+            with torch.cuda.graph(captured):  # recorded, not run: the cache is not written
                 next_token = step()
             run = captured.replay
         else:
             next_token = torch.empty_like(token)
             run = lambda: next_token.copy_(step())  # noqa: E731
-        tokens = [token.clone()]
-        run()  # the first step, untimed: it follows the prefill, whose time TTFT has
+        if len(tokens) + 2 > steps:
+            raise ValueError(f"a static decode of {steps} tokens times none of them; ask for at least "
+                             f"{len(tokens) + 2} decode steps")
+        run()  # the first replay, untimed (a graph's first launch uploads it)
+        advance(next_token)
         _sync(ids.device.type)
+        timed = steps - len(tokens)
         start = time.perf_counter()
-        for _ in range(steps - 1):
-            tokens.append(next_token.clone())
-            token.copy_(next_token)
-            position += 1
+        for _ in range(timed):
             run()
+            advance(next_token)
         _sync(ids.device.type)
         seconds = time.perf_counter() - start
-    return torch.cat(tokens, dim=1), seconds, profiled
+    return torch.cat(tokens, dim=1), seconds / timed, profiled
 
 
 @contextmanager
@@ -359,9 +369,9 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     row.predicted_peak_mb = round(predicted / 2**20, 1)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
-                    tokens, seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
-                                                              profile_backend=name)
-                    row.decode_tok_s = batch * (decode_steps - 1) / max(seconds, 1e-9)
+                    tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
+                                                                   profile_backend=name if cuda else None)
+                    row.decode_tok_s = batch / max(step_seconds, 1e-9)
                     if profiled:
                         attention, total = profiled
                         row.decode_attention_share = attention / total if total else None
