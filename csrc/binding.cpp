@@ -14,6 +14,7 @@
 #include <mutex>
 #include <utility>
 
+#include "backward/params.h"
 #include "common/params.h"
 #include "decode/params.h"
 
@@ -76,14 +77,12 @@ void set_variants(Params& p, double softmax_scale, double softcap, int64_t windo
   }
 }
 
-void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-         const at::Tensor& out, const std::optional<at::Tensor>& lse,
-         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-         const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, double softcap,
-         int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks,
-         const std::optional<at::Tensor>& alibi_slopes) {
-  TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
+// The FwdParams of q, k, v, out and lse (a forward's outputs, or a backward's inputs): pointers,
+// strides, heads, lengths and scales.
+flashtune::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                const std::optional<at::Tensor>& lse, const std::optional<at::Tensor>& cu_seqlens_q,
+                                const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
+                                int64_t max_seqlen_k, double softmax_scale) {
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 && out.stride(-1) == 1,
               "flashtune: last dimension must be contiguous");
@@ -138,6 +137,19 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   }
   p.softmax_scale = float(softmax_scale);
   p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
+  return p;
+}
+
+void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const at::Tensor& out, const std::optional<at::Tensor>& lse,
+         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+         const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, double softcap,
+         int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks,
+         const std::optional<at::Tensor>& alibi_slopes) {
+  TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
+  flashtune::FwdParams p =
+      fwd_params(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale);
   if (q.scalar_type() == at::kFloat8_e4m3fn) {  // FP8 Q/K: (batch, heads_kv) float32 descales
     TORCH_CHECK(k.scalar_type() == at::kFloat8_e4m3fn && q_descale.has_value() && k_descale.has_value(),
                 "flashtune: FP8 q and k come with q_descale and k_descale");
@@ -161,6 +173,49 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   auto fn = reinterpret_cast<flashtune::FwdLaunchFn>(launcher);
   const int err = fn(&p, stream);
   TORCH_CHECK(err == 0, "flashtune: kernel launch failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+// A backward launch (csrc/backward/): the forward's q, k, v, out and lse, dout, dsum (rowsum(dout
+// out) - dlse, lse's layout), dq_accum (fp32, q's shape, zeroed), dk and dv (k's shape with q's
+// heads). Python checks every input first.
+void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+         const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& dsum, const at::Tensor& dq_accum,
+         const at::Tensor& dk, const at::Tensor& dv, const std::optional<at::Tensor>& cu_seqlens_q,
+         const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+         double softmax_scale) {
+  TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
+  flashtune::BwdParams p{};
+  p.fwd = fwd_params(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale);
+  const bool varlen = cu_seqlens_q.has_value();
+  const int r = varlen ? 0 : 1;
+  TORCH_CHECK(dout.sizes() == q.sizes() && dq_accum.sizes() == q.sizes() && dk.sizes() == dv.sizes() &&
+                  dk.strides() == dv.strides() && dk.size(r + 1) == q.size(r + 1) && dk.size(r) == k.size(r),
+              "flashtune: gradient shapes");
+  TORCH_CHECK(dout.stride(-1) == 1 && dq_accum.stride(-1) == 1 && dk.stride(-1) == 1 &&
+                  reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 == 0,
+              "flashtune: gradients with a contiguous last dimension, dout 16-byte aligned");
+  TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dsum.scalar_type() == at::kFloat &&
+                  dsum.strides() == lse.strides() && dsum.sizes() == lse.sizes(),
+              "flashtune: dq_accum float32, dsum float32 in lse's layout");
+  p.dout = dout.data_ptr();
+  p.do_batch_stride = varlen ? 0 : stride_of(dout, 0);
+  p.do_row_stride = stride_of(dout, r), p.do_head_stride = stride_of(dout, r + 1);
+  p.dsum = dsum.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.dq_batch_stride = varlen ? 0 : dq_accum.stride(0);
+  p.dq_row_stride = dq_accum.stride(r), p.dq_head_stride = dq_accum.stride(r + 1);
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.dkv_batch_stride = varlen ? 0 : dk.stride(0);
+  p.dkv_row_stride = dk.stride(r), p.dkv_head_stride = dk.stride(r + 1);
+  if (p.fwd.batch == 0 || p.fwd.seqlen_k == 0) return;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  auto fn = reinterpret_cast<flashtune::BwdLaunchFn>(launcher);
+  const int err = fn(&p, stream);
+  TORCH_CHECK(err == 0, "flashtune: backward kernel launch failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
@@ -268,6 +323,10 @@ TORCH_LIBRARY(flashtune_C, m) {
       "float softmax_scale, Tensor? q_descale, Tensor? k_descale, float softcap=0., int window_left=-1, "
       "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
   m.def(
+      "bwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor dsum, "
+      "Tensor(a!) dq_accum, Tensor(b!) dk, Tensor(c!) dv, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+      "int max_seqlen_q, int max_seqlen_k, float softmax_scale) -> ()");
+  m.def(
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
       "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
@@ -277,5 +336,6 @@ TORCH_LIBRARY(flashtune_C, m) {
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {
   m.impl("fwd", &fwd);
+  m.impl("bwd", &bwd);
   m.impl("decode", &decode);
 }

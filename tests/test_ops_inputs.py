@@ -56,11 +56,22 @@ def test_unsupported_flash_attn_features_are_refused_not_ignored():
     _raises("softmax_scale must be a positive finite", flash_attn_func, q, k, v, softmax_scale=float("nan"))
 
 
-def test_forward_only_is_said_when_grad_is_wanted():
+def test_calls_without_a_backward_say_so_when_grad_is_wanted():
+    """What the backward kernel lacks is refused at the forward, before the device is looked at."""
     q, k, v = _qkv()
-    _raises("forward pass only", flash_attn_func, q.requires_grad_(), k, v)
+    q.requires_grad_()
+    needs = "needs a backward"
+    _raises(f"{needs}.*variants", flash_attn_func, q, k, v, softcap=30.0)
+    _raises(f"{needs}.*FP8", flash_attn_func, q, k, v, qk_fp8=True)
+    _raises(f"{needs}.*head dim 96", flash_attn_func, *(t.requires_grad_() for t in _qkv(d=96)))
+    _raises("is on cpu", flash_attn_func, q, k, v)  # trainable: only the device is left
     with torch.no_grad():
-        _raises("is on cpu", flash_attn_func, q, k, v)  # past the grad check: only the device is left
+        _raises("is on cpu", flash_attn_func, q, k, v, softcap=30.0)  # no backward asked for
+    lens = torch.tensor([0, 3, 8], dtype=torch.int32)
+    qv, kv, vv = (t[0, :8] for t in _qkv(d=96))
+    _raises(f"{needs}.*head dim 96", flash_attn_varlen_func, qv.requires_grad_(), kv, vv, lens, lens, 5, 5)
+    _raises("paged KV-cache call is forward-only", flash_attn_varlen_func, q[0], k[0], v[0], lens, None, 5, 5,
+            block_table=torch.zeros(2, 1, dtype=torch.int32))
 
 
 def test_cpu_tensors_get_a_device_error_last():

@@ -296,7 +296,8 @@ def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: boo
 
 def _binding_hash() -> str:
     h = hashlib.sha256()
-    for path in [csrc_dir() / "binding.cpp", csrc_dir() / "common" / "params.h", csrc_dir() / "decode" / "params.h"]:
+    for path in [csrc_dir() / "binding.cpp", csrc_dir() / "common" / "params.h", csrc_dir() / "decode" / "params.h",
+                 csrc_dir() / "backward" / "params.h"]:
         h.update(path.read_bytes())
     return h.hexdigest()
 

@@ -84,9 +84,11 @@ def check_tensors(q, k, v, varlen: bool) -> None:
         fail(f"heads of q ({heads_q}) must be a multiple of heads of k/v ({heads_kv}) (GQA/MQA)")
     if heads_q > 65535:
         fail(f"at most 65535 heads, got {heads_q}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        fail("flashtune computes the forward pass only; run it under torch.no_grad() or "
-              "torch.inference_mode(), or detach the inputs")
+
+
+def needs_grad(q, k, v) -> bool:
+    """Whether autograd will ask this call for a backward."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
 
 
 def check_devices(q, k, v, **extra) -> None:

@@ -15,9 +15,10 @@ from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
 from flashtune.kernels.variants import Variants
+from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
                                       check_fp8_args, check_tensors, check_unsupported, check_variants, fail,
-                                      scale_for)
+                                      needs_grad, scale_for)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -121,9 +122,35 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
 
 
-def _forward(q, *args):
-    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling()
-    return (_attention_fwd if plain else attention_fwd)(q, *args)
+# The backward: its own custom op (what torch.compile traces), the forward op's autograd formula.
+attention_bwd = torch.library.custom_op("flashtune::attention_bwd", mutates_args=())(_attention_bwd)
+
+
+@attention_bwd.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      poison=False):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _save_for_backward(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
+    ctx.shape = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+
+
+def _gradients(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.shape, poison_outputs)
+    return (dq, dk, dv) + (None,) * 14  # nothing flows to the lengths, scales, descales or variants
+
+
+attention_fwd.register_autograd(_gradients, setup_context=_save_for_backward)
+
+
+def _forward(q, k, v, *args):
+    """The custom op under autograd or torch.compile; else the implementation directly."""
+    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not needs_grad(q, k, v)
+    return (_attention_fwd if plain else attention_fwd)(q, k, v, *args)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -156,6 +183,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     var = check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     scale = scale_for(softmax_scale, q.shape[-1])
     check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
+    grad = needs_grad(q, k, v)
+    if grad:
+        check_trainable(q, k, fp8=qk_fp8 or q.dtype == FP8, variants=any(var.variants))
     check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=var.sinks, alibi_slopes=var.alibi)
     # Smoothing shifts every key score of a row by one constant: exact for the softmax, not under a
     # softcap (tanh of shifted scores) or beside a sink (whose logit does not move).
@@ -163,7 +193,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q16 = q
     q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
-                        return_lse or return_attn_probs, var.softcap, *var.window, var.sinks, var.alibi)
+                        return_lse or return_attn_probs or grad, var.softcap, *var.window, var.sinks, var.alibi)
     if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
         lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
@@ -184,6 +214,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     paged = block_table is not None or seqused_k is not None
     check_unsupported(dropout_p)
+    grad = needs_grad(q, k, v)
+    if paged and grad:
+        fail("the paged KV-cache call is forward-only (inference); run it under torch.no_grad(), or detach the "
+             "inputs")
     if q_descale is not None:
         fail("q_descale: FP8 q is served by flash_attn_func (FP8 Q/K profiles); the varlen call takes 16-bit q")
     if paged:
@@ -214,11 +248,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if cu_seqlens_q.numel() - 1 > 65535:
         fail("at most 65535 sequences per call")
     scale = scale_for(softmax_scale, q.shape[-1])
+    if grad:
+        check_trainable(q, k, variants=any(var.variants))
     check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=var.sinks,
                   alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                        bool(causal), None, None, return_lse or return_attn_probs, var.softcap, *var.window, var.sinks,
-                        var.alibi)
+                        bool(causal), None, None, return_lse or return_attn_probs or grad, var.softcap, *var.window,
+                        var.sinks, var.alibi)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 

@@ -1,0 +1,290 @@
+// FlashAttention-2's backward on mma.sync m16n8k16 (sm_80 and newer: the A100, the RTX cards, and
+// the H100/H200 under an sm80 profile). The forward kept only O and the LSE; per key block:
+//   P^T  = exp(scale K Q^T - LSE)          recomputed from the LSE, no softmax state
+//   dV  += P^T dO
+//   dP^T = V dO^T
+//   dS^T = P^T (dP^T - rowsum(dO O))       the caller computes the row sums
+//   dK  += dS^T Q                          (times scale, in the epilogue)
+//   dQ  += dS K                            fp32 atomic adds, one CTA per key block adds its share
+//
+// One CTA owns kBlockN keys of one (batch, query head); K and V stay in shared memory while it
+// walks the query blocks that see them (causal: from the diagonal on). Each warp owns 16 keys:
+// its rows of S^T and dP^T, and of the dK and dV accumulators, so neither needs a reduction
+// across warps. dQ does: dS^T goes through shared memory and each warp then takes 16 of the query
+// block's rows of dS K over all the CTA's keys.
+#pragma once
+#include <math.h>
+
+#include "backward/kernel_traits.cuh"
+#include "backward/params.h"
+#include "common/ptx_sm80.cuh"
+#include "sm80/kernel_traits.cuh"
+
+namespace flashtune {
+namespace bwd {
+
+using sm80::swizzle_chunk;
+using sm80::swizzled;
+
+// kRows rows of a [rows][kHeadDim] 16-bit tile into swizzled shared memory; rows at or beyond
+// rows_valid are zero-filled. Each thread keeps one 16-byte column chunk and walks the rows.
+template <class T, int kRows, typename E>
+__device__ __forceinline__ void load_rows_async(uint32_t smem, const E* gmem, int64_t row_stride, int rows_valid,
+                                                int tid) {
+  constexpr int kChunks = T::kHeadDim / 8;
+  constexpr int kRowsPerPass = T::kThreads / kChunks;
+  static_assert(kRows % kRowsPerPass == 0, "whole passes");
+  const int row0 = tid / kChunks, chunk = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int row = row0 + i * kRowsPerPass;
+    const bool valid = row < rows_valid;
+    cp_async_16(smem + 2 * swizzled<T::kHeadDim>(row, chunk * 8),
+                gmem + (valid ? int64_t(row) * row_stride : 0) + chunk * 8, valid);
+  }
+}
+
+// acc (16 rows x 16 * kTiles/2 columns, the m16n8 accumulator layout) as A fragments of k16 steps:
+// two adjacent n8 tiles are one k16 fragment, so this is a reshape in registers.
+template <typename Elem, int kTiles>
+__device__ __forceinline__ void to_a_fragments(uint32_t (&frag)[kTiles / 2][4], const float (&acc)[kTiles][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kTiles / 2; ++kk) {
+    frag[kk][0] = pack2<Elem>(acc[2 * kk][0], acc[2 * kk][1]);
+    frag[kk][1] = pack2<Elem>(acc[2 * kk][2], acc[2 * kk][3]);
+    frag[kk][2] = pack2<Elem>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    frag[kk][3] = pack2<Elem>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+// acc[n tiles] = A (16 rows, from `a_lane`: the warp's rows of a [rows][kHeadDim] tile) times the
+// transpose of the [kQTiles * 8][kHeadDim] tile at `b_tile` (`b_lane`: this lane's row address).
+template <class T>
+__device__ __forceinline__ void rows_times_rows_t(float (&acc)[T::kQTiles][4], const uint32_t (&a_lane)[4],
+                                                  uint32_t b_tile, const uint32_t (&b_lane)[4]) {
+  using Elem = typename T::Elem;
+#pragma unroll
+  for (int nt = 0; nt < T::kQTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, a_lane[kk % 4] + (kk / 4) * 128);
+#pragma unroll
+    for (int nt = 0; nt < T::kQTiles; nt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_tile + b_lane[kk % 4] + nt * 8 * T::kRowBytes + (kk / 4) * 128);
+      mma_16816<Elem>(acc[nt], a, b[0], b[1]);
+      mma_16816<Elem>(acc[nt + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[d tiles] += frag (16 rows x 16 * kSteps, A fragments) times the [16 * kSteps][kHeadDim] tile
+// at `b_tile` (`bt_lane`: this lane's row address for transposed loads).
+template <class T, int kSteps>
+__device__ __forceinline__ void frag_times_rows(float (&acc)[T::kDTiles][4], const uint32_t (&frag)[kSteps][4],
+                                                uint32_t b_tile, const uint32_t (&bt_lane)[4]) {
+  using Elem = typename T::Elem;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; dt += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_tile + bt_lane[(dt / 2) % 4] + kk * 16 * T::kRowBytes + (dt / 8) * 128);
+      mma_16816<Elem>(acc[dt], frag[kk], b[0], b[1]);
+      mma_16816<Elem>(acc[dt + 1], frag[kk], b[2], b[3]);
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void bwd_body(const BwdParams& bp) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
+  constexpr int QT = T::kQTiles, DT = T::kDTiles;
+  constexpr uint32_t kRowBytes = T::kRowBytes;
+  const FwdParams& p = bp.fwd;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset,
+                 sdS = sK + T::kdSOffset;
+  Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
+  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // log2 units
+  float* dsum_tile = lse_tile + BM;
+
+  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / p.head_ratio;
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  int64_t q_off = int64_t(batch) * p.q_batch_stride, k_off = int64_t(batch) * p.k_batch_stride;
+  int64_t v_off = int64_t(batch) * p.v_batch_stride, do_off = int64_t(batch) * bp.do_batch_stride;
+  int64_t dq_off = int64_t(batch) * bp.dq_batch_stride, dkv_off = int64_t(batch) * bp.dkv_batch_stride;
+  int64_t lse_off = int64_t(batch) * p.lse_batch_stride;
+  if (p.cu_seqlens_q != nullptr) {
+    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
+    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
+    q_off = int64_t(q_start) * p.q_row_stride;
+    do_off = int64_t(q_start) * bp.do_row_stride;
+    dq_off = int64_t(q_start) * bp.dq_row_stride;
+    k_off = int64_t(k_start) * p.k_row_stride;
+    v_off = int64_t(k_start) * p.v_row_stride;
+    dkv_off = int64_t(k_start) * bp.dkv_row_stride;
+    lse_off = q_start;
+  }
+  if (n_block * BN >= seqlen_k) return;  // uniform across the CTA
+
+  const int key0 = n_block * BN;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + q_off + int64_t(head) * p.q_head_stride;
+  const Elem* gdO = static_cast<const Elem*>(bp.dout) + do_off + int64_t(head) * bp.do_head_stride;
+  const Elem* gK = static_cast<const Elem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride +
+                   int64_t(key0) * p.k_row_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + v_off + int64_t(kv_head) * p.v_head_stride +
+                   int64_t(key0) * p.v_row_stride;
+  float* gdQ = bp.dq_accum + dq_off + int64_t(head) * bp.dq_head_stride;
+  const float* gLse = p.lse + lse_off + int64_t(head) * p.lse_head_stride;
+  const float* gDsum = bp.dsum + lse_off + int64_t(head) * p.lse_head_stride;
+
+  // Bottom-right causal: key j is visible to query i iff j <= i + shift. The first query block
+  // that sees any of this CTA's keys:
+  const int causal_shift = seqlen_k - seqlen_q;
+  const int m_end = (seqlen_q + BM - 1) / BM;
+  const int m_begin = T::kCausal ? min(m_end, max(0, key0 - causal_shift) / BM) : 0;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
+
+  // ldmatrix row addresses (the forward's scheme, sm80/fwd_kernel.cuh): per k step of 32 bytes
+  // the swizzled chunk takes one of 4 lane-dependent values; the rest are compile-time offsets.
+  //   a_k, a_v: A fragments of the warp's 16 key rows of K and V (absolute addresses)
+  //   b_rows:   B fragments, n = rows of Q or dO, k = head dim (relative to the tile)
+  //   bt_rows:  B fragments, k = rows of dO, Q or K, n = head dim, transposed loads (relative)
+  uint32_t a_k[4], a_v[4], b_rows[4], bt_rows[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t a_rel = (warp * 16 + mid * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + hi, x) << 4);
+    a_k[i] = sK + a_rel;
+    a_v[i] = sV + a_rel;
+    b_rows[i] = (hi * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + mid, x) << 4);
+    bt_rows[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
+  }
+  // dS as A fragments for dQ, transposed loads from dS^T [keys][queries]: keys kk * 16 + hi * 8 + x,
+  // this warp's queries warp * 16 + mid * 8 (row & 7 = x, so every k step shares the swizzle).
+  const uint32_t ds_lane = sdS + 2 * swizzled<BM>(hi * 8 + x, warp * 16 + mid * 8);
+
+  load_rows_async<T, BN>(sK, gK, p.k_row_stride, seqlen_k - key0, tid);
+  load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
+  cp_async_commit();
+
+  float acc_dk[DT][4], acc_dv[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int m = m_begin; m < m_end; ++m) {
+    const int q0 = m * BM;
+    __syncthreads();  // every warp is done with the last block's Q, dO, dS^T and statistics
+    load_rows_async<T, BM>(sQ, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
+    load_rows_async<T, BM>(sdO, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride, seqlen_q - q0, tid);
+    cp_async_commit();
+    for (int i = tid; i < BM; i += T::kThreads) {  // rows past the end: P = exp2(. - inf) = 0
+      const bool valid = q0 + i < seqlen_q;
+      lse_tile[i] = valid ? gLse[q0 + i] * kLog2e : INFINITY;
+      dsum_tile[i] = valid ? gDsum[q0 + i] : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
+    float acc_s[QT][4];
+    rows_times_rows_t<T>(acc_s, a_k, sQ, b_rows);
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + warp * 16 + g + 8 * (e >> 1);
+        const int col = nt * 8 + 2 * t + (e & 1);
+        const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
+        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col]));
+      }
+
+    // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
+    float acc_ds[QT][4];
+    rows_times_rows_t<T>(acc_ds, a_v, sdO, b_rows);
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[nt * 8 + 2 * t + (e & 1)]);
+
+    uint32_t frag_p[QT / 2][4], frag_ds[QT / 2][4];
+    to_a_fragments<Elem, QT>(frag_p, acc_s);
+    to_a_fragments<Elem, QT>(frag_ds, acc_ds);
+    // dS^T to shared memory for dQ: fragment (kk, i) holds row g (+8 for i odd), columns
+    // kk * 16 + 2t (+8 for i >= 2)
+#pragma unroll
+    for (int kk = 0; kk < QT / 2; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
+            frag_ds[kk][i];
+
+    // ---- dV += P^T dO, dK += dS^T Q
+    frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
+    frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
+
+    __syncthreads();  // dS^T complete
+    // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
+    float acc_dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
+#pragma unroll
+      for (int dt = 0; dt < DT; dt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sK + bt_rows[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+        mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
+        mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + 8 * r;
+      if (row < seqlen_q) {
+        float* out = gdQ + int64_t(row) * bp.dq_row_stride + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
+          atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
+        }
+      }
+    }
+  }
+
+  // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
+  Elem* gdK = static_cast<Elem*>(bp.dk) + dkv_off + int64_t(head) * bp.dkv_head_stride;
+  Elem* gdV = static_cast<Elem*>(bp.dv) + dkv_off + int64_t(head) * bp.dkv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + warp * 16 + g + 8 * r;
+    if (key < seqlen_k) {
+      const int64_t row = int64_t(key) * bp.dkv_row_stride + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        *reinterpret_cast<uint32_t*>(gdK + row + dt * 8) =
+            pack2<Elem>(acc_dk[dt][2 * r] * p.softmax_scale, acc_dk[dt][2 * r + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(gdV + row + dt * 8) = pack2<Elem>(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace flashtune

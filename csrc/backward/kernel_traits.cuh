@@ -1,0 +1,48 @@
+// Every size of the backward kernel (FlashAttention-2's algorithm on mma.sync; sm_80 and newer),
+// derived from its template parameters. flashtune/kernels/bwd_spec.py mirrors these rules.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashtune {
+namespace bwd {
+
+// One CTA owns kBlockN keys of one (batch, query head) and walks the query blocks that see them.
+// Each warp owns 16 of the keys (their rows of S^T, dP^T, dK and dV) and, for dQ, 16 of each query
+// block's rows, so kBlockM = kBlockN = 16 * kWarps.
+template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_>
+struct Traits {
+  using Elem = Elem_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA
+  static constexpr int kBlockM = 16 * kWarps;  // queries per step of the CTA's loop
+  static constexpr int kQTiles = kBlockM / 8;  // n8 tiles of S^T (queries) per warp
+  static constexpr int kDTiles = kHeadDim / 8; // n8 tiles of dK, dV and dQ
+
+  static constexpr int kRowBytes = kHeadDim * 2;         // a row of Q, K, V, dO
+  static constexpr int kKBytes = kBlockN * kRowBytes;    // K, and V
+  static constexpr int kQBytes = kBlockM * kRowBytes;    // Q, and dO
+  static constexpr int kdSRowBytes = kBlockM * 2;        // dS^T [keys][queries], 16-bit
+  static constexpr int kdSBytes = kBlockN * kdSRowBytes;
+  // Shared memory: K, V, Q, dO, dS^T, then the query block's LSE (log2 units) and rowsum(dO O).
+  static constexpr int kVOffset = kKBytes;
+  static constexpr int kQOffset = 2 * kKBytes;
+  static constexpr int kdOOffset = kQOffset + kQBytes;
+  static constexpr int kdSOffset = kdOOffset + kQBytes;
+  static constexpr int kStatsOffset = kdSOffset + kdSBytes;
+  static constexpr int kSmemBytes = kStatsOffset + 2 * kBlockM * 4;
+
+  static_assert(sizeof(Elem) == 2, "16-bit elements");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kWarps == 2 || kWarps == 4, "2 or 4 warps (32 or 64 keys and queries)");
+  static_assert((kBlockN * kHeadDim / 8) % kThreads == 0, "tile loads split evenly");
+  // Live fp32 accumulators per thread: dK and dV throughout, with S^T and dP^T, later with dQ's.
+  static constexpr int kAccumulators = kDTiles * 4 * 2 + (kQTiles * 4 * 2 > kDTiles * 4 ? kQTiles * 4 * 2 : kDTiles * 4);
+  static_assert(kAccumulators <= 192, "accumulators would not fit in registers");
+};
+
+}  // namespace bwd
+}  // namespace flashtune

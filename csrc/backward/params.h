@@ -1,0 +1,32 @@
+// The arguments of one attention backward launch: the forward's (FwdParams: Q, K, V, O, its LSE,
+// the lengths, strides and scales) and the gradients'. Plain C++, filled by binding.cpp.
+#pragma once
+#include <stdint.h>
+
+#include "common/params.h"
+
+namespace flashtune {
+
+struct BwdParams {
+  FwdParams fwd;  // fwd.lse is required: the forward's log-sum-exp, natural log
+
+  const void* dout;  // dO, O's shape, its own strides (elements; the last dimension contiguous)
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  const float* dsum;  // rowsum(dO * O) per query row and head, in fwd.lse's layout and strides
+
+  // dQ summed in fp32 over the key blocks by atomic adds: zeroed by the caller, (batch, seqlen_q,
+  // heads_q, hdim) or varlen (total_q, heads_q, hdim); the caller scales it and converts.
+  float* dq_accum;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+
+  // dK and dV per query head (batch, seqlen_k, heads_q, hdim) or varlen (total_k, heads_q, hdim),
+  // both in these strides: with GQA the caller sums each KV head's group of query heads.
+  void* dk;
+  void* dv;
+  int64_t dkv_batch_stride, dkv_row_stride, dkv_head_stride;
+};
+
+// Every generated backward library exports `<kernel name>_launch` with this signature.
+typedef int (*BwdLaunchFn)(const BwdParams* params, void* stream);
+
+}  // namespace flashtune

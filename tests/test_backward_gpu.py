@@ -1,0 +1,147 @@
+"""The backward kernel on the GPU: dQ, dK and dV against the fp32 reference's autograd, with
+FlashAttention's rule (each within 2x the error of the same computation in the inputs' dtype, plus a
+small absolute term); every dtype and head dim, causal and not, GQA/MQA, seqlen_q != seqlen_k, varlen
+with empty sequences, strided inputs, the LSE's own gradient, torch.compile. dK and dV start as NaN;
+fresh random inputs each case. Under the profile the run selects (FLASHTUNE_PROFILE=h200-sm80 as well)."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+import flashtune  # noqa: E402
+from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
+from flashtune.runtime import ops  # noqa: E402
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    monkeypatch.setattr(ops, "poison_outputs", True)
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+
+
+def randn(*shape, seed, dtype):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(*shape, device=DEV, dtype=dtype, generator=g)
+
+
+def same_dtype_attention(q, k, v, causal):
+    """Attention in the inputs' dtype (matmuls in it, softmax in fp32 then rounded), as FlashAttention's
+    tests take for the error a 16-bit computation has anyway."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    kt, vt = (t.repeat_interleave(hq // hkv, dim=1) for t in (kt, vt))
+    scores = (qt @ kt.transpose(-1, -2)).float() / math.sqrt(d)
+    if causal:
+        own = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        scores = scores.masked_fill(torch.arange(sk, device=q.device)[None, :] > own, float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0).to(q.dtype)
+    return (probs @ vt).transpose(1, 2)
+
+
+def gradients(fn, inputs, dout):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    fn(*inputs).backward(dout)
+    return [t.grad for t in inputs]
+
+
+def assert_close_grads(ours, ref, lowp, names=("dq", "dk", "dv")):
+    for name, g, r, l in zip(names, ours, ref, lowp):
+        assert g.shape == r.shape and g.dtype == l.dtype, name
+        assert not torch.isnan(g).any(), f"{name} has NaN: an element the kernel did not write"
+        bar = 2 * rel_l2(l.float(), r) + 1e-3
+        assert rel_l2(g.float(), r) <= bar, (name, rel_l2(g.float(), r), bar)
+        assert (g.float() - r).abs().max() <= 2 * (l.float() - r).abs().max() + 1e-2, name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads_q,heads_kv",
+                         [(257, 257, 4, 4), (100, 300, 8, 2), (300, 100, 6, 1), (1, 77, 4, 2), (513, 64, 2, 2)])
+def test_gradients_match_the_fp32_reference(dtype, hdim, causal, seqlen_q, seqlen_k, heads_q, heads_kv):
+    seed = hdim + seqlen_q + 7 * seqlen_k + heads_q
+    q = randn(2, seqlen_q, heads_q, hdim, seed=seed, dtype=dtype)
+    k = randn(2, seqlen_k, heads_kv, hdim, seed=seed + 1, dtype=dtype)
+    v = randn(2, seqlen_k, heads_kv, hdim, seed=seed + 2, dtype=dtype)
+    dout = randn(2, seqlen_q, heads_q, hdim, seed=seed + 3, dtype=dtype)
+    ours = gradients(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
+                    dout.float())
+    lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+    assert_close_grads(ours, ref, lowp)
+
+
+def test_varlen_gradients_with_empty_sequences_and_padded_keys():
+    lens_q, lens_k = [5, 0, 130, 64, 1], [9, 3, 200, 0, 70]
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    dtype, h, hkv, d = torch.bfloat16, 4, 2, 128
+    q = randn(sum(lens_q), h, d, seed=1, dtype=dtype)
+    k = randn(sum(lens_k) + 5, hkv, d, seed=2, dtype=dtype)  # 5 rows past the last sequence
+    v = randn(sum(lens_k) + 5, hkv, d, seed=3, dtype=dtype)
+    dout = randn(sum(lens_q), h, d, seed=4, dtype=dtype)
+    for causal in (False, True):
+        ours = gradients(lambda q, k, v: flashtune.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q),
+                                                                          max(lens_k), causal=causal),
+                         (q, k, v), dout)
+        assert torch.equal(ours[1][-5:], torch.zeros_like(ours[1][-5:]))  # padding rows: no gradient
+        for i in range(len(lens_q)):
+            qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+            mine = [ours[0][qs][None], ours[1][ks][None], ours[2][ks][None]]
+            if lens_q[i] == 0 or lens_k[i] == 0:  # nothing attends: every gradient is 0
+                assert all(torch.count_nonzero(g) == 0 for g in mine), i
+                continue
+            args = (q[qs][None], k[ks][None], v[ks][None])
+            ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in args],
+                            dout[qs][None].float())
+            lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), args, dout[qs][None])
+            assert_close_grads(mine, ref, lowp)
+
+
+def test_strided_inputs_and_the_lse_gradient():
+    """q, k, v as views of one packed qkv tensor; a loss that uses the LSE too."""
+    dtype = torch.float16
+    qkv = randn(2, 200, 3, 4, 64, seed=5, dtype=dtype)
+    dout, dlse = randn(2, 200, 4, 64, seed=6, dtype=dtype), randn(2, 4, 200, seed=7, dtype=torch.float32)
+
+    def loss(attention, qkv):
+        out, lse = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+        return (out.float() * dout.float()).sum() + (lse * dlse).sum()
+
+    ours = qkv.detach().clone().requires_grad_()
+    loss(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=True, return_lse=True), ours).backward()
+    ref = qkv.detach().float().requires_grad_()
+    loss(lambda q, k, v: attention_reference(q, k, v, True), ref).backward()
+    assert rel_l2(ours.grad.float(), ref.grad) < 1e-2
+
+
+def test_torch_compile_traces_forward_and_backward_without_graph_breaks():
+    dtype = torch.bfloat16
+    q, k, v = (randn(1, 128, 4, 64, seed=s, dtype=dtype).requires_grad_() for s in (8, 9, 10))
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v):
+        return flashtune.flash_attn_func(q, k, v, causal=True).float().square().sum()
+
+    step(q, k, v).backward()
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    attention_reference(*ref, True)[0].square().sum().backward()
+    for ours, r in zip((q, k, v), ref):
+        assert rel_l2(ours.grad.float(), r.grad) < 2e-2
+
+
+def test_the_backward_kernel_is_the_one_that_runs():
+    from flashtune.measure.timing import kernel_names
+
+    q, k, v = (randn(1, 256, 4, 128, seed=s, dtype=torch.bfloat16).requires_grad_() for s in (11, 12, 13))
+    out = flashtune.flash_attn_func(q, k, v, causal=True)
+    names = kernel_names(lambda: out.backward(torch.ones_like(out)))
+    assert any(n.startswith("flashtune_bwd_bf16_h128_") and "_c_" in n for n in names), names
