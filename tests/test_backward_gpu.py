@@ -145,3 +145,24 @@ def test_the_backward_kernel_is_the_one_that_runs():
     out = flashtune.flash_attn_func(q, k, v, causal=True)
     names = kernel_names(lambda: out.backward(torch.ones_like(out)))
     assert any(n.startswith("flashtune_bwd_bf16_h128_") and "_c_" in n for n in names), names
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_gradients_are_the_same_bits_every_time(causal):
+    """deterministic=True: dQ from the dQ kernel, summed in one order; the atomics' dQ only close."""
+    dtype = torch.bfloat16
+    q, k, v = (randn(2, 700, 8, 128, seed=s, dtype=dtype) for s in (20, 21, 22))
+    k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()  # GQA 4:1
+    dout = randn(2, 700, 8, 128, seed=23, dtype=dtype)
+
+    def run(deterministic):
+        return gradients(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=causal,
+                                                                   deterministic=deterministic), (q, k, v), dout)
+    first, second = run(True), run(True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
+                    dout.float())
+    lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+    assert_close_grads(first, ref, lowp)
+    assert_close_grads(run(False), ref, lowp)

@@ -224,17 +224,20 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     to_a_fragments<Elem, QT>(frag_ds, acc_ds);
     // dS^T to shared memory for dQ: fragment (kk, i) holds row g (+8 for i odd), columns
     // kk * 16 + 2t (+8 for i >= 2)
+    if constexpr (!T::kDeterministic) {
 #pragma unroll
-    for (int kk = 0; kk < QT / 2; ++kk)
+      for (int kk = 0; kk < QT / 2; ++kk)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
-            frag_ds[kk][i];
+        for (int i = 0; i < 4; ++i)
+          *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
+              frag_ds[kk][i];
+    }
 
     // ---- dV += P^T dO, dK += dS^T Q
     frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
     frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
 
+    if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
     __syncthreads();  // dS^T complete
     // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
     float acc_dq[DT][4];

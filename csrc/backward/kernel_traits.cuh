@@ -7,15 +7,18 @@
 namespace flashtune {
 namespace bwd {
 
-// One CTA owns kBlockN keys of one (batch, query head) and walks the query blocks that see them.
-// Each warp owns 16 of the keys (their rows of S^T, dP^T, dK and dV) and, for dQ, 16 of each query
-// block's rows, so kBlockM = kBlockN = 16 * kWarps.
-template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_>
+// The dK/dV kernel: one CTA owns kBlockN keys of one (batch, query head) and walks the query
+// blocks that see them. Each warp owns 16 of the keys (their rows of S^T, dP^T, dK and dV) and, for
+// dQ, 16 of each query block's rows, so kBlockM = kBlockN = 16 * kWarps.
+// kDeterministic: no dQ there (its atomic adds land in any order); the dQ kernel (dq_kernel.cuh),
+// a CTA per query block walking the key blocks, computes it alone, in a fixed order.
+template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr bool kCausal = kCausal_;
+  static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;  // keys per CTA
   static constexpr int kBlockM = 16 * kWarps;  // queries per step of the CTA's loop

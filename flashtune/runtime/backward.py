@@ -39,23 +39,27 @@ def check_trainable(q: torch.Tensor, k: torch.Tensor, fp8: bool = False, variant
              + "; ".join(problems) + ". Run it under torch.no_grad(), or detach the inputs")
 
 
-def bwd_spec_for(device: torch.device, dtype: torch.dtype, hdim: int, causal: bool) -> BwdSpec:
+def bwd_spec_for(device: torch.device, dtype: torch.dtype, hdim: int, causal: bool,
+                 deterministic: bool = False) -> BwdSpec:
     profile = active_profile(device)
-    key = (profile.arch.name, profile.nvcc_flags, dtype, hdim, bool(causal))
+    key = (profile.arch.name, profile.nvcc_flags, dtype, hdim, bool(causal), bool(deterministic))
     spec = _specs.get(key)
     if spec is None:
         dtype_name = str(dtype).removeprefix("torch.")
         if dtype_name not in DTYPES:
             fail(f"dtype {dtype_name}: the backward kernel takes {', '.join(DTYPES)}")
-        spec = _specs[key] = default_bwd_spec(profile.arch.name, dtype_name, hdim, causal, profile.nvcc_flags)
+        spec = _specs[key] = default_bwd_spec(profile.arch.name, dtype_name, hdim, causal, deterministic,
+                                              profile.nvcc_flags)
     return spec
 
 
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, dlse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
                   cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                  causal: bool, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's, k's and v's shapes and dtype."""
+                  causal: bool, deterministic: bool = False,
+                  poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in q's, k's and v's shapes and dtype; `deterministic`: the same bits for the same
+    inputs (dQ summed by a kernel of its own in a fixed order, not by atomic adds)."""
     varlen = cu_seqlens_q is not None
     dout = dout if dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0 else dout.contiguous()
     # rowsum(dO * O) in the LSE's layout: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
@@ -65,16 +69,20 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         dsum = dsum - dlse
     dsum = dsum.contiguous()
     lse = lse.contiguous()
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    # the atomic adds need zeros; the deterministic dQ kernel stores every row
+    dq_accum = (torch.empty if deterministic else torch.zeros)(q.shape, dtype=torch.float32, device=q.device)
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     # varlen k may have rows past the last sequence, which no CTA writes: their gradient is 0
     alloc = torch.zeros if varlen else torch.empty
     dk = alloc((*k.shape[:-2], heads_q, k.shape[-1]), dtype=k.dtype, device=k.device)
     dv = alloc(dk.shape, dtype=v.dtype, device=v.device)
-    if poison and not varlen:  # tests: a row the kernel forgot cannot pass for a computed one
-        dk.fill_(float("nan"))
-        dv.fill_(float("nan"))
-    spec = bwd_spec_for(q.device, q.dtype, q.shape[-1], causal)
+    if poison:  # tests: a row the kernel forgot cannot pass for a computed one
+        if not varlen:
+            dk.fill_(float("nan"))
+            dv.fill_(float("nan"))
+        if deterministic:
+            dq_accum.fill_(float("nan"))
+    spec = bwd_spec_for(q.device, q.dtype, q.shape[-1], causal, deterministic)
     kernel = load_kernel(spec)
     load_binding()
     torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dsum, dq_accum, dk, dv, cu_seqlens_q,

@@ -35,12 +35,14 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    causal: bool, q_descale: torch.Tensor | None = None,
                    k_descale: torch.Tensor | None = None, with_lse: bool = True, softcap: float = 0.0,
                    window_left: int = -1, window_right: int = -1, sinks: torch.Tensor | None = None,
-                   alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   alibi_slopes: torch.Tensor | None = None,
+                   deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log),
     or an empty tensor in its place without with_lse (the kernel then writes none: up to 5% of a short
     sequence's time on the H200). FP8 (e4m3) q and k come with their (batch, heads_kv) float32
     descale factors. Variants (checked by checks.check_variants): softcap > 0, a window other than
-    (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32."""
+    (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
+    `deterministic` is the backward's (autograd's formula below reads it from the inputs)."""
     if q.numel() == 0:
         return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
     profile = active_profile(q.device)
@@ -118,7 +120,8 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 
 @attention_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
-      k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None, alibi_slopes=None):
+      k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None, alibi_slopes=None,
+      deterministic=False):
     return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
 
 
@@ -128,20 +131,20 @@ attention_bwd = torch.library.custom_op("flashtune::attention_bwd", mutates_args
 
 @attention_bwd.register_fake
 def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      poison=False):
+      deterministic=False, poison=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _save_for_backward(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
-    ctx.shape = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+    ctx.shape = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, inputs[-1])  # the last: deterministic
 
 
 def _gradients(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.shape, poison_outputs)
-    return (dq, dk, dv) + (None,) * 14  # nothing flows to the lengths, scales, descales or variants
+    return (dq, dk, dv) + (None,) * 15  # nothing flows to the lengths, scales, descales, variants, flags
 
 
 attention_fwd.register_autograd(_gradients, setup_context=_save_for_backward)
@@ -193,7 +196,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q16 = q
     q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
-                        return_lse or return_attn_probs or grad, var.softcap, *var.window, var.sinks, var.alibi)
+                        return_lse or return_attn_probs or grad, var.softcap, *var.window, var.sinks, var.alibi,
+                        bool(deterministic))
     if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
         lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
@@ -254,7 +258,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                   alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                         bool(causal), None, None, return_lse or return_attn_probs or grad, var.softcap, *var.window,
-                        var.sinks, var.alibi)
+                        var.sinks, var.alibi, bool(deterministic))
     return _pack(out, lse, return_lse, return_attn_probs)
 
 

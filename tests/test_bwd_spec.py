@@ -1,0 +1,30 @@
+"""BwdSpec, without a GPU: names, generated source, the shared-memory fit, and the refusal of calls
+the backward kernel lacks."""
+from __future__ import annotations
+
+import pytest
+
+from flashtune.kernels.bwd_spec import BwdSpec, bwd_smem_bytes, default_bwd_spec
+from flashtune.kernels.spec import SpecError
+
+
+def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
+    spec = BwdSpec("sm_90a", "bfloat16", 128, 4, True)
+    assert spec.name == "flashtune_bwd_bf16_h128_64x64_w4_c_sm90a"
+    assert "flashtune::bwd::Traits<__nv_bfloat16, 128, 4, true, false>" in spec.source()
+    assert "nullptr, *params" in spec.source() and "_dq(" not in spec.source()
+    det = BwdSpec("sm_80", "float16", 64, 2, False, deterministic=True)
+    assert det.name == "flashtune_bwd_f16_h64_32x32_w2_det_sm80"
+    assert f"{det.name}_dq(" in det.source() and "Traits<__half, 64, 2, false, true>" in det.source()
+    assert det.source_hash() != BwdSpec("sm_80", "float16", 64, 2, False).source_hash()
+
+
+def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
+    assert bwd_smem_bytes(128, 4) == 4 * 64 * 256 + 64 * 64 * 2 + 2 * 64 * 4
+    assert default_bwd_spec("sm_89", "bfloat16", 128, False).warps == 4  # 74 KB fits the RTX parts' 99 KB
+    with pytest.raises(SpecError, match="head dims 64, 128, not 96"):
+        BwdSpec("sm_90a", "bfloat16", 96, 4, False)
+    with pytest.raises(SpecError, match="warps 8"):
+        BwdSpec("sm_90a", "bfloat16", 64, 8, False)
+    with pytest.raises(SpecError, match="dtype 'float32'"):
+        BwdSpec("sm_90a", "float32", 64, 4, False)
