@@ -168,6 +168,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     or (out, lse) with return_lse=True (lse: float32, (batch, heads, seqlen_q)), or
     (out, lse, None) with return_attn_probs=True, as flash_attn does.
 
+    Gradients: inputs that require grad get dq, dk, dv from flashtune's backward kernel (16-bit,
+    head dims 64 and 128, no FP8 or variants; anything else is refused here, not in the backward);
+    deterministic=True makes them the same bits on every run.
+
     FP8 (profiles with `fp8: {qk: e4m3}`): q and k in torch.float8_e4m3fn with optional
     float32 q_descale / k_descale of shape (batch, heads_kv) (FlashAttention-3's convention:
     S = q.k x q_descale x k_descale), or 16-bit q and k with qk_fp8=True, which quantises
