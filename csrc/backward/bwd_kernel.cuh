@@ -98,6 +98,26 @@ __device__ __forceinline__ void frag_times_rows(float (&acc)[T::kDTiles][4], con
     }
 }
 
+// One sequence's lengths and the element offsets of its first row in every tensor (varlen: from
+// cu_seqlens; else the batch entry's).
+struct Sequence {
+  int seqlen_q, seqlen_k;
+  int64_t q, k, v, dout, dq, dkv, lse;
+};
+
+__device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
+  const FwdParams& p = bp.fwd;
+  if (p.cu_seqlens_q == nullptr) {
+    return {p.seqlen_q, p.seqlen_k, batch * p.q_batch_stride, batch * p.k_batch_stride, batch * p.v_batch_stride,
+            batch * bp.do_batch_stride, batch * bp.dq_batch_stride, batch * bp.dkv_batch_stride,
+            batch * p.lse_batch_stride};
+  }
+  const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
+  return {p.cu_seqlens_q[batch + 1] - q_start, p.cu_seqlens_k[batch + 1] - k_start, q_start * p.q_row_stride,
+          k_start * p.k_row_stride, k_start * p.v_row_stride, q_start * bp.do_row_stride, q_start * bp.dq_row_stride,
+          k_start * bp.dkv_row_stride, q_start};
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
@@ -115,35 +135,20 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / p.head_ratio;
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  int64_t q_off = int64_t(batch) * p.q_batch_stride, k_off = int64_t(batch) * p.k_batch_stride;
-  int64_t v_off = int64_t(batch) * p.v_batch_stride, do_off = int64_t(batch) * bp.do_batch_stride;
-  int64_t dq_off = int64_t(batch) * bp.dq_batch_stride, dkv_off = int64_t(batch) * bp.dkv_batch_stride;
-  int64_t lse_off = int64_t(batch) * p.lse_batch_stride;
-  if (p.cu_seqlens_q != nullptr) {
-    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
-    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
-    q_off = int64_t(q_start) * p.q_row_stride;
-    do_off = int64_t(q_start) * bp.do_row_stride;
-    dq_off = int64_t(q_start) * bp.dq_row_stride;
-    k_off = int64_t(k_start) * p.k_row_stride;
-    v_off = int64_t(k_start) * p.v_row_stride;
-    dkv_off = int64_t(k_start) * bp.dkv_row_stride;
-    lse_off = q_start;
-  }
+  const Sequence seq = sequence(bp, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   if (n_block * BN >= seqlen_k) return;  // uniform across the CTA
 
   const int key0 = n_block * BN;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + q_off + int64_t(head) * p.q_head_stride;
-  const Elem* gdO = static_cast<const Elem*>(bp.dout) + do_off + int64_t(head) * bp.do_head_stride;
-  const Elem* gK = static_cast<const Elem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride +
+  const Elem* gQ = static_cast<const Elem*>(p.q) + seq.q + int64_t(head) * p.q_head_stride;
+  const Elem* gdO = static_cast<const Elem*>(bp.dout) + seq.dout + int64_t(head) * bp.do_head_stride;
+  const Elem* gK = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride +
                    int64_t(key0) * p.k_row_stride;
-  const Elem* gV = static_cast<const Elem*>(p.v) + v_off + int64_t(kv_head) * p.v_head_stride +
+  const Elem* gV = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride +
                    int64_t(key0) * p.v_row_stride;
-  float* gdQ = bp.dq_accum + dq_off + int64_t(head) * bp.dq_head_stride;
-  const float* gLse = p.lse + lse_off + int64_t(head) * p.lse_head_stride;
-  const float* gDsum = bp.dsum + lse_off + int64_t(head) * p.lse_head_stride;
+  float* gdQ = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
+  const float* gLse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
+  const float* gDsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
 
   // Bottom-right causal: key j is visible to query i iff j <= i + shift. The first query block
   // that sees any of this CTA's keys:
@@ -272,8 +277,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   }
 
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
-  Elem* gdK = static_cast<Elem*>(bp.dk) + dkv_off + int64_t(head) * bp.dkv_head_stride;
-  Elem* gdV = static_cast<Elem*>(bp.dv) + dkv_off + int64_t(head) * bp.dkv_head_stride;
+  Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
+  Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + warp * 16 + g + 8 * r;

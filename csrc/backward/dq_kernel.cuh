@@ -48,26 +48,13 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
   const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / p.head_ratio;
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  int64_t q_off = int64_t(batch) * p.q_batch_stride, k_off = int64_t(batch) * p.k_batch_stride;
-  int64_t v_off = int64_t(batch) * p.v_batch_stride, do_off = int64_t(batch) * bp.do_batch_stride;
-  int64_t dq_off = int64_t(batch) * bp.dq_batch_stride, lse_off = int64_t(batch) * p.lse_batch_stride;
-  if (p.cu_seqlens_q != nullptr) {
-    const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - q_start;
-    seqlen_k = p.cu_seqlens_k[batch + 1] - k_start;
-    q_off = int64_t(q_start) * p.q_row_stride;
-    do_off = int64_t(q_start) * bp.do_row_stride;
-    dq_off = int64_t(q_start) * bp.dq_row_stride;
-    k_off = int64_t(k_start) * p.k_row_stride;
-    v_off = int64_t(k_start) * p.v_row_stride;
-    lse_off = q_start;
-  }
+  const Sequence seq = sequence(bp, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
   const int q0 = m_block * BM;
   if (q0 >= seqlen_q) return;
 
-  const Elem* gK = static_cast<const Elem*>(p.k) + k_off + int64_t(kv_head) * p.k_head_stride;
-  const Elem* gV = static_cast<const Elem*>(p.v) + v_off + int64_t(kv_head) * p.v_head_stride;
+  const Elem* gK = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride;
   const int causal_shift = seqlen_k - seqlen_q;
   int n_end = (seqlen_k + BN - 1) / BN;
   if (T::kCausal) {
@@ -88,10 +75,10 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
     bt_rows[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
   }
 
-  load_rows_async<T, BM>(sQ, static_cast<const Elem*>(p.q) + q_off + int64_t(head) * p.q_head_stride +
+  load_rows_async<T, BM>(sQ, static_cast<const Elem*>(p.q) + seq.q + int64_t(head) * p.q_head_stride +
                                  int64_t(q0) * p.q_row_stride,
                          p.q_row_stride, seqlen_q - q0, tid);
-  load_rows_async<T, BM>(sdO, static_cast<const Elem*>(bp.dout) + do_off + int64_t(head) * bp.do_head_stride +
+  load_rows_async<T, BM>(sdO, static_cast<const Elem*>(bp.dout) + seq.dout + int64_t(head) * bp.do_head_stride +
                                   int64_t(q0) * bp.do_row_stride,
                          bp.do_row_stride, seqlen_q - q0, tid);
   cp_async_commit();
@@ -102,7 +89,7 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
   for (int r = 0; r < 2; ++r) {
     const int row = q0 + warp * 16 + g + 8 * r;
     const bool valid = row < seqlen_q;
-    const int64_t at = lse_off + int64_t(head) * p.lse_head_stride + row;
+    const int64_t at = seq.lse + int64_t(head) * p.lse_head_stride + row;
     lse_log2[r] = valid ? p.lse[at] * kLog2e : INFINITY;
     dsum[r] = valid ? bp.dsum[at] : 0.f;
   }
@@ -141,7 +128,7 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
     frag_times_rows<T, KT / 2>(acc_dq, frag_ds, sK, bt_rows);
   }
 
-  float* gdQ = bp.dq_accum + dq_off + int64_t(head) * bp.dq_head_stride;
+  float* gdQ = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = q0 + warp * 16 + g + 8 * r;
