@@ -114,7 +114,7 @@ def test_k_smoothing_cuts_the_error_on_keys_with_offset_channels(fp8_profile, tm
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = fp8_floor.inputs("activations", 2, 1024, 1024, 8, 2, 128, torch.bfloat16, "cuda", g)
     ref, ref_lse = attention_reference(q, k, v, True)
-    plain_out = ops.flash_attn_func(q, k, v, causal=True, qk_fp8=True)
+    plain_out, plain_lse = ops.flash_attn_func(q, k, v, causal=True, qk_fp8=True, return_lse=True)
     text = fp8_profile.path.read_text()
     smooth = tmp_path / "smooth.yaml"
     smooth.write_text(text.replace("fp8: {qk: e4m3", "fp8: {k_smoothing: true, qk: e4m3").replace(
@@ -125,7 +125,11 @@ def test_k_smoothing_cuts_the_error_on_keys_with_offset_channels(fp8_profile, tm
     finally:
         ops.use_profile(fp8_profile)
     assert rel_l2(out, ref) < 0.8 * rel_l2(plain_out, ref), (rel_l2(out, ref), rel_l2(plain_out, ref))
-    assert (lse - ref_lse).abs().max() < 0.05
+    # The LSE keeps e4m3's error on these scores (fp32 math on the quantised operands, on the CPU:
+    # max 2.10 plain, 0.97 smoothed; the H200 gave 0.92 smoothed); without the shift put back it
+    # would be off by scale x q.mean, tens here.
+    lse_error, plain_error = (lse - ref_lse).abs().max(), (plain_lse - ref_lse).abs().max()
+    assert lse_error < 0.6 * plain_error, (lse_error, plain_error)
 
 
 def test_fp8_qk_with_softcap_caps_the_true_scores(fp8_profile):

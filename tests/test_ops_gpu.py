@@ -275,6 +275,7 @@ def test_causal_call_replayed_from_a_cuda_graph():
         for x in (q, k, v):
             x.copy_(torch.randn_like(x))
         graph.replay()
+        stream.wait_stream(torch.cuda.current_stream())  # the copies above are on the current stream
         with torch.cuda.stream(stream):
             eager, eager_lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
         torch.cuda.synchronize()

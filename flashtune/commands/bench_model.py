@@ -369,9 +369,13 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     row.predicted_peak_mb = round(predicted / 2**20, 1)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
-                    tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
-                                                                   profile_backend=name if cuda else None)
-                    row.decode_tok_s = batch / max(step_seconds, 1e-9)
+                    try:
+                        tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
+                                                                       profile_backend=name if cuda else None)
+                        row.decode_tok_s = batch / max(step_seconds, 1e-9)
+                    except RuntimeError as e:  # SDPA's flash backend takes no mask, which a static cache needs
+                        tokens, profiled = None, None
+                        row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
                     if profiled:
                         attention, total = profiled
                         row.decode_attention_share = attention / total if total else None
@@ -394,7 +398,9 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
                 _add(result, row, checkpoint, free=cuda)
                 continue
-            if not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
+            if tokens is None:  # the row's greedy tokens are generate's
+                tokens = generated[:, length:]
+            elif not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
                 row.status = "ok; generate and the static-cache loop chose different tokens"
             if length not in first:
                 first[length] = (name, logits.cpu(), tokens)

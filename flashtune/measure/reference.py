@@ -46,7 +46,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if sinks is not None:  # one more column per head: the sink, with a zero value row
         sink_col = sinks.float().to(q.device)[None, :, None, None].expand(b, hq, sq, 1)
         scores = torch.cat([scores, sink_col], dim=-1)
-        vf = torch.cat([vf, torch.zeros_like(vf[:, :, :1])], dim=2)
+        vf = torch.cat([vf, vf.new_zeros(b, hq, 1, d)], dim=2)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
     probs = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(torch.float32).min))
     probs = torch.nan_to_num(probs, nan=0.0)
