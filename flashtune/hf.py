@@ -65,7 +65,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """transformers' attention-function signature: (batch, heads, seqlen, head_dim) in,
     (batch, seqlen, heads, head_dim) out. GQA is handled by the kernel (no repeat_kv)."""
     if dropout and module.training:
-        raise ValueError("flashtune attention is forward-only (inference): no dropout; call model.eval()")
+        raise ValueError("flashtune attention has no dropout: set the config's attention_dropout to 0.0 to "
+                         "train, or call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
     extra = _variants(kwargs, k.shape[1])

@@ -207,7 +207,7 @@ def test_unsupported_features_are_refused():
     module = torch.nn.Module()
     q = torch.zeros(1, 4, 8, 64)
     module.train()
-    with pytest.raises(ValueError, match="forward-only"):
+    with pytest.raises(ValueError, match="has no dropout"):
         hf.attention_forward(module, q, q, q, None, dropout=0.1)
     module.eval()
     with pytest.raises(ValueError, match="4-D attention mask"):

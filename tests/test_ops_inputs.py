@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import flashtune
 from flashtune.runtime import ops, selection
 from flashtune.kernels.gpu import describe_target
 from flashtune.runtime.ops import FlashtuneInputError, flash_attn_func, flash_attn_varlen_func
@@ -72,6 +73,7 @@ def test_calls_without_a_backward_say_so_when_grad_is_wanted():
     _raises(f"{needs}.*head dim 96", flash_attn_varlen_func, qv.requires_grad_(), kv, vv, lens, lens, 5, 5)
     _raises("paged KV-cache call is forward-only", flash_attn_varlen_func, q[0], k[0], v[0], lens, None, 5, 5,
             block_table=torch.zeros(2, 1, dtype=torch.int32))
+    _raises("flash_attn_with_kvcache is forward-only", flashtune.flash_attn_with_kvcache, q, k, v)
 
 
 def test_cpu_tensors_get_a_device_error_last():
