@@ -512,9 +512,13 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @list_option("--caches", "--cache", "With --decode: keys per sequence (default 1024,16384,131072).")
 @list_option("--seqlens-q", "--seqlen-q", "With --decode: query tokens per sequence, causal above 1 (default 1,4).")
 @list_option("--pages", "--page", "With --decode: page sizes of a paged cache, 0 for contiguous (default 0).")
+@click.option("--pass", "pass_name", type=click.Choice(["fwd", "bwd", "fwd+bwd"]), default="fwd", show_default=True,
+              help="The prefill grid's pass: the forward, the backward alone (dq, dk, dv from a kept forward) or "
+                   "both; TFLOPS count the backward as 2.5 forwards (FlashAttention's count); the error column "
+                   "is dq's.")
 def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
                   as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
-                  seqlens_q, pages) -> None:
+                  seqlens_q, pages, pass_name) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -525,6 +529,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         flashtune bench --hdims 128 --seqlens 1024,4096 --out out.json --plot out.png
         flashtune bench --hdims 128 --seqlens 4096 --heads 32 --heads-kv 8 --causal --csv -
         flashtune bench --decode --hdims 128 --heads-kv 8 --batches 1,32 --caches 16384 --pages 0,64
+        flashtune bench --pass fwd+bwd --hdims 64,128 --causal
 
     Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
@@ -582,7 +587,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         with progress_bar("bench", console, len(shapes)) as bar:
             result = bench.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.advance(
                 f"{shape.dtype} hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"),
-                checkpoint=_checkpoint(json_out))
+                checkpoint=_checkpoint(json_out), pass_name=pass_name)
         if csv_path:
             write_text(csv_path, bench.to_csv(result.rows))
     bench.render(result, console)
@@ -606,7 +611,8 @@ def _checkpoint(json_out: str | None):
 # not silently ignored.
 MODE_OPTIONS = {
     "grid": {"seqlens": "--seqlens", "hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv",
-             "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv", "batches": "--batches"},
+             "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv", "batches": "--batches",
+             "pass_name": "--pass"},
     "decode": {"hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv", "batches": "--batches",
                "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
                "csv_path": "--csv"},

@@ -84,7 +84,7 @@ def test_bench_json_file_is_the_old_spelling_of_out(monkeypatch, tmp_path, one_g
     """`bench --json FILE` (before 0.2) still writes FILE, as `--out FILE` does, and says so."""
     from flashtune.commands import bench
 
-    def fake_run_bench(shapes, names, repeats, on_shape=None, checkpoint=None):
+    def fake_run_bench(shapes, names, repeats, on_shape=None, checkpoint=None, pass_name="fwd"):
         return bench.BenchResult({"gpu": "G", "compute_capability": "9.0", "driver": "d", "torch": "t",
                                   "cuda": "c", "cudnn": 1}, [bench.BenchRow.empty("flashtune", shapes[0])])
 
@@ -110,6 +110,8 @@ def test_bench_refuses_options_of_the_other_mode(one_gpu):
     decode_only = run("bench", "--caches", "1024")
     assert decode_only.exit_code == 2 and "--caches: not an option of the prefill grid (only of bench --decode)" \
         in decode_only.stderr
+    decode_backward = run("bench", "--decode", "--pass", "bwd")
+    assert decode_backward.exit_code == 2 and "--pass: not an option of bench --decode" in decode_backward.stderr
     grid_with_decode = run("bench", "--decode", "--seqlens", "512", "--causal")
     assert grid_with_decode.exit_code == 2 and "--seqlens, --causal: not an option of bench --decode" \
         in grid_with_decode.stderr

@@ -30,8 +30,28 @@ from flashtune.measure.timing import (geomean, host_ms_per_call, input_sets, ker
 SAMPLE_HEADS = 2  # heads of batch entry 0 checked against the fp32 reference
 
 
+# Each pass's FLOPs in forwards (FlashAttention's count: the backward's five matmuls to the forward's two)
+PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+def with_gradients(make: Callable, pass_name: str, dout) -> Callable:
+    """A backend's forward runner maker -> one that runs `pass_name` on inputs that require grad:
+    "bwd" the gradients from one forward kept for every repeat, "fwd+bwd" both passes. The runner
+    returns dq (what the error column compares)."""
+    import torch
+
+    def make_pass(case):
+        run = make(case)
+        leaves = (case.q, case.k, case.v)
+        if pass_name == "bwd":
+            out = run()
+            return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)[0]
+        return lambda: torch.autograd.grad(run(), leaves, dout)[0]
+    return make_pass
+
+
 def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int = 5,
-                  seed: int = 0) -> list[BenchRow]:
+                  seed: int = 0, pass_name: str = "fwd") -> list[BenchRow]:
     """One row per backend for this shape: same inputs for all."""
     import torch
 
@@ -40,12 +60,23 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
 
     scale = 1.0 / math.sqrt(shape.hdim)
     inputs = [make_inputs(shape, seed + i) for i in range(input_sets(shape))]
+    backward = pass_name != "fwd"
+    if backward:
+        inputs = [tuple(t.requires_grad_() for t in qkv) for qkv in inputs]
     cases = [Inputs(q, k, v, shape.causal, scale) for q, k, v in inputs]
     q0, k0, v0 = inputs[0]
     group = shape.heads // shape.heads_kv
     sample_h = min(SAMPLE_HEADS, shape.heads)
-    ref, _ = attention_reference(q0[:1, :, :sample_h], k0[:1, :, :max(1, math.ceil(sample_h / group))],
-                                 v0[:1, :, :max(1, math.ceil(sample_h / group))], shape.causal, scale)
+    sample = (q0[:1, :, :sample_h].detach(), k0[:1, :, :max(1, math.ceil(sample_h / group))].detach(),
+              v0[:1, :, :max(1, math.ceil(sample_h / group))].detach())
+    if backward:  # the error column is dq's: the fp32 reference's, by autograd, on the sample
+        dout = torch.randn(q0.shape, dtype=q0.dtype, device=q0.device,
+                           generator=torch.Generator(device=q0.device).manual_seed(seed + 1000))
+        sample_q = sample[0].float().requires_grad_()
+        out, _ = attention_reference(sample_q, *(t.float() for t in sample[1:]), shape.causal, scale)
+        ref = torch.autograd.grad(out, sample_q, dout[:1, :, :sample_h].float())[0]
+    else:
+        ref, _ = attention_reference(*sample, shape.causal, scale)
     def first_call(row: BenchRow, run) -> None:  # its peak memory and its error on the sample
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -56,11 +87,12 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
         row.rel_err = rel_l2(out[:1, :, :sample_h], ref)
 
     rows = [BenchRow.empty(name, shape) for name in backends]
-    timed = time_backends(rows, lambda name: [BACKENDS[name](case) for case in cases], first_call, warmup, repeats)
+    maker = (lambda name: with_gradients(BACKENDS[name], pass_name, dout)) if backward else BACKENDS.__getitem__
+    timed = time_backends(rows, lambda name: [maker(name)(case) for case in cases], first_call, warmup, repeats)
     for row in rows:
         if row.backend in timed:
             row.ms = statistics.median(timed[row.backend][0])
-            row.tflops = shape.flops / (row.ms * 1e-3) / 1e12
+            row.tflops = PASS_FLOPS[pass_name] * shape.flops / (row.ms * 1e-3) / 1e12
             row.host_ms = timed[row.backend][1]
     return rows
 
@@ -198,12 +230,12 @@ def environment() -> dict:
 
 def run_bench(shapes: list[Problem], backends: list[str], repeats: int,
               on_shape: Callable[[Problem, list[BenchRow]], None] | None = None,
-              checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
-    """Every shape's rows; `checkpoint` gets the result so far after each shape (bench --out
-    writes it, so an interrupted run keeps what it measured)."""
-    result = BenchResult(environment(), [])
+              checkpoint: Callable[[BenchResult], None] | None = None, pass_name: str = "fwd") -> BenchResult:
+    """Every shape's rows for one pass (fwd, bwd, fwd+bwd); `checkpoint` gets the result so far after
+    each shape (bench --out writes it, so an interrupted run keeps what it measured)."""
+    result = BenchResult({**environment(), "pass": pass_name}, [])
     for shape in shapes:
-        shape_rows = measure_shape(shape, backends, repeats)
+        shape_rows = measure_shape(shape, backends, repeats, pass_name=pass_name)
         result.rows += shape_rows
         if on_shape:
             on_shape(shape, shape_rows)
@@ -242,6 +274,8 @@ def shape_table(rows: list[BenchRow], ours: str = "flashtune") -> Table:
 
 
 def render(result: BenchResult, console: Console) -> None:
+    if result.header.get("pass", "fwd") != "fwd":
+        console.print(f"pass: {result.header['pass']} (TFLOPS count the backward as 2.5 forwards; rel err: dq's)")
     console.print(shape_table(result.rows))
     h = result.header
     console.print(f"{h['gpu']} (cc {h['compute_capability']}), driver {h['driver']}, torch {h['torch']}, "
