@@ -57,14 +57,14 @@ __device__ __forceinline__ void to_a_fragments(uint32_t (&frag)[kTiles / 2][4], 
   }
 }
 
-// acc[n tiles] = A (16 rows, from `a_lane`: the warp's rows of a [rows][kHeadDim] tile) times the
-// transpose of the [kQTiles * 8][kHeadDim] tile at `b_tile` (`b_lane`: this lane's row address).
-template <class T>
-__device__ __forceinline__ void rows_times_rows_t(float (&acc)[T::kQTiles][4], const uint32_t (&a_lane)[4],
+// acc[kTiles n8 tiles] = A (16 rows, from `a_lane`: the warp's rows of a [rows][kHeadDim] tile) times
+// the transpose of the [kTiles * 8][kHeadDim] tile at `b_tile` (`b_lane`: this lane's row address).
+template <class T, int kTiles>
+__device__ __forceinline__ void rows_times_rows_t(float (&acc)[kTiles][4], const uint32_t (&a_lane)[4],
                                                   uint32_t b_tile, const uint32_t (&b_lane)[4]) {
   using Elem = typename T::Elem;
 #pragma unroll
-  for (int nt = 0; nt < T::kQTiles; ++nt)
+  for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 #pragma unroll
@@ -72,7 +72,7 @@ __device__ __forceinline__ void rows_times_rows_t(float (&acc)[T::kQTiles][4], c
     uint32_t a[4];
     ldmatrix_x4(a, a_lane[kk % 4] + (kk / 4) * 128);
 #pragma unroll
-    for (int nt = 0; nt < T::kQTiles; nt += 2) {
+    for (int nt = 0; nt < kTiles; nt += 2) {
       uint32_t b[4];
       ldmatrix_x4(b, b_tile + b_lane[kk % 4] + nt * 8 * T::kRowBytes + (kk / 4) * 128);
       mma_16816<Elem>(acc[nt], a, b[0], b[1]);
@@ -205,7 +205,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 
     // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
     float acc_s[QT][4];
-    rows_times_rows_t<T>(acc_s, a_k, sQ, b_rows);
+    rows_times_rows_t<T, QT>(acc_s, a_k, sQ, b_rows);
 #pragma unroll
     for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
@@ -218,7 +218,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 
     // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
     float acc_ds[QT][4];
-    rows_times_rows_t<T>(acc_ds, a_v, sdO, b_rows);
+    rows_times_rows_t<T, QT>(acc_ds, a_v, sdO, b_rows);
 #pragma unroll
     for (int nt = 0; nt < QT; ++nt)
 #pragma unroll

@@ -10,30 +10,6 @@
 namespace flashtune {
 namespace bwd {
 
-// acc[key tiles] = the warp's 16 rows of the [rows][kHeadDim] tile at `a_lane` times the transpose
-// of the [kBlockN][kHeadDim] tile at `b_tile`.
-template <class T>
-__device__ __forceinline__ void rows_times_keys_t(float (&acc)[T::kBlockN / 8][4], const uint32_t (&a_lane)[4],
-                                                  uint32_t b_tile, const uint32_t (&b_lane)[4]) {
-  using Elem = typename T::Elem;
-#pragma unroll
-  for (int nt = 0; nt < T::kBlockN / 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    uint32_t a[4];
-    ldmatrix_x4(a, a_lane[kk % 4] + (kk / 4) * 128);
-#pragma unroll
-    for (int nt = 0; nt < T::kBlockN / 8; nt += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, b_tile + b_lane[kk % 4] + nt * 8 * T::kRowBytes + (kk / 4) * 128);
-      mma_16816<Elem>(acc[nt], a, b[0], b[1]);
-      mma_16816<Elem>(acc[nt + 1], a, b[2], b[3]);
-    }
-  }
-}
-
 template <class T>
 __device__ __forceinline__ void dq_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
@@ -110,8 +86,8 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
     __syncthreads();
 
     float acc_s[KT][4], acc_ds[KT][4];
-    rows_times_keys_t<T>(acc_s, a_q, sK, b_rows);
-    rows_times_keys_t<T>(acc_ds, a_do, sV, b_rows);  // dP
+    rows_times_rows_t<T, KT>(acc_s, a_q, sK, b_rows);
+    rows_times_rows_t<T, KT>(acc_ds, a_do, sV, b_rows);  // dP
 #pragma unroll
     for (int nt = 0; nt < KT; ++nt)
 #pragma unroll
