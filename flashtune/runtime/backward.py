@@ -61,7 +61,9 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """(dq, dk, dv) in q's, k's and v's shapes and dtype; `deterministic`: the same bits for the same
     inputs (dQ summed by a kernel of its own in a fixed order, not by atomic adds)."""
     varlen = cu_seqlens_q is not None
-    dout = dout if dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0 else dout.contiguous()
+    # the kernel reads dO in 16-byte chunks: rows at multiples of 8 elements, a 16-byte aligned start
+    aligned = dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in dout.stride()[:-1])
+    dout = dout if aligned else dout.contiguous()
     # rowsum(dO * O) in the LSE's layout: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
     dsum = (dout.float() * out.float()).sum(-1)
     dsum = dsum.t() if varlen else dsum.transpose(1, 2)
