@@ -251,13 +251,16 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
 @click.option("--decode/--no-decode", default=True, show_default=True,
               help="Also the decode kernels (queries of at most 16 rows, the KV-cache functions): 30 per dtype, "
                    "else compiled on their first call.")
+@click.option("--backward/--no-backward", default=True, show_default=True,
+              help="Also the backward kernels (the gradients of flash_attn_func and flash_attn_varlen_func): per "
+                   "dtype, head dim 64 and 128, causal and not; else compiled on a training step's first call.")
 @json_option
-def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, as_json) -> None:
+def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, backward, as_json) -> None:
     """JIT-compile a profile's attention kernels into the cache.
 
     One kernel per (dtype, head dim, causal, tile) of the profile, each with its exact,
     config-named symbol; the decode kernels (per dtype, head dim, packed rows, causal and
-    cache layout); plus the torch binding. Example:
+    cache layout); the backward kernels; plus the torch binding. Example:
 
     \b
         flashtune build --profile rtx5090 --arch sm_120
@@ -270,7 +273,7 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
     console = None if as_json else make_console()
     if console:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
-    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=decode)
+    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=decode, backward=backward)
     if as_json:
         print_json(report.to_json())
     else:

@@ -1,6 +1,7 @@
 """`flashtune build` end to end without a GPU: the README's main job, narrowed to one head dim.
 
-This is CI's sm_120 compile-check of the sm80 family (test_build.py covers sm_80 and sm_89).
+This is CI's sm_120 compile-check of the sm80 family and of the backward (test_build.py covers
+sm_80 and sm_89).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_cross_compiles_rtx5090_for_sm120_then_hits_the_cache():
     assert names == ["flashtune_C", "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_sm120",
                      "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_fp8qk_sm120",
                      "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_sm120",
-                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_fp8qk_sm120"]
+                     "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_fp8qk_sm120",
+                     "flashtune_bwd_bf16_h64_64x64_w4_sm120", "flashtune_bwd_bf16_h64_64x64_w4_c_sm120"]
     kernels = report["kernels"][1:]
     assert all(not k["cache_hit"] and k["registers"] and k["spill_stores"] == 0 for k in kernels)
     warm = json.loads(CliRunner().invoke(cli, args).output)

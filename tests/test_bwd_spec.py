@@ -28,3 +28,15 @@ def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
         BwdSpec("sm_90a", "bfloat16", 64, 8, False)
     with pytest.raises(SpecError, match="dtype 'float32'"):
         BwdSpec("sm_90a", "float32", 64, 4, False)
+
+
+def test_build_takes_each_dtype_head_dim_and_mask_the_backward_has():
+    from flashtune.kernels.bwd_spec import bwd_specs_for_profile
+    from flashtune.kernels.profiles import find_profile
+
+    profile = find_profile("rtx5090")
+    specs = bwd_specs_for_profile(profile, arch="sm_120")
+    assert {(s.dtype, s.hdim, s.causal) for s in specs} == {
+        (d, h, c) for d in profile.dtypes for h in (64, 128) if h in profile.head_dims for c in (False, True)}
+    assert all(s.arch == "sm_120" and not s.deterministic for s in specs)
+    assert bwd_specs_for_profile(profile, hdims=[256]) == []  # no backward at 256 yet

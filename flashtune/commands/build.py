@@ -15,6 +15,7 @@ from flashtune.commands.common import EXIT_FAILED, EXIT_OK, progress_bar
 from flashtune.kernels.arch import get_arch
 from flashtune.kernels.build import BuildError, BuildResult, build_binding, build_specs, cache_root
 from flashtune.kernels.profiles import Profile
+from flashtune.kernels.bwd_spec import bwd_specs_for_profile
 from flashtune.kernels.decode_spec import decode_specs_for_profile
 from flashtune.kernels.spec import KernelSpec, specs_for_profile
 from flashtune.kernels.toolchain import check_build_toolchain
@@ -52,9 +53,10 @@ class BuildReport:
 
 
 def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jobs: int | None,
-              console: Console | None, with_binding: bool = True, decode: bool = True) -> BuildReport:
-    """Build every kernel of the profile (narrowed by the options), the decode kernels included; a
-    progress bar on the console."""
+              console: Console | None, with_binding: bool = True, decode: bool = True,
+              backward: bool = True) -> BuildReport:
+    """Build every kernel of the profile (narrowed by the options), the decode and backward kernels
+    included; a progress bar on the console."""
     specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     target = get_arch(arch or profile.arch.name)
     check_build_toolchain(target)  # once, before any compile: exit 2
@@ -65,6 +67,8 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
                             "no FP8 tensor cores (they exist on sm_89, sm_90 and sm_120)")
     if decode:
         specs += decode_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
+    if backward:
+        specs += bwd_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     start = time.perf_counter()
     with progress_bar("building", console, len(specs) + int(with_binding)) as bar:
         if with_binding:
@@ -110,9 +114,13 @@ def render(report: BuildReport, console: Console, verbose: bool = False) -> None
     spilled = [k for k in report.kernels if k.spill_stores or k.spill_loads]
     if spilled:
         decode = sum(k.name.startswith("flashtune_decode_") for k in spilled)
-        tools = [t for t, n in (("`flashtune tune`", len(spilled) - decode), ("`flashtune tune --decode`", decode)) if n]
+        backward = sum(k.name.startswith("flashtune_bwd_") for k in spilled)
+        tools = [t for t, n in (("`flashtune tune`", len(spilled) - decode - backward),
+                                ("`flashtune tune --decode`", decode)) if n]
+        hints = ([f"{' and '.join(tools)} can look for tiles that do not"] if tools else []) + (
+            [f"the backward's {backward} have one tile per head dim, not tuned yet"] if backward else [])
         console.print(f"[yellow]warning: {len(spilled)} kernels spill registers to local memory (slower; the "
-                      f"spills column); {' and '.join(tools)} can look for tiles that do not[/]")
+                      f"spills column); {'; '.join(hints)}[/]")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
     for failure in report.failures:  # one line each: the kernel, its first compiler error, the full log

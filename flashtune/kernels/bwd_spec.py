@@ -125,3 +125,13 @@ def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, determinist
         except SpecError as err:
             problem = err
     raise problem
+
+
+def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[BwdSpec]:
+    """The backward kernels a profile's calls can launch (optionally narrowed), for `flashtune build`:
+    each dtype and head dim the kernel takes, causal and not (the deterministic ones are built on
+    first use)."""
+    target = arch or profile.arch.name
+    return [default_bwd_spec(target, dtype, hdim, causal, nvcc_flags=profile.nvcc_flags)
+            for dtype in dtypes or profile.dtypes for hdim in hdims or profile.head_dims if hdim in BWD_HEAD_DIMS
+            for causal in (False, True)]
