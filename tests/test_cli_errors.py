@@ -65,7 +65,7 @@ def test_a_failed_compile_is_one_line_per_kernel_and_a_summary(tmp_path, no_bind
     profile.write_text("name: bad-flags\ndescription: a bad nvcc flag\nmatch: {}\nfamily: sm80\narch: sm_89\n"
                        "dtypes: [bfloat16]\nhead_dims: [64, 128, 256]\nnvcc_flags: ['--no-such-nvcc-flag']\n"
                        "configs_from: rtx4090\n")
-    result = run("build", "--profile", str(profile), "--hdim", "64", "--no-decode")
+    result = run("build", "--profile", str(profile), "--hdim", "64", "--no-decode", "--no-backward")
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     failed = [line for line in result.stdout.splitlines() if line.startswith("failed ")]
@@ -75,7 +75,8 @@ def test_a_failed_compile_is_one_line_per_kernel_and_a_summary(tmp_path, no_bind
         log = Path(line.split("(full log: ")[1].rstrip(")"))
         assert log.is_file() and "Traceback" in log.read_text()  # the whole story stays in the cache entry
     assert result.stdout.strip().splitlines()[-1] == "error: 2 of 3 modules failed to compile"
-    report = json.loads(run("build", "--profile", str(profile), "--hdim", "64", "--no-decode", "--json").stdout)
+    report = json.loads(run("build", "--profile", str(profile), "--hdim", "64", "--no-decode", "--no-backward",
+                            "--json").stdout)
     assert report["exit_code"] == 1 and report["error"] == "2 of 3 modules failed to compile"
     assert all("nvcc fatal" in f["error"] and Path(f["log"]).is_file() for f in report["failures"])
 
@@ -154,8 +155,9 @@ def test_fp8_kernels_left_out_for_an_arch_without_fp8_are_named(monkeypatch, no_
 
     monkeypatch.setattr(build_command, "build_specs", fake_build_specs)
     report = json.loads(run("build", "--profile", "rtx5090", "--arch", "sm_80", "--json").stdout)
-    assert len(built) == 12 + 60 and not any(s.fp8 for s in built)  # 60: the decode kernels, retargeted
-    assert sum(s.family == "decode" and s.arch == "sm_80" for s in built) == 60
+    assert len(built) == 12 + 60 + 8 and not any(getattr(s, "fp8", False) for s in built)
+    assert sum(s.family == "decode" and s.arch == "sm_80" for s in built) == 60  # retargeted, as the 8 backward
+    assert sum(s.family == "backward" and s.arch == "sm_80" for s in built) == 8
     assert report["notes"] == ["12 FP8 Q/K kernels of profile rtx5090 are not built: sm_80 has no FP8 tensor "
                                "cores (they exist on sm_89, sm_90 and sm_120)"]
     assert "note: 12 FP8 Q/K kernels of profile rtx5090 are not built" in run(
