@@ -373,7 +373,9 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                         tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
                                                                        profile_backend=name if cuda else None)
                         row.decode_tok_s = batch / max(step_seconds, 1e-9)
-                    except RuntimeError as e:  # SDPA's flash backend takes no mask, which a static cache needs
+                    except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
+                        if not sdpa_backend:     # static cache needs; any other failure is the row's status
+                            raise
                         tokens, profiled = None, None
                         row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
                     if profiled:

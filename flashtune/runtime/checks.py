@@ -86,9 +86,9 @@ def check_tensors(q, k, v, varlen: bool) -> None:
         fail(f"at most 65535 heads, got {heads_q}")
 
 
-def needs_grad(q, k, v) -> bool:
-    """Whether autograd will ask this call for a backward."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+def needs_grad(*tensors) -> bool:
+    """Whether autograd will ask this call for a backward (None and non-tensors ignored)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def check_devices(q, k, v, **extra) -> None:

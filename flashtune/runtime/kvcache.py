@@ -229,7 +229,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
     """
     checks.check_unsupported(0.0)
-    if any(isinstance(t, torch.Tensor) and checks.needs_grad(t, t, t) for t in (q, k_cache, v_cache, k, v)):
+    if checks.needs_grad(q, k_cache, v_cache, k, v):
         fail("flash_attn_with_kvcache is forward-only (inference); run it under torch.no_grad(), or detach the "
              "inputs (flash_attn_func and flash_attn_varlen_func have a backward)")
     heads_q, batch = (q.shape[2], q.shape[0]) if isinstance(q, torch.Tensor) and q.dim() == 4 else (0, None)

@@ -150,9 +150,10 @@ def _gradients(ctx, dout, dlse):
 attention_fwd.register_autograd(_gradients, setup_context=_save_for_backward)
 
 
-def _forward(q, k, v, *args):
-    """The custom op under autograd or torch.compile; else the implementation directly."""
-    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not needs_grad(q, k, v)
+def _forward(q, k, v, *args, grad: bool):
+    """The custom op under autograd (`grad`: the caller's needs_grad) or torch.compile; else the
+    implementation directly."""
+    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling() and not grad
     return (_attention_fwd if plain else attention_fwd)(q, k, v, *args)
 
 
@@ -201,7 +202,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
                         return_lse or return_attn_probs or grad, var.softcap, *var.window, var.sinks, var.alibi,
-                        bool(deterministic))
+                        bool(deterministic), grad=grad)
     if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
         lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
@@ -262,7 +263,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                   alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                         bool(causal), None, None, return_lse or return_attn_probs or grad, var.softcap, *var.window,
-                        var.sinks, var.alibi, bool(deterministic))
+                        var.sinks, var.alibi, bool(deterministic), grad=grad)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
