@@ -1,4 +1,4 @@
-"""flash_attn_with_kvcache on the GPU against an fp32 reference: GQA/MQA packing, split-KV (1, 3
+"""flash_attn_with_kvcache on the GPU against an fp32 reference: GQA/MQA packing, split-KV (1, 3, 17-256
 and the heuristic's count), paged caches (page sizes 1 to 256, shuffled tables), appends with and
 without rotary, cache_batch_idx, cache_leftpad, causal query lengths 1-16, CUDA graph replays.
 Every output starts as NaN (ops.poison_outputs), so a row the kernels forget cannot pass."""
@@ -141,6 +141,18 @@ def test_decode_one_query_gqa_mqa_and_splits(hdim, heads_kv, splits):
                                       seqlens=[0, 1, 1000, 517, 64])
     out, lse = kv_call(q, kc, vc, seqlens, None, False, splits)
     check(out, lse, q, kc, vc, seqlens, None, False)
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("splits", [17, 40, 100, 256])
+def test_many_splits_share_each_row_among_a_group_of_combine_warps(hdim, splits):
+    """Above 16 splits 2, 4 or 8 combine warps share a (row, head); 5 query heads make the last
+    CTA's groups partly idle. Splits past the keys (256 x 16 > 3000) must weigh nothing."""
+    q, kc, vc, seqlens, _ = make_case(3, 1, 5, 1, hdim, torch.bfloat16, 3000, seqlens=[3000, 0, 1777])
+    out, lse = kv_call(q, kc, vc, seqlens, None, False, splits)
+    check(out, lse, q, kc, vc, seqlens, None, False)
+    again = kv_call(q, kc, vc, seqlens, None, False, splits)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

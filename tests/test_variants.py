@@ -111,7 +111,7 @@ def test_variant_kernels_are_named_and_built_with_them():
     every = DecodeSpec("sm_90a", "bfloat16", 128, tile, True, variants=Variants(True, True, True, True))
     assert every.name == plain.name.replace("_c_sm90a", "_c_softcap_swa_sinks_alibi_sm90a")
     assert "Variants<true, true, true, true>" in every.source()
-    assert "combine_body<__nv_bfloat16, 128, true>" in every.source()
+    assert "combine_body<__nv_bfloat16, 128, true, kPdl>" in every.source()
     assert "Variants<false, false, false, false>" in plain.source() and every.source_hash() != plain.source_hash()
 
 

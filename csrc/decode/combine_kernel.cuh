@@ -1,15 +1,21 @@
-// The combine kernel of split-KV decode: one warp per (query row, head) merges the num_splits
-// partial outputs (fp32, each normalised by its own sum) by their LSEs, FlashDecoding's rescale:
+// The combine kernel of split-KV decode: merges the num_splits partial outputs (fp32, each
+// normalised by its own sum) of a (query row, head) item by their LSEs, FlashDecoding's rescale:
 //   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) * o_s,
-// and writes o (16-bit) and, when asked, lse. Splits are summed in order: two identical calls
-// give identical bits. No shared memory, no barriers. The warp loads every split's LSE, and then
-// eight splits' partial rows, at once: a loop that waited on one load after another spent a
-// memory latency per split.
+// and writes o (16-bit) and, when asked, lse.
+//
+// A group of combine_group(num_splits) warps shares an item: with one query row and one KV head
+// (MQA at batch 1) a call has 32 items and 100+ splits, and one warp walking them all waited one
+// memory latency per eight splits (15 us at 122 splits, more than the split kernel). Every warp
+// of the group reduces all the LSEs (each gets the same bits), sums its own splits (part,
+// part + group, ...) with eight partial rows in flight, and the group's first warp adds the parts
+// in order through shared memory. The group size depends on num_splits only: two identical
+// calls give identical bits.
 #pragma once
 #include <math.h>
 #include <stdint.h>
 
 #include "common/convert.cuh"
+#include "common/pdl.cuh"
 #include "common/row_lse.cuh"
 #include "decode/params.h"
 
@@ -18,29 +24,39 @@ namespace decode {
 
 constexpr int kMaxSplits = 256;      // runtime/kvcache.py refuses more; launch.cuh checks
 constexpr int kSplitsInFlight = 8;   // partial rows a lane loads before it adds any
+constexpr int kCombineWarps = 8;     // per CTA: kCombineWarps / combine_group(n) items
+
+// Warps per item: enough that none walks more than two rounds of kSplitsInFlight, at most a CTA.
+__host__ __device__ constexpr int combine_group(int num_splits) {
+  return num_splits <= 2 * kSplitsInFlight ? 1 : num_splits <= 4 * kSplitsInFlight ? 2
+         : num_splits <= 8 * kSplitsInFlight ? 4 : 8;
+}
 
 // kDim: the head dim (a multiple of 8 from 32 to 256); the lanes cover the next of 64, 128 or 256
 // columns, kPerLane each, and lanes past kDim only help with the LSEs.
 // kSinks: the head's sink logit joins the merged sum once (split_kernel.cuh leaves it out of the partials).
-template <typename Elem, int kDim, bool kSinks = false>
+// kPdl: launched as the split kernel's programmatic dependent (launch.cuh): wait for its results.
+template <typename Elem, int kDim, bool kSinks = false, bool kPdl = false>
 __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;
   constexpr int kPerLane = kHeadDim / 32;  // 2, 4 or 8 columns per lane: never split by kDim (a multiple of 8)
   constexpr int kLseSlots = kMaxSplits / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (item >= int64_t(p.total_q) * p.heads_q) return;
+  __shared__ float parts[kCombineWarps][kHeadDim];  // each warp's sum over its splits (groups > 1)
+  if constexpr (kPdl) grid_dependency_wait();
+  const int n = p.num_splits, group = combine_group(n);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % group;
+  const int64_t item = int64_t(blockIdx.x) * (kCombineWarps / group) + warp / group;
+  const bool active = item < int64_t(p.total_q) * p.heads_q;  // a CTA's groups all reach the barrier
   const int64_t row = item / p.heads_q;  // in total_q
   const int head = int(item % p.heads_q);
   const int64_t stride = int64_t(p.total_q) * p.heads_q;  // between splits
-  const int n = p.num_splits;
 
   // Split s's LSE lives in lane s % 32, slot s / 32: all loaded at once, then reduced by shuffles.
   float ls[kLseSlots];
 #pragma unroll
   for (int i = 0; i < kLseSlots; ++i) {
     const int s = lane + 32 * i;
-    ls[i] = s < n ? p.lse_partial[s * stride + item] : -INFINITY;
+    ls[i] = active && s < n ? p.lse_partial[s * stride + item] : -INFINITY;
   }
   float m = -INFINITY;
 #pragma unroll
@@ -55,30 +71,30 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   float lse = m == -INFINITY ? INFINITY : m + logf(sum);  // no key at all: +inf, O = 0
   if constexpr (kSinks) {  // lse = logaddexp(keys' lse, sink): the partials weigh exp(lse_s - lse)
-    const float sink = p.sinks[head];
+    const float sink = active ? p.sinks[head] : -INFINITY;
     const float keys = m == -INFINITY ? -INFINITY : lse;
     lse = lse_with_sink(keys, sink);
     if (lse == -INFINITY) lse = INFINITY;  // no key and a sink of -inf: as a row without keys
   }
 
-  // O: kSplitsInFlight splits' partial rows (and LSEs, for their weights) loaded together, their
-  // latencies overlapping, then added in split order, so two identical calls give identical bits.
+  // This warp's splits part, part + group, ...: kSplitsInFlight partial rows (and LSEs, for their
+  // weights) loaded together, their latencies overlapping, then added in split order.
   float o[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
   const float* src = p.o_partial + item * kDim + lane * kPerLane;
   const bool columns = kDim == kHeadDim || lane * kPerLane < kDim;  // this lane has columns of the row
   if (m != -INFINITY && columns)
-    for (int s0 = 0; s0 < n; s0 += kSplitsInFlight) {
+    for (int s0 = part; s0 < n; s0 += kSplitsInFlight * group) {
       float x[kSplitsInFlight][kPerLane], w[kSplitsInFlight];
 #pragma unroll
       for (int u = 0; u < kSplitsInFlight; ++u) {
-        const bool in = s0 + u < n;
-        w[u] = in ? p.lse_partial[(s0 + u) * stride + item] : -INFINITY;
+        const int s = s0 + u * group;
+        const bool in = s < n;
+        w[u] = in ? p.lse_partial[s * stride + item] : -INFINITY;
 #pragma unroll
         for (int i = 0; i < kPerLane; i += 2) {
-          const float2 v = in ? *reinterpret_cast<const float2*>(src + (s0 + u) * stride * kDim + i)
-                              : make_float2(0.f, 0.f);
+          const float2 v = in ? *reinterpret_cast<const float2*>(src + s * stride * kDim + i) : make_float2(0.f, 0.f);
           x[u][i] = v.x, x[u][i + 1] = v.y;
         }
       }
@@ -89,6 +105,16 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
         for (int i = 0; i < kPerLane; ++i) o[i] += f * x[u][i];
       }
     }
+  if (group > 1) {  // the group's parts, added in order by its first warp
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) parts[warp][lane * kPerLane + i] = o[i];
+    __syncthreads();
+    if (part != 0) return;
+    for (int g = 1; g < group; ++g)
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) o[i] += parts[warp + g][lane * kPerLane + i];
+  }
+  if (!active) return;
 
   // The row's place in o and lse: fixed-length rows are (batch, position); varlen rows are rows.
   int64_t o_at, lse_at;

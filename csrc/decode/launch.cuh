@@ -1,6 +1,9 @@
 // Host-side launch of one decode specialisation: the split kernel over (splits x row blocks,
-// KV heads, sequences), then, with more than one split, the combine kernel. No host reads of
-// device memory and no allocation: a launch can be captured in a CUDA graph.
+// KV heads, sequences), then, with more than one split, the combine kernel (kCombineWarps warps a
+// CTA, combine_group(num_splits) of them per item). With kPdl (kernels built for sm_90 or newer)
+// the combine is the split kernel's programmatic dependent (common/pdl.cuh): launched while the
+// split kernel runs, it waits for its results. No host reads of device memory and no allocation:
+// a launch can be captured in a CUDA graph.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,9 +13,7 @@
 namespace flashtune {
 namespace decode {
 
-constexpr int kCombineWarps = 4;
-
-template <class T>
+template <class T, bool kPdl>
 int launch(void (*split)(const DecodeParams), void (*combine)(const DecodeParams), const DecodeParams& p,
            void* stream) {
   if (p.num_splits < 1 || p.num_splits > kMaxSplits ||
@@ -29,8 +30,20 @@ int launch(void (*split)(const DecodeParams), void (*combine)(const DecodeParams
   split<<<grid, T::kThreads, T::kSmemBytes, s>>>(p);
   if (p.num_splits > 1) {
     const int64_t items = int64_t(p.total_q) * p.heads_q;
-    const int blocks = int((items + kCombineWarps - 1) / kCombineWarps);
-    if (blocks > 0) combine<<<blocks, kCombineWarps * 32, 0, s>>>(p);
+    const int per_cta = kCombineWarps / combine_group(p.num_splits);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned((items + per_cta - 1) / per_cta));
+    config.blockDim = dim3(kCombineWarps * 32);
+    config.stream = s;
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &dependent;
+    config.numAttrs = kPdl ? 1 : 0;
+    if (items > 0) {
+      const cudaError_t err = cudaLaunchKernelEx(&config, combine, p);
+      if (err != cudaSuccess) return int(err);
+    }
   }
   return int(cudaGetLastError());
 }

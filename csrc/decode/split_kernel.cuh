@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "common/convert.cuh"
+#include "common/pdl.cuh"
 #include "common/ptx_sm80.cuh"
 #include "common/row_lse.cuh"
 #include "decode/fp8_staging.cuh"
@@ -173,8 +174,11 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
   }
 }
 
-template <class T>
+// kPdl: the combine kernel is launched as this kernel's programmatic dependent (launch.cuh); each
+// CTA lets it launch at once, and it waits for this kernel's end before it reads the partials.
+template <class T, bool kPdl = false>
 __device__ __forceinline__ void split_body(const DecodeParams& p) {
+  if constexpr (kPdl) launch_dependents();
   using Elem = typename T::Elem;
   constexpr int D = T::kHeadDim, MT = T::kMTiles, W = T::kWarps, S = T::kStages;
   constexpr uint32_t kRowBytes = T::kRowBytes;
