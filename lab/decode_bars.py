@@ -2,7 +2,9 @@
 per contiguous cell flashtune against the fastest of SDPA's backends and, where an anchor file
 gives FA4's ratio to cuDNN for the cell, FA4 (its GB/s taken as that ratio times this run's cuDNN);
 the geomean and the lowest cells; the share of the run's copy bandwidth where the cache read is
-0.5 GB or more; the named cells; paged against contiguous per page size.
+0.5 GB or more; the named cells; paged against contiguous per page size. A later file's row replaces
+an earlier one's for the same cell and backend (a focused rerun over a full grid); flashtune's own
+other rows (`release` of an A/B, `flashtune-fp8kv`) are not competitors.
 
 Usage: python3 lab/decode_bars.py BENCH.json... [--anchors FA4_ANCHORS.json]
 """
@@ -48,7 +50,7 @@ def main():
         if page or "flashtune" not in by:
             continue
         ours = by["flashtune"]["gbps"]
-        others = {b: r["gbps"] for b, r in by.items() if b != "flashtune"}
+        others = {b: r["gbps"] for b, r in by.items() if not b.startswith("flashtune") and b != "release"}
         anchor = fa4.get((hkv, batch, cache, sq)) if hdim == 128 and dtype == "bfloat16" else None
         if anchor and "sdpa-cudnn" in others:
             others["fa4 (anchor)"] = anchor * others["sdpa-cudnn"]

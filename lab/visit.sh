@@ -16,6 +16,7 @@
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
+#   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
@@ -71,6 +72,10 @@ for step in "$@"; do case $step in
   ab-decode) run ab-decode 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8 --caches 1024,16384,131072 --seqlens-q 1 --pages 0,16 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_decode.json" ;;
+  decode-short) run bench-decode-mqa 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \
+           --caches 1024,16384,131072 --seqlens-q 1 --pages 0 --out "$OUT/bench-decode_mqa.json"
+         run bench-decode-1k 200 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 8,32 \
+           --caches 1024 --seqlens-q 1 --pages 0 --out "$OUT/bench-decode_1k.json" ;;
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
