@@ -74,3 +74,18 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     assert len(decode) == 2 * 3 * 2 + 2 * 3  # per dtype: 2 per head dim through flash_attn_func, 3 paged
     assert sorted({c.page_size for c in paged}) == [1, 16, 64]  # row gathers and whole-tile pages
     assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv == 4 for c in decode)
+
+
+def test_the_matrix_has_backward_rows_for_the_head_dims_the_backward_takes():
+    from flashtune.commands.verify import FAMILY_SASS, correctness_cases
+    from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS
+    from flashtune.kernels.profiles import find_profile
+
+    profile = find_profile("h200")
+    backward = [c for c in correctness_cases(profile) if c.backward]
+    trainable = [h for h in profile.head_dims if h in BWD_HEAD_DIMS]
+    assert len(backward) == len(profile.dtypes) * len(trainable) * 2
+    assert {c.hdim for c in backward} == set(trainable) and {c.causal for c in backward} == {False, True}
+    assert all(c.name.startswith("backward ") and c.heads != c.heads_kv and c.seqlen_q != c.seqlen_k
+               for c in backward)
+    assert FAMILY_SASS["backward"] == ("HMMA", "LDSM", "LDGSTS")

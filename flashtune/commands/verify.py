@@ -3,6 +3,7 @@
 Three checks, each a list of rows with `ok`:
 * correctness: a matrix of shapes against the fp32 reference, the bar set by what SDPA
   achieves on the same inputs (flashtune.measure.tolerance), outputs poisoned before each launch;
+  the backward's rows judge dq, dk and dv by FlashAttention's rule (flashtune.measure.gradients);
 * identity: under torch.profiler, the exact kernel name of the spec chosen for the call
   launched, and no other attention kernel (SDPA flash/cuDNN/efficient, a math GEMM) ran;
 * SASS: cuobjdump shows code for the target arch, the family's instructions (HMMA, LDSM,
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune.commands.common import EXIT_FAILED, EXIT_OK
+from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, default_bwd_spec
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.measure.problem import Problem, make_inputs
 
@@ -32,7 +34,8 @@ ATTENTION_KERNEL_RE = re.compile(
     r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
 
 # Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
-FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG"), "decode": ("HMMA", "LDSM", "LDGSTS")}
+FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG"), "decode": ("HMMA", "LDSM", "LDGSTS"),
+               "backward": ("HMMA", "LDSM", "LDGSTS")}
 # ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync m16n8k32 e4m3 (QMMA on
 # sm_89/sm_120). Plain sm_90 has no native FP8 mma.sync: ptxas unpacks e4m3 to f16 for HMMA
 # (F2FP ... E4M3.UNPACK_B), correct but slow; Hopper's fast FP8 path is the sm90 family.
@@ -128,6 +131,11 @@ def correctness_cases(profile) -> list[Problem]:
             c = "causal " if causal else ""
             cases.append(_problem(f"decode {dtype} d{hdim} pages of {page} {c}{sq}/777", dtype, hdim, causal, sq,
                                   777, heads=32, heads_kv=8, page_size=page))
+        for hdim in (h for h in profile.head_dims if h in BWD_HEAD_DIMS):  # gradients, GQA 8:2, odd lengths
+            for causal in (False, True):
+                c = "causal" if causal else "full"
+                cases.append(_problem(f"backward {dtype} d{hdim} GQA 8:2 {c} 200/333", dtype, hdim, causal, 200, 333,
+                                      heads=8, heads_kv=2, backward=True))
     if profile.fp8_kv:  # the decode kernels' FP8 twins on an e4m3 cache, judged against the format's floor
         dtype = profile.dtypes[-1]
         for hdim in profile.head_dims:
@@ -292,9 +300,57 @@ def dequantised_qk(q, k):
             k8.float() * k_descale[:, None, :, None])
 
 
+def check_backward_case(case: Problem, profile, seed: int):
+    """(correctness and identity rows, the backward spec): dq, dk and dv of one forward through the
+    backward kernel against fp32 autograd, by FlashAttention's rule; the profiler on the backward
+    alone sees the spec's kernel and no other attention kernel."""
+    import torch
+
+    from flashtune.measure.gradients import gradient_errors, gradients, same_dtype_attention
+    from flashtune.measure.reference import attention_reference
+    from flashtune.measure.timing import kernel_names
+    from flashtune.runtime import ops
+
+    spec = default_bwd_spec(profile.arch.name, case.dtype, case.hdim, case.causal, nvcc_flags=profile.nvcc_flags)
+    q, k, v = make_inputs(case, seed)
+    dout = make_inputs(case, seed + 1)[0]
+
+    def ours(q, k, v):
+        return ops.flash_attn_func(q, k, v, causal=case.causal)
+
+    ops.poison_outputs = True
+    try:
+        got = gradients(ours, (q, k, v), dout)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = ours(*leaves)
+        names = kernel_names(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+    finally:
+        ops.poison_outputs = False
+    ref = gradients(lambda q, k, v: attention_reference(q, k, v, case.causal)[0], [t.float() for t in (q, k, v)],
+                    dout.float())
+    lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, case.causal), (q, k, v), dout)
+    errors = gradient_errors(got, ref, lowp)
+    worst = max(errors, key=lambda e: e.rel_err / e.bar)
+    detail = "; ".join(f"{e.name} {e.rel_err:.2e} {'<=' if e.rel_err <= e.bar else '>'} {e.bar:.2e}"
+                       + (f", {e.unwritten} never written" if e.unwritten else "")
+                       + ("" if e.max_abs <= e.max_abs_bar else f", max abs {e.max_abs:.2e} > {e.max_abs_bar:.2e}")
+                       for e in errors)
+    correct = Check("correctness", spec.name, all(e.ok for e in errors), detail, case.name,
+                    rel_err=worst.rel_err, tolerance=worst.bar)
+    others = unexpected_attention_kernels(names, spec.name)
+    launched = spec.name in names
+    identity = Check("identity", spec.name, launched and not others,
+                     ("launched" if launched else f"expected kernel did not launch; saw {names}")
+                     + (f"; other attention kernels ran: {others}" if others else ""), case.name, observed=names)
+    return [correct, identity], spec
+
+
 def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     """(correctness and identity rows, the spec that served the case)."""
     import torch
+
+    if case.backward:
+        return check_backward_case(case, profile, seed)
 
     from flashtune.runtime import ops
     from flashtune.measure.tolerance import tolerance

@@ -36,6 +36,7 @@ class BwdSpec:
     nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
 
     family = "backward"
+    fp8 = False  # no FP8 backward (verify's SASS check asks)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

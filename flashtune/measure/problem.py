@@ -28,6 +28,7 @@ class Problem:
     fp8: bool = False  # q and k quantised to e4m3 by the op (qk_fp8=True)
     page_size: int = 0  # verify's KV-cache case: k and v in shuffled pages of this many keys
     kv_fp8: bool = False  # verify's KV-cache case: k and v stored in e4m3 (per sequence and KV head descales)
+    backward: bool = False  # verify's gradient case: dq, dk, dv through the backward kernel
     name: str = ""  # how a report calls it
 
     @property
