@@ -519,9 +519,16 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="The prefill grid's pass: the forward, the backward alone (dq, dk, dv from a kept forward) or "
                    "both; TFLOPS count the backward as 2.5 forwards (FlashAttention's count); the error column "
                    "is dq's.")
+@click.option("--train", is_flag=True,
+              help="Training instead of the prefill grid: a small Llama-style model (GQA, head dim 64) trained "
+                   "from one seed on associative recall with each backend in forward and backward (default sdpa "
+                   "and flashtune; the first twice, for run-to-run noise): final loss against the first "
+                   "backend's, ms per step, tokens/s, peak memory, loss curves (--plot).")
+@click.option("--train-steps", type=click.IntRange(min=20), default=300, show_default=True,
+              help="With --train: optimizer steps per run (two thirds at 1k tokens, a third at 4k).")
 def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
                   as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
-                  seqlens_q, pages, pass_name) -> None:
+                  seqlens_q, pages, pass_name, train, train_steps) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -533,6 +540,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         flashtune bench --hdims 128 --seqlens 4096 --heads 32 --heads-kv 8 --causal --csv -
         flashtune bench --decode --hdims 128 --heads-kv 8 --batches 1,32 --caches 16384 --pages 0,64
         flashtune bench --pass fwd+bwd --hdims 64,128 --causal
+        flashtune bench --train --train-steps 300 --out train.json --plot train.png
 
     Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
@@ -543,9 +551,16 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         from flashtune.runtime import ops
 
         ops.use_profile(profile_name)
-    _check_bench_mode(model_name, decode)
+    _check_bench_mode(model_name, decode, train)
     console = make_console(stderr=as_json or csv_path == "-")  # stdout carries the data then
-    if model_name:
+    if train:
+        from flashtune.commands import bench_train as bench
+
+        if dtypes:
+            raise click.BadParameter("--train trains in bf16 autocast; drop it", param_hint="--dtypes")
+        result = bench.run_train_bench(bench.backend_names(backends), train_steps, checkpoint=_checkpoint(json_out),
+                                       progress=lambda message: console.print(message, highlight=False))
+    elif model_name:
         from flashtune.commands import bench_model as bench
 
         if len(dtypes or ()) > 1:
@@ -620,14 +635,16 @@ MODE_OPTIONS = {
                "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
                "csv_path": "--csv"},
     "model": {"layers": "--layers", "prefill": "--prefill", "decode_steps": "--decode-steps", "batches": "--batches"},
+    "train": {"train_steps": "--train-steps"},
 }
-MODE_NAMES = {"grid": "the prefill grid", "decode": "bench --decode", "model": "bench --model"}
+MODE_NAMES = {"grid": "the prefill grid", "decode": "bench --decode", "model": "bench --model", "train": "bench --train"}
 
 
-def _check_bench_mode(model_name: str | None, decode: bool) -> None:
-    if model_name and decode:
-        raise click.UsageError("--model and --decode are two different benches; give one")
-    mode = "model" if model_name else "decode" if decode else "grid"
+def _check_bench_mode(model_name: str | None, decode: bool, train: bool = False) -> None:
+    modes = [flag for flag, given in (("--model", model_name), ("--decode", decode), ("--train", train)) if given]
+    if len(modes) > 1:
+        raise click.UsageError(f"{' and '.join(modes)} are different benches; give one")
+    mode = "model" if model_name else "decode" if decode else "train" if train else "grid"
     ctx = click.get_current_context()
     flags = {name: flag for options in MODE_OPTIONS.values() for name, flag in options.items()}
     given = [flag for name, flag in flags.items()

@@ -116,7 +116,16 @@ def test_bench_refuses_options_of_the_other_mode(one_gpu):
     assert grid_with_decode.exit_code == 2 and "--seqlens, --causal: not an option of bench --decode" \
         in grid_with_decode.stderr
     both = run("bench", "--decode", "--model", "llama3-8b-like")
-    assert both.exit_code == 2 and "two different benches" in both.stderr
+    assert both.exit_code == 2 and "--model and --decode are different benches" in both.stderr
+    train_grid = run("bench", "--train", "--hdims", "64")
+    assert train_grid.exit_code == 2 and "--hdims: not an option of bench --train" in train_grid.stderr
+    steps_alone = run("bench", "--train-steps", "50")
+    assert steps_alone.exit_code == 2 and "--train-steps: not an option of the prefill grid (only of bench --train)" \
+        in steps_alone.stderr
+    train_dtype = run("bench", "--train", "--dtypes", "float16")
+    assert train_dtype.exit_code == 2 and "--train trains in bf16 autocast" in train_dtype.stderr
+    train_backend = run("bench", "--train", "--backends", "flash-attn3")
+    assert train_backend.exit_code == 2 and "known with --train" in train_backend.stderr
     many_batches = run("bench", "--model", "llama3-8b-like", "--batches", "1,2")
     assert many_batches.exit_code == 2 and "one batch size with --model" in many_batches.stderr
     both_stdout = run("bench", "--json", "--csv", "-")

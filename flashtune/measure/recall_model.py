@@ -20,6 +20,7 @@ recipe, so a second run loads them.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -120,6 +121,7 @@ class TrainingRecord:
     seconds: float
     loss_curve: list[list] = field(default_factory=list)  # [step, loss] every 10 steps
     accuracy: dict[int, float] = field(default_factory=dict)  # held-out recall accuracy per prompt length
+    final_loss: float | None = None  # the mean loss of the last tenth of the steps (at least 10)
 
 
 def build(recipe: Recipe, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"):
@@ -140,9 +142,12 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
     return max(0.05, 1 - (step - decay_start) / max(1, total - decay_start))
 
 
-def train(recipe: Recipe, device: str, progress: Callable[[int, int, float], None] | None = None):
-    """Train from the recipe's seed; returns (model in eval mode, TrainingRecord)."""
-    model = build(recipe).to(device).train()
+def train(recipe: Recipe, device: str, progress: Callable[[int, int, float], None] | None = None,
+          attn_implementation: str = "sdpa", context: Callable = contextlib.nullcontext):
+    """Train from the recipe's seed (the same weights and batches whatever the attention), its
+    forward and backward through `attn_implementation` inside `context()` (an SDPA backend's
+    choice); returns (model in eval mode, TrainingRecord)."""
+    model = build(recipe, attn_implementation=attn_implementation).to(device).train()
     cuda = device.startswith("cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=cuda)
@@ -150,26 +155,30 @@ def train(recipe: Recipe, device: str, progress: Callable[[int, int, float], Non
     generator = torch.Generator().manual_seed(recipe.seed + 1)
     record = TrainingRecord(json.loads(json.dumps(asdict(recipe))), device, 0.0)  # as the cache's JSON keeps it
     start = time.perf_counter()
-    step = 0
-    for stage in recipe.stages:
-        for _ in range(stage.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = recipe.lr * _lr_factor(step, total, recipe.warmup)
-            ids, _ = recipe.task.sample(stage.batch, stage.length, generator)
-            ids = ids.to(device, non_blocking=True)
-            with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if step % 10 == 0 or step == total:
-                value = loss.item()
-                record.loss_curve.append([step, round(value, 4)])
-                if progress:
-                    progress(step, total, value)
-    record.seconds = round(time.perf_counter() - start, 1)
+    step, losses = 0, []
+    with context():
+        for stage in recipe.stages:
+            for _ in range(stage.steps):
+                for group in optimizer.param_groups:
+                    group["lr"] = recipe.lr * _lr_factor(step, total, recipe.warmup)
+                ids, _ = recipe.task.sample(stage.batch, stage.length, generator)
+                ids = ids.to(device, non_blocking=True)
+                with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
+                    loss = model(ids, labels=ids).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                losses.append(loss.detach())
+                if step % 10 == 0 or step == total:
+                    value = loss.item()
+                    record.loss_curve.append([step, round(value, 4)])
+                    if progress:
+                        progress(step, total, value)
+    record.seconds = round(time.perf_counter() - start, 3)
+    if losses:
+        record.final_loss = round(torch.stack(losses[-max(10, total // 10):]).float().mean().item(), 5)
     return model.eval(), record
 
 
