@@ -22,6 +22,7 @@
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
+#   train         bench --train: the recall model trained 300 steps with SDPA (twice), flashtune and cuDNN (issue 37's training check)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -93,6 +94,8 @@ for step in "$@"; do case $step in
            run bench-${pass/+/-} 300 python3 -m flashtune bench --profile h200 --pass $pass --hdims 64,128 \
              --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-${pass/+/-}.json"
          done ;;
+  train) run bench-train 300 python3 -m flashtune bench --profile h200 --train --train-steps 300 \
+           --backends sdpa,flashtune,sdpa-cudnn --out "$OUT/bench-train.json" --plot "$OUT/bench-train.png" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;
