@@ -13,7 +13,7 @@ mv flashtune flashtune_release
 find flashtune_release -name '*.py' -print0 | xargs -0 sed -i -E \
   -e 's/\bflashtune_C\b/flashtune_release_C/g' \
   -e 's/(^|[^_A-Za-z0-9])flashtune(\.| import|$)/\1flashtune_release\2/g' \
-  -e 's/"flashtune::/"flashtune_release::/g' \
+  -e 's/"flashtune::attention_(fwd|bwd)"/"flashtune_release::attention_\1"/g' \
   -e 's/FLASHTUNE_CACHE_DIR/FLASHTUNE_RELEASE_CACHE_DIR/g'
 sed -i 's/TORCH_LIBRARY(flashtune_C/TORCH_LIBRARY(flashtune_release_C/; s/TORCH_LIBRARY_IMPL(flashtune_C/TORCH_LIBRARY_IMPL(flashtune_release_C/' csrc/binding.cpp
 echo "$commit" > COMMIT
