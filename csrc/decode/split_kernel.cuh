@@ -175,10 +175,10 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
 }
 
 // kPdl: the combine kernel is launched as this kernel's programmatic dependent (launch.cuh); each
-// CTA lets it launch once its keys are read (not at its start: waiting combine CTAs would hold SM
-// slots through the whole mainloop), and it waits for this kernel's end before it reads the partials.
+// CTA lets it launch at once, and it waits for this kernel's end before it reads the partials.
 template <class T, bool kPdl = false>
 __device__ __forceinline__ void split_body(const DecodeParams& p) {
+  if constexpr (kPdl) launch_dependents();
   using Elem = typename T::Elem;
   constexpr int D = T::kHeadDim, MT = T::kMTiles, W = T::kWarps, S = T::kStages;
   constexpr uint32_t kRowBytes = T::kRowBytes;
@@ -301,7 +301,6 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   }
 
   // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory.
-  if constexpr (kPdl) launch_dependents();
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring, which the merge's O buffer overlays
   float* merge_o = reinterpret_cast<float*>(smem_raw + T::kQBytes);
