@@ -40,3 +40,13 @@ def test_build_takes_each_dtype_head_dim_and_mask_the_backward_has():
         (d, h, c) for d in profile.dtypes for h in (64, 128) if h in profile.head_dims for c in (False, True)}
     assert all(s.arch == "sm_120" and not s.deterministic for s in specs)
     assert bwd_specs_for_profile(profile, hdims=[256]) == []  # no backward at 256 yet
+
+
+def test_a_profile_becomes_a_backward_spec_in_one_place():
+    from flashtune.kernels.bwd_spec import bwd_spec_for_profile
+    from flashtune.kernels.profiles import find_profile
+
+    profile = find_profile("h200")
+    spec = bwd_spec_for_profile(profile, "bfloat16", 128, True, deterministic=True)
+    assert spec == default_bwd_spec(profile.arch.name, "bfloat16", 128, True, True, profile.nvcc_flags)
+    assert spec.name.endswith("_c_det_" + profile.arch.name.replace("_", ""))

@@ -35,7 +35,7 @@ def test_the_combine_is_a_programmatic_dependent_launch_from_sm90_on():
     """griddepcontrol exists from sm_90: an sm_80-family kernel (run on an H200 too, as h200-sm80's)
     must not be launched as a dependent, since its combine could not wait for the split kernel."""
     tile = DecodeTile(32, 16, 4, 2)
-    flags = {arch: DecodeSpec(arch, "bfloat16", 128, tile, False).dependent_launch
+    flags = {arch: DecodeSpec(arch, "bfloat16", 128, tile, False).arch_facts.dependent_launch
              for arch in ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_120")}
     assert flags == {"sm_80": False, "sm_86": False, "sm_89": False, "sm_90a": True, "sm_120": True}
     assert "constexpr bool kPdl = true;" in DecodeSpec("sm_90a", "bfloat16", 128, tile, False).source()

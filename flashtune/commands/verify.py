@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flashtune.commands.common import EXIT_FAILED, EXIT_OK
-from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, default_bwd_spec
+from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, bwd_spec_for_profile
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.measure.problem import Problem, make_inputs
 
@@ -311,7 +311,7 @@ def check_backward_case(case: Problem, profile, seed: int):
     from flashtune.measure.timing import kernel_names
     from flashtune.runtime import ops
 
-    spec = default_bwd_spec(profile.arch.name, case.dtype, case.hdim, case.causal, nvcc_flags=profile.nvcc_flags)
+    spec = bwd_spec_for_profile(profile, case.dtype, case.hdim, case.causal)
     q, k, v = make_inputs(case, seed)
     dout = make_inputs(case, seed + 1)[0]
 

@@ -25,6 +25,11 @@ class ArchFacts:
     example_gpus: tuple[str, ...]
 
     @property
+    def dependent_launch(self) -> bool:
+        """Programmatic dependent launch (griddepcontrol; common/pdl.cuh): sm_90 and newer."""
+        return self.compute_capability >= (9, 0)
+
+    @property
     def compute_capability_str(self) -> str:
         return "{}.{}".format(*self.compute_capability)
 

@@ -128,6 +128,12 @@ def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, determinist
     raise problem
 
 
+def bwd_spec_for_profile(profile, dtype: str, hdim: int, causal: bool, deterministic: bool = False) -> BwdSpec:
+    """The backward kernel a profile's calls launch: the one place a profile becomes a BwdSpec, for
+    the runtime, `flashtune verify` and `flashtune build`."""
+    return default_bwd_spec(profile.arch.name, dtype, hdim, causal, deterministic, profile.nvcc_flags)
+
+
 def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[BwdSpec]:
     """The backward kernels a profile's calls can launch (optionally narrowed), for `flashtune build`:
     each dtype and head dim the kernel takes, causal and not (the deterministic ones are built on

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
-from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, BwdSpec, default_bwd_spec
+from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, BwdSpec, bwd_spec_for_profile
 from flashtune.kernels.spec import DTYPES
 from flashtune.runtime.checks import fail
 from flashtune.runtime.selection import active_profile
@@ -48,8 +48,7 @@ def bwd_spec_for(device: torch.device, dtype: torch.dtype, hdim: int, causal: bo
         dtype_name = str(dtype).removeprefix("torch.")
         if dtype_name not in DTYPES:
             fail(f"dtype {dtype_name}: the backward kernel takes {', '.join(DTYPES)}")
-        spec = _specs[key] = default_bwd_spec(profile.arch.name, dtype_name, hdim, causal, deterministic,
-                                              profile.nvcc_flags)
+        spec = _specs[key] = bwd_spec_for_profile(profile, dtype_name, hdim, causal, deterministic)
     return spec
 
 
