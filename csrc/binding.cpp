@@ -284,6 +284,7 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
     if (lse.has_value()) p.lse_batch_stride = lse->stride(0), p.lse_head_stride = lse->stride(1);
   }
   p.seqlen_k = int32_t(seqlen_k);
+  p.k_entries = int32_t(k_cache.size(0)), p.k_rows = int32_t(k_cache.size(1));
   p.softmax_scale = float(softmax_scale);
   p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
   // An e4m3 cache: the descales (batch, heads_kv), fp32 and contiguous (the FP8 kernels read them).

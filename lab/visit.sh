@@ -15,7 +15,11 @@
 #   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
+#   build-some    lab/build_some.py --release: only the decode (q1, hdim 64/128) and backward kernels, today's and the release's
+#   ab-pdl        bench --decode with the release's decode beside today's: q1 short calls, MQA and 8 KV heads (the dependent launch's A/B)
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
+#   kvcache-tests tests/test_kvcache_gpu.py under h200 (the KV-cache kernels' cases with the rest), 16 workers
+#   decode-q4     bench --decode, hdim 64/128, MQA with 4 query tokens (128 packed rows: the KV-cache kernels), contiguous
 #   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
@@ -70,9 +74,17 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-decode_sm80.json" ;;
   tune-decode) run tune-decode 300 python3 -m flashtune tune --profile h200 --decode --hdims 128 --jobs 16 \
            --out "$OUT/h200-decode-tuned.yaml" ;;
+  build-some) run build-some 300 env PYTHONPATH=$PWD:$PWD/lab/release-src python3 lab/build_some.py --release ;;
+  ab-pdl) run ab-pdl 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 1,8 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
+           --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_pdl.json" ;;
   ab-decode) run ab-decode 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8 --caches 1024,16384,131072 --seqlens-q 1 --pages 0,16 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_decode.json" ;;
+  kvcache-tests) FLASHTUNE_PROFILE=h200 run kvcache-tests 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_kvcache_gpu.py ;;
+  decode-q4) run bench-decode-q4 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \
+           --batches 1,8,32,128 --caches 16384,131072 --seqlens-q 4 --pages 0 --out "$OUT/bench-decode_q4.json" ;;
   decode-short) run bench-decode-mqa 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \
            --caches 1024,16384,131072 --seqlens-q 1 --pages 0 --out "$OUT/bench-decode_mqa.json"
          run bench-decode-1k 200 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 8,32 \

@@ -1,6 +1,8 @@
 """flash_attn_with_kvcache on the GPU against an fp32 reference: GQA/MQA packing, split-KV (1, 3, 17-256
 and the heuristic's count), paged caches (page sizes 1 to 256, shuffled tables), appends with and
-without rotary, cache_batch_idx, cache_leftpad, causal query lengths 1-16, CUDA graph replays.
+without rotary, cache_batch_idx, cache_leftpad, causal query lengths 1-16, CUDA graph replays; and
+the calls whose packed rows fill 128-row tiles (MQA with 4 query tokens, chunked prefill), which an
+sm90 profile serves with its KV-cache kernels (wgmma) and an sm80 one with the decode kernels.
 Every output starts as NaN (ops.poison_outputs), so a row the kernels forget cannot pass."""
 from __future__ import annotations
 
@@ -125,7 +127,7 @@ def built_kernels():
     for dtype in (torch.bfloat16, torch.float16):
         for hdim in (64, 128, 256):
             for causal in (False, True):
-                for seqlen_q, ratio in ((1, 4), (1, 32), (4, 4), (16, 4)):
+                for seqlen_q, ratio in ((1, 4), (1, 32), (4, 4), (16, 4), (4, 32), (300, 4)):
                     for page in (None, 1, 16, 64, 256):
                         specs.add(decode_spec(profile, dtype, hdim, causal, seqlen_q, ratio, page))
     wanted = [s for s in specs if s.dtype == "bfloat16" or s.paging == "contiguous"]
@@ -312,3 +314,106 @@ def test_vllms_paged_varlen_call(page_size, lengths_from):
         rounding = ((ref.to(q.dtype).float() - ref).norm() / ref.norm()).item()
         assert err <= 3 * rounding, (b, err, rounding)
         assert (lse[:, start:start + n] - ref_lse).abs().max().item() < 2e-3
+
+
+# ---- Calls whose packed rows fill 128-row tiles: the KV-cache kernels (wgmma) on an sm90 profile.
+
+def expect_kernel(q, k_cache, causal, page_size=None):
+    """The kernel such a call launches: the KV-cache kernel where the profile has wgmma."""
+    profile = active_profile(torch.device(DEV))
+    spec = decode_spec(profile, q.dtype, q.shape[-1], causal, q.shape[1], q.shape[2] // k_cache.shape[2], page_size)
+    assert ("_wgmma" in spec.name) == profile.arch.wgmma, spec.name
+    return spec
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_mqa_four_query_tokens_fill_a_tile(hdim, causal, splits):
+    """32 query heads over one KV head, 4 tokens (speculative decoding): 128 packed rows."""
+    q, kc, vc, seqlens, _ = make_case(3, 4, 32, 1, hdim, torch.bfloat16, 1500, seqlens=[0, 1500, 777])
+    expect_kernel(q, kc, causal)
+    out, lse = kv_call(q, kc, vc, seqlens, None, causal, splits)
+    check(out, lse, q, kc, vc, seqlens, None, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunked_prefill_against_a_cache(causal, dtype):
+    """300 query tokens of 32 heads over 8 KV heads (10 tiles of 128 packed rows) against caches
+    shorter than, as long as and longer than the chunk."""
+    q, kc, vc, seqlens, _ = make_case(4, 300, 32, 8, 128, dtype, 2000, seqlens=[300, 2000, 1000, 17])
+    expect_kernel(q, kc, causal)
+    out, lse = kv_call(q, kc, vc, seqlens, None, causal, 0)
+    check(out, lse, q, kc, vc, seqlens, None, causal)
+
+
+@pytest.mark.parametrize("page_size", [256, 16])
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_mqa_four_tokens_on_pages(page_size, splits):
+    """Pages of whole key blocks (256) are the KV-cache kernel's; pages of 16 stay the decode
+    kernels' (a block would span pages)."""
+    q, kc, vc, seqlens, table = make_case(3, 4, 32, 1, 128, torch.bfloat16, 1300, page_size, seqlens=[1300, 5, 777])
+    spec = expect_kernel(q, kc, True, page_size) if page_size == 256 else None
+    if spec is None:
+        assert "_wgmma" not in decode_spec(active_profile(torch.device(DEV)), q.dtype, 128, True, 4, 32, 16).name
+    out, lse = kv_call(q, kc, vc, seqlens, table, True, splits)
+    check(out, lse, q, kc, vc, seqlens, table, True)
+
+
+def test_mqa_four_tokens_cache_batch_idx_and_leftpad():
+    q, _, _, _, _ = make_case(3, 4, 32, 1, 128, torch.bfloat16, 900)
+    kc5 = torch.randn(5, 900, 1, 128, device=DEV, dtype=torch.bfloat16)
+    vc5 = torch.randn(5, 900, 1, 128, device=DEV, dtype=torch.bfloat16)
+    expect_kernel(q, kc5, True)
+    batch_idx = torch.tensor([4, 0, 2], device=DEV, dtype=torch.int32)
+    seqlens = torch.tensor([900, 10, 500], device=DEV, dtype=torch.int32)
+    out, lse = kv_call(q, kc5, vc5, seqlens, None, True, 3, cache_batch_idx=batch_idx)
+    check(out, lse, q, kc5, vc5, seqlens, None, True, batch_idx=batch_idx)
+    leftpad = torch.tensor([100, 0, 497], device=DEV, dtype=torch.int32)
+    out, lse = kv_call(q, kc5[:3], vc5[:3], seqlens, None, True, 0, cache_leftpad=leftpad)
+    check(out, lse, q, kc5[:3], vc5[:3], seqlens, None, True, leftpad=leftpad)
+
+
+@pytest.mark.parametrize("page_size", [None, 256])
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_cache_rows_past_the_end_never_reach_the_output(page_size, poison):
+    """Cache rows past cache_seqlens are never written in an engine's cache and may hold anything;
+    the last key block loads them with the rest, so they must weigh exactly nothing (0 x NaN is NaN)."""
+    q, kc, vc, seqlens, table = make_case(3, 4, 32, 1, 128, torch.bfloat16, 1024, page_size, seqlens=[1000, 1, 555])
+    expect_kernel(q, kc, False, page_size)
+    for b in range(3):
+        n = int(seqlens[b])
+        idx = torch.arange(n, 1024, device=DEV)
+        if table is None:
+            kc[b, n:], vc[b, n:] = poison, poison
+        else:
+            pages = table[b].long()[idx // page_size]
+            kc[pages, idx % page_size], vc[pages, idx % page_size] = poison, poison
+    out, lse = kv_call(q, kc, vc, seqlens, table, False, 0)
+    check(out, lse, q, kc, vc, seqlens, table, False)
+
+
+def test_mqa_four_tokens_bit_identical_calls_splits_agree_and_graph_replay():
+    q, kc, vc, seqlens, _ = make_case(2, 4, 32, 1, 128, torch.bfloat16, 8192, seqlens=[8192, 3000])
+    expect_kernel(q, kc, True)
+    first = kv_call(q, kc, vc, seqlens, None, True, 0)
+    second = kv_call(q, kc, vc, seqlens, None, True, 0)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    many = kv_call(q, kc, vc, seqlens, None, True, 29)
+    one = kv_call(q, kc, vc, seqlens, None, True, 1)
+    assert (one[0].float() - many[0].float()).abs().max().item() < 2e-2
+    assert (one[1] - many[1]).abs().max().item() < 1e-4
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            out, lse = kv_call(q, kc, vc, seqlens, None, True, 6)
+    torch.cuda.current_stream().wait_stream(stream)
+    for new_lens in ([100, 8192], [7000, 4]):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q, kc, vc, seqlens, None, True)

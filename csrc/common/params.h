@@ -54,6 +54,22 @@ struct FwdParams {
   // take tiles by a fixed stride.
   int32_t* tile_counter;
   int32_t tile_counter_zeroed;
+
+  // The sm90 family's KV-cache kernels (kernel_traits.cuh: kKvCache; launched through the decode
+  // entry point, sm90/launch_kvcache.cuh fills these from DecodeParams; others never read them):
+  // k and v are the cache (batch_cache, capacity, heads_kv, hdim), or pages (num_pages,
+  // page_size, heads_kv, hdim) through block_table; seqlen_k is then the capacity.
+  const int32_t* seqused_k;        // keys per sequence (cache_seqlens); null: seqlen_k for all
+  const int32_t* cache_batch_idx;  // the cache entry of each sequence; null: its own
+  const int32_t* leftpad_k;        // the first valid key of each sequence; null: 0
+  const int32_t* block_table;      // paged: (batch, max_pages) page indices
+  int64_t block_table_batch_stride;
+  int32_t page_size;
+  // Split-KV, as DecodeParams: num_splits CTAs share a sequence's keys; with more than one, fp32
+  // partial outputs and their LSEs at [split][row][head] for decode's combine kernel.
+  int32_t num_splits;
+  float* o_partial;
+  float* lse_partial;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

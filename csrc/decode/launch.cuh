@@ -7,7 +7,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include "decode/combine_kernel.cuh"
+#include "decode/combine_launch.cuh"
 #include "decode/split_kernel.cuh"
 
 namespace flashtune {
@@ -29,21 +29,8 @@ int launch(void (*split)(const DecodeParams), void (*combine)(const DecodeParams
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   split<<<grid, T::kThreads, T::kSmemBytes, s>>>(p);
   if (p.num_splits > 1) {
-    const int64_t items = int64_t(p.total_q) * p.heads_q;
-    const int per_cta = kCombineWarps / combine_group(p.num_splits);
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned((items + per_cta - 1) / per_cta));
-    config.blockDim = dim3(kCombineWarps * 32);
-    config.stream = s;
-    cudaLaunchAttribute dependent;
-    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &dependent;
-    config.numAttrs = kPdl ? 1 : 0;
-    if (items > 0) {
-      const cudaError_t err = cudaLaunchKernelEx(&config, combine, p);
-      if (err != cudaSuccess) return int(err);
-    }
+    const cudaError_t err = launch_combine<kPdl>(combine, p, s);
+    if (err != cudaSuccess) return int(err);
   }
   return int(cudaGetLastError());
 }

@@ -29,6 +29,7 @@ struct DecodeParams {
   int32_t batch, heads_q, heads_kv, head_ratio;
   int32_t seqlen_q;   // fixed length, or the maximum (varlen)
   int32_t seqlen_k;   // keys when seqused_k is null; else the cache capacity (for bounds)
+  int32_t k_entries, k_rows;  // the cache's first two dimensions: entries (or pages) and rows in each
   int32_t total_q;    // rows of q: batch * seqlen_q, or varlen total_q
 
   float softmax_scale;

@@ -45,11 +45,75 @@ struct Epilogue {
     pending = -1;
   }
 
+  // Row r (0: this thread's first, 1: +8) of O, times inv, into out_row by 16-byte stores if `in`.
+  // Chunks 4k..4k+3 (8 columns each, a quad holds each as one 32-bit pair per thread): a 4 x 4
+  // transpose within the quad in two shuffle rounds, after which thread t holds chunk 4k+t whole
+  // and stores it as 16 bytes: a warp's store covers 8 rows x 64 contiguous bytes. Every lane of
+  // the warp calls it (the shuffles), whether its row is stored or not.
+  static __device__ __forceinline__ void store_row(Elem* out_row, const float (&acc_o)[T::kORegs], int r, float inv,
+                                                   int t, bool in) {
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) {
+      uint32_t x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        x[i] = pack2<Elem>(acc_o[4 * (4 * k + i) + 2 * r] * inv, acc_o[4 * (4 * k + i) + 2 * r + 1] * inv);
+      const bool hi = t & 2, odd = t & 1;
+      // Round 1 (lanes t, t^2 swap halves): lanes 0-1 hold chunks 0-1 of both, lanes 2-3 chunks 2-3.
+      uint32_t r0 = __shfl_xor_sync(0xffffffff, hi ? x[0] : x[2], 2);
+      uint32_t r1 = __shfl_xor_sync(0xffffffff, hi ? x[1] : x[3], 2);
+      if (hi) x[0] = r0, x[1] = r1; else x[2] = r0, x[3] = r1;
+      // Round 2 (lanes t, t^1): each keeps its own chunk; x[j] is then lane j's pair of it.
+      r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
+      r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
+      if (odd) x[0] = r0, x[2] = r1; else x[1] = r0, x[3] = r1;
+      if (in) *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+    }
+  }
+
+  // A KV-cache kernel's epilogue: packed row R of the tile is position R / head_ratio of head
+  // kv_head * head_ratio + R % head_ratio, written where that head's row lives; with splits, as
+  // fp32 partials normalised by the split's own sum, and their LSE (-inf: the split saw no key of
+  // the row), at [split][row][head] for decode's combine kernel.
+  __device__ __forceinline__ void store_packed(const Tile<T>& tile, const float (&acc_o)[T::kORegs],
+                                               const float (&sum)[2], const float (&mx)[2], float lse_scale) {
+    const int t = tid % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = sum[r];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
+      const int packed = tile.m_block * BM + row_in_tile + 8 * r;
+      const bool in = packed < tile.packed_rows;
+      const int pos = packed / p.head_ratio, head = tile.kv_head * p.head_ratio + packed % p.head_ratio;
+      if (p.num_splits == 1) {
+        Elem* out_row = static_cast<Elem*>(p.o) + int64_t(tile.batch) * p.o_batch_stride +
+                        int64_t(pos) * p.o_row_stride + int64_t(head) * p.o_head_stride;
+        store_row(out_row, acc_o, r, inv, t, in);
+        if (in && t == 0 && p.lse != nullptr)
+          p.lse[int64_t(tile.batch) * p.lse_batch_stride + int64_t(head) * p.lse_head_stride + pos] =
+              row_lse(mx[r], lse_scale, l);
+      } else if (in) {
+        const int64_t at = (int64_t(tile.split) * p.total_q + int64_t(tile.batch) * p.seqlen_q + pos) * p.heads_q + head;
+        float* dst = p.o_partial + at * D + 2 * t;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c)
+          *reinterpret_cast<float2*>(dst + 8 * c) = make_float2(acc_o[4 * c + 2 * r] * inv, acc_o[4 * c + 2 * r + 1] * inv);
+        if (t == 0) p.lse_partial[at] = l > 0.f ? row_lse(mx[r], lse_scale, l) : -INFINITY;
+      }
+    }
+  }
+
   // Tile q_done's epilogue: O from its accumulators, the row sums and maxima (raw scores) and the
   // scale from scores to the LSE's natural-log domain.
   __device__ __forceinline__ void store(int q_done, const float (&acc_o)[T::kORegs], const float (&sum)[2],
                                         const float (&mx)[2], float lse_scale) {
     const Tile<T>& tile = Pipeline<T>::shared().tile_info[q_done % Pipeline<T>::kTileSlots];
+    if constexpr (T::kCache) {
+      store_packed(tile, acc_o, sum, mx, lse_scale);
+      return;
+    }
     const int lane = tid % 32, g = lane >> 2, t = lane & 3;
     const int rows_end = tile.seqlen_q;  // rows below it are stored
     const int m0 = tile.m_block * BM;
@@ -82,30 +146,7 @@ struct Epilogue {
       }
       inv_of[r] = inv;
       const int row = m0 + row_in_tile + 8 * r;
-      if (!tma_store) {
-        // Chunks 4k..4k+3 (8 columns each, a quad holds each as one 32-bit pair per thread): a 4 x 4
-        // transpose within the quad in two shuffle rounds, after which thread t holds chunk 4k+t
-        // whole and stores it as 16 bytes: a warp's store covers 8 rows x 64 contiguous bytes.
-        Elem* out_row = out + int64_t(row) * p.o_row_stride;
-#pragma unroll
-        for (int k = 0; k < D / 32; ++k) {
-          uint32_t x[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            x[i] = pack2<Elem>(acc_o[4 * (4 * k + i) + 2 * r] * inv, acc_o[4 * (4 * k + i) + 2 * r + 1] * inv);
-          const bool hi = t & 2, odd = t & 1;
-          // Round 1 (lanes t, t^2 swap halves): lanes 0-1 hold chunks 0-1 of both, lanes 2-3 chunks 2-3.
-          uint32_t r0 = __shfl_xor_sync(0xffffffff, hi ? x[0] : x[2], 2);
-          uint32_t r1 = __shfl_xor_sync(0xffffffff, hi ? x[1] : x[3], 2);
-          if (hi) x[0] = r0, x[1] = r1; else x[2] = r0, x[3] = r1;
-          // Round 2 (lanes t, t^1): each keeps its own chunk; x[j] is then lane j's pair of it.
-          r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
-          r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
-          if (odd) x[0] = r0, x[2] = r1; else x[1] = r0, x[3] = r1;
-          if (row < rows_end)
-            *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
-        }
-      }
+      if (!tma_store) store_row(out + int64_t(row) * p.o_row_stride, acc_o, r, inv, t, row < rows_end);
       if (row >= rows_end) continue;
       if (p.lse != nullptr && t == 0)
         p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] = T::kSinks ? lse_sink : row_lse(mx[r], lse_scale, l);

@@ -65,6 +65,10 @@ __device__ __forceinline__ void consume(const FwdParams& p, const TmaMaps& maps,
       ml.softmax.seqlen_k = tile.seqlen_k;
       ml.softmax.causal_shift = tile.seqlen_k - tile.seqlen_q;
       ml.softmax.scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale;
+      if constexpr (T::kCache) {
+        ml.softmax.block0 = tile.block0;
+        ml.softmax.set_positions(p.head_ratio);
+      }
       if constexpr (T::kWindow) {
         ml.softmax.block0 = tile.block0;
         ml.softmax.window_left = p.window_left, ml.softmax.window_right = p.window_right;

@@ -29,10 +29,18 @@ namespace sm90 {
 //   flat          a tile's last P V goes with the next tile's S_0 instead of alone (needs defer)
 
 // Elem: V, P and O (16-bit). Fp8Qk: Q and K are e4m3 and S = Q K^T runs on FP8 wgmma (k32).
+// KvCache: a prefill kernel (kNone), or one that reads a KV cache (decode's entry point, from few
+// query tokens to chunked prefill): the query rows of one KV head packed as position x head in
+// group, keys up to each sequence's cache_seqlens, split across CTAs (decode's combine merges).
+enum class KvCache : int { kNone = 0, kContiguous = 1, kPages = 2 };
+
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
-          class Schedule_, class Variants_ = Variants<>>
+          class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone>
 struct Traits {
   using Elem = Elem_;
+  static constexpr KvCache kKvCache = kKvCache_;
+  static constexpr bool kCache = kKvCache != KvCache::kNone;
+  static constexpr bool kPaged = kKvCache == KvCache::kPages;
   static constexpr bool kSoftcap = Variants_::softcap;  // common/variants.h
   static constexpr bool kWindow = Variants_::window;
   static constexpr bool kSinks = Variants_::sinks;
@@ -105,6 +113,12 @@ struct Traits {
   static_assert(!kSpecMax || (kOverlap && kLazyRescale), "spec_max: with the overlap and lazy rescaling");
   static_assert(!kDeferEpilogue || (kOverlap && kPersistent), "defer: with the overlap, on the persistent grid");
   static_assert(!kFlatTiles || kDeferEpilogue, "flat: with the deferred epilogue");
+  // A KV-cache kernel: one tile per CTA (grid: splits x row blocks, KV heads, sequences), direct
+  // stores (a packed row's place is its head's), the overlap's schedule (mainloop.cuh's
+  // last_pv_alone zeroes the cache's rows past a sequence's end there), and no per-head variant.
+  static_assert(!kCache || (kOverlap && !kPersistent && !kTmaStore && !kDeferEpilogue && !kFp8Qk),
+                "a KV-cache kernel: overlap, one tile per CTA, direct stores, 16-bit");
+  static_assert(!kCache || (!kSinks && !kAlibi && !kWindow && !kSoftcap), "a KV-cache kernel has no variant yet");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,

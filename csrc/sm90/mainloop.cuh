@@ -195,10 +195,28 @@ struct Mainloop {
     }
   }
 
+  // A KV-cache kernel's last block may hold cache rows past the sequence's end, never written:
+  // their P is 0, but 0 x NaN is NaN, so they are zeroed before P V reads them (K's are masked in
+  // S). The consumer warpgroups share the rows, and all of them wait at named barrier 8 before
+  // either issues the P V. Whole 128-byte rows: the swizzle moves chunks only within a row.
+  __device__ __forceinline__ void clear_rows_past_end(int stage, int key0) {
+    const int valid = max(0, softmax.seqlen_k - key0);
+    if (valid >= BN) return;  // the same for the whole CTA
+    unsigned char* v = smem.v + stage * T::kVBytes;
+    constexpr int kRowChunks = T::kVPanels * 8;  // 16-byte chunks of a row, over its panels
+    for (int c = int(threadIdx.x) - 128; c < (BN - valid) * kRowChunks; c += 128 * T::kConsumers) {
+      const int row = valid + c / kRowChunks, panel = (c % kRowChunks) / 8;
+      *reinterpret_cast<uint4*>(v + panel * T::kPanelBytesV + row * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+    }
+    fence_proxy_async_smem();  // the zeros, seen by the wgmma's reads (the async proxy)
+    named_barrier_sync(8, 128 * T::kConsumers);
+  }
+
   // A tile's last P V (block kv of the rings) alone, by the last softmax's alpha, waited for.
   __device__ __forceinline__ void last_pv_alone(int kv) {
     const int stage = kv % T::kStages;
     mbarrier_wait(&pipe().full_v[stage], (kv / T::kStages) & 1);
+    if constexpr (T::kCache) clear_rows_past_end(stage, (softmax.block0 + kv - kv_iter) * BN);
     issue<false, true, false>(0, stage);
     wgmma_wait<0>();
     fence_operands(acc_o);

@@ -95,25 +95,34 @@ __device__ __forceinline__ void produce(const FwdParams& p, const TmaMaps& maps,
     }
     pipe.tile_info[q_iter % pipe.kTileSlots] = tile;
     mbarrier_arrive_expect_tx(&pipe.bar_q[buf], T::kQBytes);
-    for (int c = 0; c < T::kQKPanels; ++c)
-      tma_load_4d(smem.q + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &pipe.bar_q[buf], T::kQKBoxCols * c,
-                  tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
+    for (int c = 0; c < T::kQKPanels; ++c) {
+      if constexpr (T::kCache)  // packed: BM / head_ratio positions x the group's heads (launch_kvcache.cuh's map)
+        tma_load_5d(smem.q + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &pipe.bar_q[buf], T::kQKBoxCols * c,
+                    0, tile.kv_head, tile.m_block * (BM / p.head_ratio), tile.batch);
+      else
+        tma_load_4d(smem.q + buf * T::kQBytes + c * T::kPanelBytesQ, &maps.q, &pipe.bar_q[buf], T::kQKBoxCols * c,
+                    tile.q_row0 + tile.m_block * BM, tile.head, tile.tma_batch);
+    }
     const Tile<T>& cur = pipe.tile_info[q_iter % pipe.kTileSlots];  // read back: the producer has 40 registers or fewer
     for (int j = 0; j < cur.n_blocks; ++j, ++kv_iter) {
       const int stage = kv_iter % T::kStages, free_phase = ((kv_iter / T::kStages) & 1) ^ 1;
-      const int row = cur.k_row0 + (first_block<T>(cur) + j) * BN;
+      int row = cur.k_row0 + (first_block<T>(cur) + j) * BN, page = 0;
+      if constexpr (T::kPaged) {  // pages hold whole blocks (page_size % BN == 0): one lookup per block
+        page = p.block_table[int64_t(cur.batch) * p.block_table_batch_stride + row / p.page_size];
+        row %= p.page_size;
+      }
       unsigned char* k_tile = smem.k + stage * T::kKBytes;
       unsigned char* v_tile = smem.v + stage * T::kVBytes;
       if (kv_iter >= T::kStages) mbarrier_wait(&pipe.empty_k[stage], free_phase);
       mbarrier_arrive_expect_tx(&pipe.full_k[stage], T::kKBytes);
       for (int c = 0; c < T::kQKPanels; ++c)
         tma_load_4d(k_tile + c * T::kPanelBytesK, &maps.k, &pipe.full_k[stage], T::kQKBoxCols * c, row, cur.kv_head,
-                    cur.tma_batch);
+                    T::kPaged ? page : cur.tma_batch);
       if (kv_iter >= T::kStages) mbarrier_wait(&pipe.empty_v[stage], free_phase);
       mbarrier_arrive_expect_tx(&pipe.full_v[stage], T::kVBytes);
       for (int c = 0; c < T::kVPanels; ++c)
         tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &pipe.full_v[stage], 64 * c, row, cur.kv_head,
-                    cur.tma_batch);
+                    T::kPaged ? page : cur.tma_batch);
     }
     if constexpr (!T::kPersistent) break;  // a loop of one
     scheduler.advance();

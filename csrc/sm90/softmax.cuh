@@ -24,12 +24,23 @@ struct OnlineSoftmax {
   // visible to row i iff j <= i + causal_shift); the scale from scores to exp2's domain.
   int m_row0 = 0, seqlen_k = 0, causal_shift = 0;
   float scale_log2 = 0.f;
-  int block0 = 0;  // the tile's first block (a window); block j of the tile is block0 + j of the keys
+  int block0 = 0;  // the tile's first block (a window, a split); block j of the tile is block0 + j of the keys
   // The variants' values (common/variants.h), set per CTA where the kernel has the variant.
   float softcap_in = 0.f, softcap_out = 0.f;
   int window_left = -1, window_right = -1;
   float alibi = 0.f;  // the head's ALiBi slope in raw-score units, -slope / scale
   int row_in_tile = 0, t = 0;  // this thread's first row in the tile; its column pair in a quad
+  // A KV-cache kernel's rows are packed (position x head_ratio + head): the causal mask's
+  // positions of this thread's two rows and of the tile's first row, set per tile (set_positions).
+  int row_pos[2] = {0, 0}, first_pos = 0;
+
+  __device__ __forceinline__ void set_positions(int head_ratio) {
+    if constexpr (T::kCache) {
+      row_pos[0] = (m_row0 + row_in_tile) / head_ratio;
+      row_pos[1] = (m_row0 + row_in_tile + 8) / head_ratio;
+      first_pos = m_row0 / head_ratio;
+    }
+  }
 
   __device__ __forceinline__ void start() {
     row_max[0] = row_max[1] = -INFINITY;
@@ -47,7 +58,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int i = 0; i < T::kSRegs; ++i) acc_s[i] = softcap_out * fast_tanh(acc_s[i] * softcap_in);
     }
-    const int key0 = ((T::kWindow ? block0 : 0) + j) * BN;
+    const int key0 = ((T::kWindow || T::kCache ? block0 : 0) + j) * BN;
     if constexpr (T::kAlibi) {  // every block: the slope times each key's distance to the row's own
       // The distance from this thread's first element, as a float once; each accumulator's is a
       // constant away from it (one add and one FMA with |x| each).
@@ -64,7 +75,7 @@ struct OnlineSoftmax {
       }
     }
     const bool tail = key0 + BN > seqlen_k;
-    const bool diagonal = T::kCausal && key0 + BN - 1 > m_row0 + causal_shift;
+    const bool diagonal = T::kCausal && key0 + BN - 1 > (T::kCache ? first_pos : m_row0) + causal_shift;
     bool edge = false;
     if constexpr (T::kWindow)
       edge = (window_left >= 0 && key0 < m_row0 + T::kBlockM - 1 + causal_shift - window_left) ||
@@ -73,7 +84,7 @@ struct OnlineSoftmax {
       int visible[2], first[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = m_row0 + row_in_tile + 8 * r;
+        const int row = T::kCache ? row_pos[r] : m_row0 + row_in_tile + 8 * r;  // its position
         int end = T::kCausal ? min(seqlen_k, row + causal_shift + 1) : seqlen_k;
         first[r] = 0;
         if constexpr (T::kWindow) {

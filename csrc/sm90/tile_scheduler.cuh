@@ -22,14 +22,50 @@ struct TileBase {
 struct WindowTile : TileBase {
   int block0;
 };
+// A KV-cache kernel's tile (kernel_traits.cuh: kCache): BM packed query rows of one KV head
+// (row = position x head_ratio + head in group; q_row0 0), one split's blocks from block0, keys
+// from the sequence's left padding on (k_row0), tma_batch its cache entry.
+struct CacheTile : TileBase {
+  int block0, split, packed_rows;
+};
 template <class T>
-using Tile = std::conditional_t<T::kWindow, WindowTile, TileBase>;
+using Tile = std::conditional_t<T::kCache, CacheTile, std::conditional_t<T::kWindow, WindowTile, TileBase>>;
 
-// The tile's first K/V block: block0 with a window, else 0.
+// The tile's first K/V block: block0 with a window or a split, else 0.
 template <class T>
 __device__ __forceinline__ int first_block(const Tile<T>& tile) {
-  if constexpr (T::kWindow) return tile.block0;
+  if constexpr (T::kWindow || T::kCache) return tile.block0;
   else return 0;
+}
+
+// A KV-cache kernel's tile, from the CTA's place in the grid (splits x row blocks, KV heads,
+// sequences), as decode/work.cuh places the decode kernels' CTAs: a causal tile reads no key past
+// what its last row sees, and a split its share of those. Returns whether the tile has rows.
+template <class T>
+__device__ __forceinline__ bool cache_tile(const FwdParams& p, Tile<T>& tile) {
+  const int row_blocks = int(gridDim.x) / p.num_splits;
+  tile.m_block = int(blockIdx.x) % row_blocks;
+  tile.split = int(blockIdx.x) / row_blocks;
+  tile.kv_head = int(blockIdx.y);
+  tile.batch = int(blockIdx.z);
+  tile.head = tile.kv_head * p.head_ratio;
+  tile.seqlen_q = p.seqlen_q;
+  tile.packed_rows = p.seqlen_q * p.head_ratio;
+  tile.q_row0 = 0;
+  tile.k_row0 = p.leftpad_k != nullptr ? p.leftpad_k[tile.batch] : 0;
+  tile.tma_batch = p.cache_batch_idx != nullptr ? p.cache_batch_idx[tile.batch] : tile.batch;
+  const int used = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.seqlen_k;
+  tile.seqlen_k = max(0, used - tile.k_row0);
+  int keys = tile.seqlen_k;
+  if (T::kCausal) {  // bottom-right, per position: the last row's position sees keys up to pos + shift
+    const int last_row = min(tile.packed_rows, (tile.m_block + 1) * T::kBlockM) - 1;
+    keys = min(keys, max(0, last_row / p.head_ratio + tile.seqlen_k - tile.seqlen_q + 1));
+  }
+  const int blocks = (keys + T::kBlockN - 1) / T::kBlockN;
+  const int per_split = (blocks + p.num_splits - 1) / p.num_splits;
+  tile.block0 = min(blocks, tile.split * per_split);
+  tile.n_blocks = min(blocks, tile.block0 + per_split) - tile.block0;
+  return tile.m_block * T::kBlockM < tile.packed_rows;
 }
 
 // The tile of m-block m_block of one head of one sequence. Returns false for an m-block past the
@@ -73,6 +109,7 @@ __device__ __forceinline__ bool tile_of(const FwdParams& p, int m_block, int hea
 // sequence shorter than the tile's first row (the tile has no rows).
 template <class T>
 __device__ __forceinline__ bool tile_at(const FwdParams& p, int t, Tile<T>& tile) {
+  if constexpr (T::kCache) return cache_tile<T>(p, tile);  // one tile per CTA, from its grid place
   const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   return tile_of<T>(p, num_m - 1 - t % num_m, (t / num_m) % p.heads_q, t / num_m / p.heads_q, tile);
 }

@@ -60,5 +60,26 @@ inline int encode_4d(CUtensorMap* map, const void* base, CUtensorMapDataType typ
                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
+// A KV-cache kernel's Q, (batch, positions, heads_kv x head_ratio, dim), as 5-D (dim, head in group,
+// KV head, position, batch), read in boxes of box_cols columns x head_ratio heads x 1 KV head x
+// box_positions positions: box_positions x head_ratio rows of 128B-swizzled shared memory, the
+// packed rows of one KV head (position x head_ratio + head in group) as the prefill tiles' rows.
+// 16-bit elements. Returns a CUresult.
+inline int encode_q_packed(CUtensorMap* map, const void* base, CUtensorMapDataType type, uint64_t batch,
+                           uint64_t positions, uint64_t heads_kv, uint64_t head_ratio, uint64_t dim,
+                           uint64_t batch_stride, uint64_t row_stride, uint64_t head_stride, uint32_t box_cols,
+                           uint32_t box_positions) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t dims[5] = {dim, head_ratio, heads_kv, positions, batch};
+  const cuuint64_t strides[4] = {head_stride * 2, head_ratio * head_stride * 2, row_stride * 2,
+                                 (batch == 1 ? positions * row_stride : batch_stride) * 2};
+  const cuuint32_t box[5] = {box_cols, uint32_t(head_ratio), 1, box_positions, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  return int(encode(map, type, 5, const_cast<void*>(base), dims, strides, box, elem_strides,
+                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
 }  // namespace sm90
 }  // namespace flashtune

@@ -16,6 +16,7 @@ from flashtune.kernels.arch import get_arch
 from flashtune.kernels.build import BuildError, BuildResult, build_binding, build_specs, cache_root
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.bwd_spec import bwd_specs_for_profile
+from flashtune.kernels.cache_spec import cache_specs_for_profile
 from flashtune.kernels.decode_spec import decode_specs_for_profile
 from flashtune.kernels.spec import KernelSpec, specs_for_profile
 from flashtune.kernels.toolchain import check_build_toolchain
@@ -67,6 +68,7 @@ def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jo
                             "no FP8 tensor cores (they exist on sm_89, sm_90 and sm_120)")
     if decode:
         specs += decode_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
+        specs += cache_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     if backward:
         specs += bwd_specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
     start = time.perf_counter()

@@ -178,6 +178,11 @@ class DecodeSpec:
         return 32 * self.tile.warps
 
     @property
+    def min_blocks_per_split(self) -> int:
+        """A split's fewest key blocks (runtime/decode.py's choose_splits): two per warp."""
+        return 2 * self.tile.warps
+
+    @property
     def smem_bytes(self) -> int:
         return decode_smem_bytes(self.hdim, self.tile, self.kv_fp8)
 

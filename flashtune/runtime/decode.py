@@ -12,6 +12,7 @@ import math
 import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
+from flashtune.kernels.cache_spec import CACHE_ROWS, CacheSpec, cache_kernel_serves, cache_tile
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
@@ -32,18 +33,28 @@ _decode_specs: dict[tuple, DecodeSpec] = {}
 
 
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
-                page_size: int | None, kv_fp8: bool = False, variants: Variants = NO_VARIANTS) -> DecodeSpec:
-    """The decode kernel for a call under `profile`: its tile for the head dim and packed rows (the
-    profile's `decode:` tiles, else the family's default for its arch), the cache's paging, and
-    whether the cache is e4m3 (`dtype` is q's)."""
-    rows = decode_rows(seqlen_q, head_ratio, hdim)
+                page_size: int | None, kv_fp8: bool = False, variants: Variants = NO_VARIANTS,
+                varlen_q: bool = False) -> DecodeSpec:
+    """The decode kernel for a call under `profile`: on an sm90 profile, a KV-cache kernel (wgmma,
+    kernels/cache_spec.py) where the packed rows fill its 128-row tiles; else the mma.sync decode
+    kernel with its tile for the head dim and packed rows (the profile's `decode:` tiles, else the
+    family's default for its arch), the cache's paging, and whether the cache is e4m3 (`dtype` is
+    q's). varlen_q: queries of several lengths (cu_seqlens_q), which only the decode kernels take."""
+    cache = cache_kernel_serves(profile.arch.wgmma, hdim, seqlen_q, head_ratio, page_size, kv_fp8, any(variants),
+                                varlen_q)
+    rows = CACHE_ROWS if cache else decode_rows(seqlen_q, head_ratio, hdim)
     key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size,
-           kv_fp8, variants)
+           kv_fp8, variants, cache)
     spec = _decode_specs.get(key)
     if spec is None:
-        paging = paging_for(page_size, profile.decode_tile(computed_head_dim(hdim) or hdim, rows).block_n)
-        spec = _decode_specs[key] = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging,
-                                                    kv_fp8=kv_fp8, variants=variants)
+        if cache:
+            spec = CacheSpec(profile.arch.name, DTYPE_NAMES[dtype], hdim, cache_tile(hdim), bool(causal),
+                             "contiguous" if page_size is None else "paged", profile.nvcc_flags)
+        else:
+            paging = paging_for(page_size, profile.decode_tile(computed_head_dim(hdim) or hdim, rows).block_n)
+            spec = decode_spec_for(profile, DTYPE_NAMES[dtype], hdim, rows, bool(causal), paging, kv_fp8=kv_fp8,
+                                   variants=variants)
+        _decode_specs[key] = spec
     return spec
 
 
@@ -56,7 +67,8 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
                   sm_count: int, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
     """FlashAttention-3's rule, for this kernel: no split while the CTAs fill policy.fill (80%) of the
     GPU's CTA slots; else the fewest splits within policy.efficiency (95%; FA3: 85%) of the best
-    wave efficiency, each split keeping every warp at least two key blocks. On every decode call:
+    wave efficiency, each split keeping spec.min_blocks_per_split key blocks (two per warp of a decode
+    kernel, two for a KV-cache kernel). On every decode call:
     the search over split counts is cached by what it depends on (it cost 25-35 us a call)."""
     tile = spec.tile
     row_blocks = math.ceil(seqlen_q * head_ratio / tile.rows)
@@ -65,7 +77,7 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
     if ctas == 0 or ctas >= policy.fill * slots:
         return 1
     blocks = math.ceil(seqlen_k / tile.block_n)
-    most = max(1, min(policy.max_splits, blocks // (2 * tile.warps)))
+    most = max(1, min(policy.max_splits, blocks // spec.min_blocks_per_split))
     return _fewest_efficient_splits(ctas, slots, most, policy.efficiency)
 
 

@@ -364,7 +364,7 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
-                       page_size, kv_fp8=k_descale is not None, variants=var.variants)
+                       page_size, kv_fp8=k_descale is not None, variants=var.variants, varlen_q=True)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
                       num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
