@@ -68,6 +68,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError("flashtune attention has no dropout: set the config's attention_dropout to 0.0 to "
                          "train, or call model.eval()")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    # Under autocast an fp32 model's q and k come out of its fp32 rotary embedding in fp32: as SDPA
+    # does under autocast, attend in the autocast dtype (gradients flow back through the cast).
+    if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = (t.to(dtype) for t in (query, key, value))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views: the head dim stays contiguous
     extra = _variants(kwargs, k.shape[1])
     packed = _packed_sequences(q, k, attention_mask, kwargs)

@@ -281,3 +281,29 @@ def test_models_with_variants_match_eager_in_prefill_and_decode(config_name, fie
                            eager.generate(ids, max_new_tokens=5, do_sample=False))
     for key, value in wanted.items():
         assert any(key in kw and (value is None or kw[key] == value) for kw in VARIANTS), VARIANTS
+
+
+def test_under_autocast_an_fp32_model_attends_in_the_autocast_dtype(monkeypatch):
+    """Under autocast an fp32 model's q and k leave its fp32 rotary embedding in fp32; SDPA casts its
+    inputs to the autocast dtype, and so does flashtune (whose kernels take 16-bit inputs), with
+    gradients flowing back through the cast (`flashtune bench --train` trains so)."""
+    _, ours = _pair("llama")
+    ours.train()
+    dtypes, dense = [], ops.flash_attn_func
+
+    def recording(q, k, v, **kw):
+        dtypes.append((q.dtype, k.dtype, v.dtype))
+        with torch.autocast("cpu", enabled=False):  # as a kernel: autocast does not reach inside
+            return dense(q, k, v, **kw)
+
+    monkeypatch.setattr(ops, "flash_attn_func", recording)
+    ids = torch.randint(0, 128, (2, 24))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ours(ids, labels=ids).loss
+    loss.backward()
+    assert dtypes and all(d == (torch.bfloat16,) * 3 for d in dtypes)
+    assert ours.model.layers[0].self_attn.q_proj.weight.grad is not None
+    dtypes.clear()
+    with torch.no_grad():
+        ours(ids)  # no autocast: the model's own dtype reaches the kernel (which refuses fp32 clearly)
+    assert dtypes and all(d == (torch.float32,) * 3 for d in dtypes)

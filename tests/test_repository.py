@@ -76,9 +76,9 @@ def _expand(name: str) -> list[str]:
     return [full for o in options for full in _expand(name[:match.start()] + o + name[match.end():])]
 
 
-def test_benchmarks_hold_only_cited_results_under_a_megabyte():
+def test_benchmarks_hold_only_cited_results_under_one_and_a_quarter_megabytes():
     results = [f for f in (ROOT / "benchmarks").rglob("*") if f.is_file() and f.name != "README.md"]
-    assert sum(f.stat().st_size for f in results) < 2**20
+    assert sum(f.stat().st_size for f in results) < 5 * 2**18
     for f in results:  # each named, alone or in a family, in its folder's README
         cited = {Path(name).name for quoted in re.findall(r"`([^`]+)`", (f.parent / "README.md").read_text())
                  for name in _expand(quoted)}

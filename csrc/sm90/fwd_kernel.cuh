@@ -5,7 +5,8 @@
 // 1-3 consumer warpgroups (setmaxnreg.inc), each owning 64 query rows of a tile. What a kernel's
 // Schedule turns on, and what each step measured, is in kernel_traits.cuh and
 // docs/design-sm90.md. This file is the schedule across a tile's positions: which part runs
-// when, and how a deferred epilogue threads through the next tile.
+// when, and how a deferred epilogue threads through the next tile. The same kernel reads a KV
+// cache for decode's entry point (kernel_traits.cuh: KvCache; sm90/launch_kvcache.cuh).
 #pragma once
 #include <math.h>
 

@@ -14,7 +14,8 @@ namespace flashtune {
 namespace sm90 {
 
 // The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
-// total rows, and a sequence starts at row cu_seqlens[b].
+// total rows, and a sequence starts at row cu_seqlens[b]. A KV-cache kernel's (launch_kvcache.cuh):
+// q 5-D (dim, head in group, KV head, position, batch), k and v over the cache's entries or pages.
 struct TmaMaps {
   CUtensorMap q, k, v, o;  // o: used by the TMA-store epilogue only
 };
