@@ -238,27 +238,39 @@ def test_cache_batch_idx_and_leftpad():
     check(out, lse, q, kc, vc, seqlens, None, False, leftpad=leftpad)
 
 
-def test_two_identical_calls_are_bit_identical_and_splits_agree():
-    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 20000, 64, seqlens=[20000, 12345])
-    first = kv_call(q, kc, vc, seqlens, table, False, 0)
-    second = kv_call(q, kc, vc, seqlens, table, False, 0)
+def assert_repeatable_and_split_invariant(q, kc, vc, seqlens, table, causal, many_splits):
+    """Two identical calls give identical bits; one split and many agree within rounding."""
+    first = kv_call(q, kc, vc, seqlens, table, causal, 0)
+    second = kv_call(q, kc, vc, seqlens, table, causal, 0)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    one = kv_call(q, kc, vc, seqlens, table, False, 1)
-    many = kv_call(q, kc, vc, seqlens, table, False, 37)
+    one = kv_call(q, kc, vc, seqlens, table, causal, 1)
+    many = kv_call(q, kc, vc, seqlens, table, causal, many_splits)
     assert (one[0].float() - many[0].float()).abs().max().item() < 2e-2
     assert (one[1] - many[1]).abs().max().item() < 1e-4
 
 
-def test_cuda_graph_replay_follows_new_seqlens_and_block_table():
-    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 2048, 64, seqlens=[2048, 100])
-    kv_call(q, kc, vc, seqlens, table, False, 4)  # builds and loads the kernel outside the capture
+def captured_call(q, kc, vc, seqlens, table, causal, splits):
+    """A kv_call captured in a CUDA graph (its kernel built and loaded by a first call outside the
+    capture): (graph, out, lse), the outputs the replays write."""
+    kv_call(q, kc, vc, seqlens, table, causal, splits)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            out, lse = kv_call(q, kc, vc, seqlens, table, False, 4)
+            out, lse = kv_call(q, kc, vc, seqlens, table, causal, splits)
     torch.cuda.current_stream().wait_stream(stream)
+    return graph, out, lse
+
+
+def test_two_identical_calls_are_bit_identical_and_splits_agree():
+    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 20000, 64, seqlens=[20000, 12345])
+    assert_repeatable_and_split_invariant(q, kc, vc, seqlens, table, False, 37)
+
+
+def test_cuda_graph_replay_follows_new_seqlens_and_block_table():
+    q, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 2048, 64, seqlens=[2048, 100])
+    graph, out, lse = captured_call(q, kc, vc, seqlens, table, False, 4)
     for new_lens, flip in (([1000, 2048], False), ([1, 1500], True)):
         seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         if flip:
@@ -397,20 +409,8 @@ def test_cache_rows_past_the_end_never_reach_the_output(page_size, poison):
 def test_mqa_four_tokens_bit_identical_calls_splits_agree_and_graph_replay():
     q, kc, vc, seqlens, _ = make_case(2, 4, 32, 1, 128, torch.bfloat16, 8192, seqlens=[8192, 3000])
     expect_kernel(q, kc, True)
-    first = kv_call(q, kc, vc, seqlens, None, True, 0)
-    second = kv_call(q, kc, vc, seqlens, None, True, 0)
-    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    many = kv_call(q, kc, vc, seqlens, None, True, 29)
-    one = kv_call(q, kc, vc, seqlens, None, True, 1)
-    assert (one[0].float() - many[0].float()).abs().max().item() < 2e-2
-    assert (one[1] - many[1]).abs().max().item() < 1e-4
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            out, lse = kv_call(q, kc, vc, seqlens, None, True, 6)
-    torch.cuda.current_stream().wait_stream(stream)
+    assert_repeatable_and_split_invariant(q, kc, vc, seqlens, None, True, 29)
+    graph, out, lse = captured_call(q, kc, vc, seqlens, None, True, 6)
     for new_lens in ([100, 8192], [7000, 4]):
         seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         out.fill_(float("nan"))

@@ -68,12 +68,23 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     from flashtune.commands.verify import correctness_cases
     from flashtune.kernels.profiles import find_profile
 
-    cases = correctness_cases(find_profile("h200"))
+    import torch
+
+    from flashtune.kernels.cache_spec import CacheSpec
+    from flashtune.runtime.decode import decode_spec
+
+    profile = find_profile("h200")
+    cases = correctness_cases(profile)
     decode = [c for c in cases if c.name.startswith("decode ")]
     paged = [c for c in decode if c.page_size]
-    assert len(decode) == 2 * 3 * 2 + 2 * 3  # per dtype: 2 per head dim through flash_attn_func, 3 paged
-    assert sorted({c.page_size for c in paged}) == [1, 16, 64]  # row gathers and whole-tile pages
-    assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv == 4 for c in decode)
+    # per dtype: 3 per head dim through flash_attn_func (GQA 1 and 4 tokens, MQA 4 tokens), 4 paged
+    assert len(decode) == 2 * 3 * 3 + 2 * 4
+    assert sorted({c.page_size for c in paged}) == [1, 16, 64, 256]  # row gathers, whole-tile and whole-block pages
+    assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv in (4, 32) for c in decode)
+    kv_cache = [c for c in decode if isinstance(decode_spec(profile, getattr(torch, c.dtype), c.hdim, c.causal,
+                                                            c.seqlen_q, c.heads // c.heads_kv, c.page_size or None),
+                                                CacheSpec)]
+    assert len(kv_cache) == 2 * (3 + 1)  # every MQA 4-token row reaches the KV-cache kernels on sm90
 
 
 def test_the_matrix_has_backward_rows_for_the_head_dims_the_backward_takes():

@@ -131,6 +131,14 @@ def correctness_cases(profile) -> list[Problem]:
             c = "causal " if causal else ""
             cases.append(_problem(f"decode {dtype} d{hdim} pages of {page} {c}{sq}/777", dtype, hdim, causal, sq,
                                   777, heads=32, heads_kv=8, page_size=page))
+        # 128 packed rows a KV head (MQA, 4 tokens): an sm90 profile's KV-cache kernels (wgmma), else
+        # the decode kernels; contiguous through flash_attn_func, and on pages of whole key blocks.
+        for hdim in profile.head_dims:
+            cases.append(_problem(f"decode {dtype} d{hdim} MQA 32:1 causal 4/3000", dtype, hdim, True, 4, 3000,
+                                  heads=32, heads_kv=1))
+        hdim = 128 if 128 in profile.head_dims else profile.head_dims[0]
+        cases.append(_problem(f"decode {dtype} d{hdim} MQA 32:1 pages of 256 causal 4/777", dtype, hdim, True, 4,
+                              777, heads=32, heads_kv=1, page_size=256))
         for hdim in (h for h in profile.head_dims if h in BWD_HEAD_DIMS):  # gradients, GQA 8:2, odd lengths
             for causal in (False, True):
                 c = "causal" if causal else "full"
