@@ -83,3 +83,12 @@ def test_a_kv_cache_kernel_compiles_without_spills_and_runs_on_wgmma():
     assert results[0].spill_stores == 0 and results[0].spill_loads == 0
     sass = subprocess.run([cuobjdump, "-sass", results[0].library], capture_output=True, text=True).stdout
     assert "HGMMA" in sass and "UTMALDG" in sass and spec.name in sass
+
+
+def test_a_broadcast_input_is_refused_before_a_tma_kernel_sees_it():
+    from flashtune.runtime.checks import FlashtuneInputError, refuse_broadcast
+
+    k = torch.zeros(2, 1, 1, 128).expand(2, 300, 1, 128)  # one key repeated: a stride of 0 over 300 rows
+    with pytest.raises(FlashtuneInputError, match="k_cache is broadcast.*call .contiguous"):
+        refuse_broadcast(q=torch.zeros(2, 4, 32, 128), k_cache=k)
+    refuse_broadcast(q=torch.zeros(1, 4, 32, 128).expand(1, 4, 32, 128), k_cache=torch.zeros(2, 300, 1, 128))

@@ -28,6 +28,15 @@ def fail(msg: str) -> None:
     raise FlashtuneInputError(f"flashtune: {msg}")
 
 
+def refuse_broadcast(**tensors: torch.Tensor) -> None:
+    """The sm90 kernels (prefill, and decode's KV-cache kernels) load by TMA, whose tensor maps
+    cannot broadcast: a stride of 0 over more than one row is refused."""
+    for name, t in tensors.items():
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+            fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
+                 "TMA loads cannot read; call .contiguous()")
+
+
 def check_strides(name: str, t: torch.Tensor) -> None:
     """What every kernel needs of a (.., rows, heads, head_dim) tensor's layout: a contiguous last
     dimension, 16-byte strides and start, rows close enough for 32-bit offsets inside a tile."""

@@ -17,6 +17,7 @@ from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
+from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
 
 
@@ -108,6 +109,8 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv); the
     variants built into spec take their values from variant_args (checks.check_variants)."""
     v = variant_args or NO_VARIANT_ARGS
+    if spec.family == "sm90":  # a KV-cache kernel: TMA loads
+        checks.refuse_broadcast(q=q, k_cache=k_cache, v_cache=v_cache)
     window = v.window
     varlen = cu_seqlens_q is not None
     heads_q, hdim = q.shape[-2], q.shape[-1]

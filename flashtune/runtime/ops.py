@@ -18,7 +18,7 @@ from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
                                       check_fp8_args, check_tensors, check_unsupported, check_variants, fail,
-                                      needs_grad, scale_for)
+                                      needs_grad, refuse_broadcast, scale_for)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -62,11 +62,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = run_spec(spec, *(_zero_padded(t, spec.hdim) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse, *extra)
         return out[..., :q.shape[-1]].contiguous(), lse
-    if spec.family == "sm90":  # TMA tensor maps cannot broadcast (a stride of 0 over >1 rows)
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
-                fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
-                      "TMA loads cannot read; call .contiguous()")
+    if spec.family == "sm90":
+        refuse_broadcast(q=q, k=k, v=v)
     return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                     q_descale, k_descale, with_lse, *extra)
 
