@@ -100,33 +100,26 @@ def test_bench_json_file_is_the_old_spelling_of_out(monkeypatch, tmp_path, one_g
     assert "deprecated" not in switch.stderr
 
 
-def test_bench_refuses_options_of_the_other_mode(one_gpu):
-    grid_with_model = run("bench", "--model", "llama3-8b-like", "--seqlens", "512")
-    assert grid_with_model.exit_code == 2
-    assert "--seqlens: not an option of bench --model (only of the prefill grid)" in grid_with_model.stderr
-    model_without = run("bench", "--prefill", "512")
-    assert model_without.exit_code == 2 and "--prefill: not an option of the prefill grid (only of bench --model)" \
-        in model_without.stderr
-    decode_only = run("bench", "--caches", "1024")
-    assert decode_only.exit_code == 2 and "--caches: not an option of the prefill grid (only of bench --decode)" \
-        in decode_only.stderr
-    decode_backward = run("bench", "--decode", "--pass", "bwd")
-    assert decode_backward.exit_code == 2 and "--pass: not an option of bench --decode" in decode_backward.stderr
-    grid_with_decode = run("bench", "--decode", "--seqlens", "512", "--causal")
-    assert grid_with_decode.exit_code == 2 and "--seqlens, --causal: not an option of bench --decode" \
-        in grid_with_decode.stderr
-    both = run("bench", "--decode", "--model", "llama3-8b-like")
-    assert both.exit_code == 2 and "--model and --decode are different benches" in both.stderr
-    train_grid = run("bench", "--train", "--hdims", "64")
-    assert train_grid.exit_code == 2 and "--hdims: not an option of bench --train" in train_grid.stderr
-    steps_alone = run("bench", "--train-steps", "50")
-    assert steps_alone.exit_code == 2 and "--train-steps: not an option of the prefill grid (only of bench --train)" \
-        in steps_alone.stderr
-    train_dtype = run("bench", "--train", "--dtypes", "float16")
-    assert train_dtype.exit_code == 2 and "--train trains in bf16 autocast" in train_dtype.stderr
-    train_backend = run("bench", "--train", "--backends", "flash-attn3")
-    assert train_backend.exit_code == 2 and "known with --train" in train_backend.stderr
-    many_batches = run("bench", "--model", "llama3-8b-like", "--batches", "1,2")
-    assert many_batches.exit_code == 2 and "one batch size with --model" in many_batches.stderr
-    both_stdout = run("bench", "--json", "--csv", "-")
-    assert both_stdout.exit_code == 2 and "both write to stdout" in both_stdout.stderr
+# bench's modes (the prefill grid, --decode, --model, --train) each refuse the others' options,
+# and options that cannot go together, with a usage error (exit 2) that names them.
+REFUSED = [
+    (("--model", "llama3-8b-like", "--seqlens", "512"),
+     "--seqlens: not an option of bench --model (only of the prefill grid)"),
+    (("--prefill", "512"), "--prefill: not an option of the prefill grid (only of bench --model)"),
+    (("--caches", "1024"), "--caches: not an option of the prefill grid (only of bench --decode)"),
+    (("--decode", "--pass", "bwd"), "--pass: not an option of bench --decode"),
+    (("--decode", "--seqlens", "512", "--causal"), "--seqlens, --causal: not an option of bench --decode"),
+    (("--decode", "--model", "llama3-8b-like"), "--model and --decode are different benches"),
+    (("--train", "--hdims", "64"), "--hdims: not an option of bench --train"),
+    (("--train-steps", "50"), "--train-steps: not an option of the prefill grid (only of bench --train)"),
+    (("--train", "--dtypes", "float16"), "--train trains in bf16 autocast"),
+    (("--train", "--backends", "flash-attn3"), "known with --train"),
+    (("--model", "llama3-8b-like", "--batches", "1,2"), "one batch size with --model"),
+    (("--json", "--csv", "-"), "both write to stdout"),
+]
+
+
+@pytest.mark.parametrize("args,message", REFUSED)
+def test_bench_refuses_options_of_the_other_mode(one_gpu, args, message):
+    result = run("bench", *args)
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
