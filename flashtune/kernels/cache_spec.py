@@ -12,11 +12,13 @@ with the tile of the sm90 kernel: rows x keys, 12 warps = 3 warpgroups, stages, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from flashtune.kernels.arch import get_arch
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile
-from flashtune.kernels.schedule import Schedule
+from flashtune.kernels.schedule import Schedule, overrides_of
 from flashtune.kernels.spec import DTYPES, SpecError, build_inputs_hash, source_files
+from flashtune.kernels.tiles import TileConfig, shared_memory_bytes, sm90_tile, threads_per_cta
 
 CACHE_SOURCES = ("common", "sm90", "decode")  # csrc/ folders the kernels include
 CACHE_ROWS = 128  # packed query rows per tile: two consumer warpgroups of 64
@@ -24,7 +26,9 @@ CACHE_PAGINGS = ("contiguous", "paged")  # pages of whole key blocks only (TMA b
 # Per head dim: (keys per block, stages), the h200 prefill tiles' shapes at 128 rows.
 CACHE_TILES = {64: (128, 4), 128: (128, 2), 256: (64, 2)}
 # The schedule of every KV-cache kernel: the prefill default's steps that a one-tile CTA with
-# direct stores can take (kernel_traits.cuh's static_asserts).
+# direct stores can take (kernel_traits.cuh's static_asserts). Speculative maxima stay on at hdim
+# 256 too, where the prefill default turns them off: the KV-cache kernel does not spill with them
+# (ptxas: 0 bytes, every head dim).
 CACHE_SCHEDULE = Schedule(persistent=False, tma_store=False, defer=False, flat=False)
 
 
@@ -72,8 +76,14 @@ class CacheSpec(DecodeSpec):
         return "_".join(parts)
 
     @property
+    def sm90_config(self) -> TileConfig:
+        """The tile as an sm90 config with its whole schedule given, which tiles.py sizes as it sizes
+        the prefill kernels'."""
+        return sm90_tile(self.tile.rows, self.tile.block_n, self.tile.stages, overrides_of(asdict(CACHE_SCHEDULE)))
+
+    @property
     def threads(self) -> int:
-        return 384  # a producer warpgroup and two consumers
+        return threads_per_cta("sm90", self.sm90_config)
 
     @property
     def min_blocks_per_split(self) -> int:
@@ -81,9 +91,7 @@ class CacheSpec(DecodeSpec):
 
     @property
     def smem_bytes(self) -> int:
-        """kernel_traits.cuh's kSmemBytes: Q, the K and V rings and the alignment slack."""
-        rows_bytes = 2 * self.hdim
-        return CACHE_ROWS * rows_bytes + self.tile.stages * 2 * self.tile.block_n * rows_bytes + 1024
+        return shared_memory_bytes("sm90", self.hdim, self.sm90_config, causal=self.causal)
 
     def source(self) -> str:
         elem = DTYPES[self.dtype][1]
@@ -122,8 +130,6 @@ extern "C" int {self.launcher_symbol}(const flashtune::DecodeParams* params, voi
 def cache_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[CacheSpec]:
     """Every KV-cache kernel a profile can launch (optionally narrowed), for `flashtune build`: on a
     target with wgmma, each dtype and built head dim, causal and not, contiguous and paged."""
-    from flashtune.kernels.arch import get_arch
-
     target = arch or profile.arch.name
     if not get_arch(target).wgmma:
         return []
