@@ -1,57 +1,60 @@
-"""Decode's split count on the cells that fill the GPU least (issue 33): each cell through
-flash_attn_with_kvcache with the heuristic's choice and with explicit num_splits, timed side by side
-(interleaved, cold L2, as bench times), beside SDPA cuDNN; and, from the profiler, how much of a
-call the split kernel and the combine kernel take. GB/s of K/V read.
+"""Decode's split count, swept (issue 33): cells from the short calls to the large ones, each through
+flash_attn_with_kvcache with the heuristic's choice and with explicit num_splits from 1 to the most
+the kernel allows, timed side by side (interleaved rounds, cold L2, as bench times) beside SDPA
+cuDNN and flash. Microseconds per call and GB/s of K/V read; the data a split policy is fitted to.
+The kernels of every cell are built first, 16 at a time.
 
-Usage: PYTHONPATH=. FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py OUT.json
+Usage: PYTHONPATH=. FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py OUT.json [--quick]
 """
 import json
 import statistics
 import sys
-from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 import flashtune
+from flashtune.kernels.build import build_specs
 from flashtune.kernels.profiles import find_profile
 from flashtune.measure.timing import L2_FLUSH_BYTES, time_ms
 from flashtune.runtime.decode import _sm_count, choose_splits, decode_spec
 
-CELLS = [  # (hdim, heads_kv, batch, cache, seqlen_q): the cells below 0.97x the fastest SDPA backend (2026-12-05)
-    (64, 1, 128, 1024, 1), (64, 1, 8, 16384, 1), (128, 1, 1, 1024, 1), (64, 8, 8, 1024, 1),
-    (128, 1, 1, 16384, 1), (128, 1, 8, 1024, 1), (64, 1, 1, 1024, 1), (64, 1, 8, 1024, 1),
-    (64, 1, 1, 16384, 1), (128, 1, 32, 1024, 1),
-]
-SPLITS = (1, 3, 8, 16, 32, 64, 128)
 HEADS = 32
+# (hdim, heads_kv, batch, cache, seqlen_q)
+CELLS = ([(d, 1, b, c, 1) for d in (64, 128) for b in (1, 8, 32, 128) for c in (1024, 16384)]
+         + [(d, 1, 1, 131072, 1) for d in (64, 128)]
+         + [(d, 8, b, c, 1) for d in (64, 128) for b in (1, 8, 32) for c in (1024, 16384)]
+         + [(d, 8, 1, 131072, 1) for d in (64, 128)]
+         + [(128, 32, b, c, 1) for b in (1, 8) for c in (1024, 16384)] + [(64, 32, 1, 1024, 1)]
+         + [(256, 8, 1, 16384, 1), (256, 1, 8, 1024, 1), (256, 8, 8, 1024, 1)]
+         + [(128, 8, b, c, 4) for b in (1, 8) for c in (1024, 16384)])
+QUICK = [(64, 1, 128, 1024, 1), (64, 8, 8, 1024, 1), (128, 1, 1, 16384, 1), (128, 8, 1, 16384, 1)]
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
-def kernel_us(run, calls=20):
-    """Mean microseconds per call of each CUDA kernel the call launches."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
-    total = defaultdict(float)
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            total["combine" if e.name.endswith("_combine") else "split" if "decode" in e.name else e.name] += \
-                e.device_time_total / calls
-    return dict(total)
+def sdpa(backend, a):
+    q, k, v = (t.transpose(1, 2) for t in a)
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
 def main():
     torch.manual_seed(0)
+    cells = QUICK if "--quick" in sys.argv else CELLS
     profile_ = find_profile("h200")
+    specs = {c: decode_spec(profile_, torch.bfloat16, c[0], c[4] > 1, c[4], HEADS // c[1], None) for c in cells}
+    _, failures = build_specs(list(dict.fromkeys(specs.values())), jobs=16)
+    print(f"built {len(set(specs.values()))} kernels, failures: {failures or 'none'}", flush=True)
     x = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     copy = 2 * x.numel() / statistics.median(time_ms([lambda: y.copy_(x)], 3, 20)) / 1e6
     del x, y
-    out = {"copy_GBps": copy, "cells": []}
-    for hdim, hkv, batch, cache, sq in CELLS:
+    sms = _sm_count(0)
+    out = {"device": torch.cuda.get_device_name(0), "sms": sms, "copy_GBps": copy, "cells": []}
+    for cell in cells:
+        hdim, hkv, batch, cache, sq = cell
+        spec = specs[cell]
         kv_bytes = 2 * batch * cache * hkv * hdim * 2
         sets = max(1, min(32, -(-L2_FLUSH_BYTES // kv_bytes)))
         inputs = []
@@ -60,43 +63,39 @@ def main():
             k = torch.randn(batch, cache, hkv, hdim, device="cuda", dtype=torch.bfloat16)
             inputs.append((q, k, torch.randn_like(k)))
         causal = sq > 1
-        spec = decode_spec(profile_, torch.bfloat16, hdim, causal, sq, HEADS // hkv, None)
-        chosen = choose_splits(spec, batch, hkv, sq, HEADS // hkv, cache, _sm_count(0))
-        names, runners = [], []
-        for n in (0,) + SPLITS:
-            names.append(f"splits {n}" if n else f"heuristic ({chosen})")
-            runners.append([lambda a=a, n=n: flashtune.flash_attn_with_kvcache(*a, causal=causal, num_splits=n)
-                            for a in inputs])
-
-        def cudnn(a):
-            q, k, v = (t.transpose(1, 2) for t in a)
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=False)
-        if not causal:
-            names.append("sdpa-cudnn")
-            runners.append([lambda a=a: cudnn(a) for a in inputs])
-        times = {n: [] for n in names}
+        chosen = choose_splits(spec, batch, hkv, sq, HEADS // hkv, cache, sms)
+        most = max(1, -(-cache // spec.tile.block_n) // spec.min_blocks_per_split)
+        runners = {f"heuristic ({chosen})": [lambda a=a: flashtune.flash_attn_with_kvcache(*a, causal=causal)
+                                             for a in inputs]}
+        for n in (s for s in SPLITS if s <= min(most, 128)):
+            runners[f"splits {n}"] = [lambda a=a, n=n: flashtune.flash_attn_with_kvcache(*a, causal=causal, num_splits=n)
+                                      for a in inputs]
+        for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
+            if causal:  # SDPA's causal mask is top-left aligned: another problem
+                break
+            try:
+                sdpa(backend, inputs[0])
+            except RuntimeError:
+                continue
+            runners[name] = [lambda a=a, b=backend: sdpa(b, a) for a in inputs]
+        times = {n: [] for n in runners}
         for _ in range(3):  # interleaved rounds
-            for name, rs in zip(names, runners):
-                times[name] += time_ms(rs, 5, 30)
+            for name, rs in runners.items():
+                times[name] += time_ms(rs, 5, 30, warmup_seconds=0.02)
         row = {"hdim": hdim, "heads_kv": hkv, "batch": batch, "cache": cache, "seqlen_q": sq, "kv_GB": kv_bytes / 1e9,
-               "kernel": spec.name, "heuristic": chosen, "GBps": {}, "kernels_us": {}}
-        for name in names:
-            ms = statistics.median(times[name])
-            row["GBps"][name] = kv_bytes / ms / 1e6
-        for n in dict.fromkeys((chosen, 1, 16)):
-            row["kernels_us"][f"splits {n}"] = kernel_us(runners[0][0] if n == chosen else
-                                                         (lambda n=n: runners[1 + SPLITS.index(n)][0]()))
+               "kernel": spec.name, "heuristic": chosen, "us": {n: statistics.median(t) * 1e3 for n, t in times.items()}}
         out["cells"].append(row)
-        best = max(row["GBps"], key=row["GBps"].get)
-        print(f"h{hdim} kv{hkv} b{batch} x {cache} q{sq} ({kv_bytes / 1e9:.2f} GB): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in row["GBps"].items()) + f" | best {best}; kernels "
-              + "; ".join(f"{k}: " + " ".join(f"{n} {u:.1f}" for n, u in d.items())
-                          for k, d in row["kernels_us"].items()), flush=True)
+        splits = {n: u for n, u in row["us"].items() if n.startswith("splits")}
+        best = min(splits, key=splits.get)
+        fastest_sdpa = min((u for n, u in row["us"].items() if n.startswith("sdpa")), default=float("nan"))
+        heur = row["us"][f"heuristic ({chosen})"]
+        print(f"h{hdim} kv{hkv} b{batch} x{cache} q{sq}: heuristic {chosen} {heur:.1f} us | best {best} "
+              f"{splits[best]:.1f} | sdpa {fastest_sdpa:.1f} | " + " ".join(f"{n.split()[1]}:{u:.1f}" for n, u in splits.items()),
+              flush=True)
         del inputs, runners
         torch.cuda.empty_cache()
     json.dump(out, open(sys.argv[1], "w"), indent=1)
-    print(f"copy {copy:.0f} GB/s")
+    print(f"copy {copy:.0f} GB/s, {sms} SMs")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@
 #                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
-#   decode-splits lab/decode_splits.py: explicit split counts on the least-filled cells, and the split/combine kernel times
+#   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
 #   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
-#   build-some    lab/build_some.py --release: only the decode (q1, hdim 64/128) and backward kernels, today's and the release's
+#   build-some    lab/build_some.py decode bwd --release: only the decode (q1, hdim 64/128) and backward kernels, today's and the release's
+#   build-cache   lab/build_some.py cache: only the KV-cache kernels decode-q4 times
 #   ab-pdl        bench --decode with the release's decode beside today's: q1 short calls, MQA and 8 KV heads (the dependent launch's A/B)
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   kvcache-tests tests/test_kvcache_gpu.py under h200 (the KV-cache kernels' cases with the rest), 16 workers
@@ -64,7 +65,7 @@ for step in "$@"; do case $step in
   decode-64|decode-128|decode-256) d=${step#decode-}
          run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \
            --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
-  decode-splits) run decode-splits 200 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
+  decode-splits) run decode-splits 420 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
              --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
@@ -74,7 +75,8 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-decode_sm80.json" ;;
   tune-decode) run tune-decode 300 python3 -m flashtune tune --profile h200 --decode --hdims 128 --jobs 16 \
            --out "$OUT/h200-decode-tuned.yaml" ;;
-  build-some) run build-some 300 env PYTHONPATH=$PWD:$PWD/lab/release-src python3 lab/build_some.py --release ;;
+  build-some) run build-some 300 env PYTHONPATH=$PWD:$PWD/lab/release-src python3 lab/build_some.py decode bwd --release ;;
+  build-cache) run build-cache 200 python3 lab/build_some.py cache ;;
   ab-pdl) run ab-pdl 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_pdl.json" ;;

@@ -10,7 +10,7 @@ from flashtune.kernels.decode_spec import (DecodeSpec, DecodeSplitPolicy, Decode
                                            default_decode_tile)
 from flashtune.kernels.profiles import ProfileError, find_profile, load_profile
 from flashtune.kernels.spec import KernelSpec, SpecError
-from flashtune.runtime.decode import choose_splits, decode_spec, paging_for
+from flashtune.runtime.decode import decode_spec, paging_for
 from flashtune.runtime.selection import kernel_for
 
 H200 = find_profile("h200")
@@ -84,20 +84,6 @@ def test_paging_bulk_where_pages_hold_whole_tiles_else_gather():
     assert paging_for(16, 32) == "gather" and paging_for(1, 16) == "gather" and paging_for(48, 32) == "gather"
 
 
-def test_splits_only_when_the_ctas_do_not_fill_the_gpu():
-    spec = decode_spec(H200, torch.bfloat16, 128, False, 1, 4, None)
-    assert choose_splits(spec, 64, 8, 1, 4, 32768, 132) == 1  # 512 CTAs: no split
-    one = choose_splits(spec, 1, 8, 1, 4, 16384, 132)  # 8 CTAs for 132 SMs
-    assert 8 <= one <= 128 and 8 * one <= 2 * 132
-    assert choose_splits(spec, 1, 8, 1, 4, 128, 132) == 1  # 4 blocks of keys: nothing to share
-    # every split keeps each warp at least two blocks of keys
-    assert choose_splits(spec, 1, 1, 1, 32, 2048, 132) <= 2048 // 32 // 8
-    # a profile's policy: never split, or split whenever the GPU is not full
-    assert choose_splits(spec, 1, 8, 1, 4, 16384, 132, DecodeSplitPolicy(max_splits=1)) == 1
-    assert choose_splits(spec, 14, 8, 1, 4, 16384, 132) == 1  # 112 CTAs: over 80% of the 132 SMs
-    assert choose_splits(spec, 14, 8, 1, 4, 16384, 132, DecodeSplitPolicy(fill=1.0)) > 1
-
-
 def test_short_16_bit_fixed_length_queries_go_to_the_decode_kernel():
     profile = find_profile("h200")
     decode = kernel_for(profile, "bfloat16", 128, False, 1, 5000, head_ratio=4)
@@ -136,11 +122,11 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     profile = load_profile(write_profile(tmp_path, """decode:
   tiles:
     - {hdim: 128, rows: 16, block_n: 64, warps: 2, stages: 2}
-  split: {fill: 0.5, max_splits: 16}
+  split: {combine_us: 5, memory_gbps: 4800, max_splits: 16}
 """))
     assert profile.decode_tile(128, 16) == DecodeTile(16, 64, 2, 2)
     assert profile.decode_tile(64, 16) == default_decode_tile(profile.arch, 64, 16)  # the rest: defaults
-    assert profile.decode_split == DecodeSplitPolicy(fill=0.5, efficiency=0.95, max_splits=16)
+    assert profile.decode_split == DecodeSplitPolicy(combine_us=5, memory_gbps=4800, max_splits=16)
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
         "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
     # the runtime's cache of decode specs tells the profiles apart by their decode tiles
@@ -154,7 +140,10 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     ("decode:\n  tiles:\n    - {hdim: 128, rows: 16, block_n: 32}\n", "missing"),
     ("decode:\n  tiles:\n    - {hdim: 128, rows: 16, block_n: 32, warps: 4, stages: 2}\n"
      "    - {hdim: 128, rows: 16, block_n: 16, warps: 4, stages: 2}\n", "a second tile"),
-    ("decode:\n  split: {fill: 1.5}\n", "fill and efficiency in"),
+    ("decode:\n  split: {fill: 0.8}\n", "decode.split.fill: unknown key"),
+    ("decode:\n  split: {combine_us: -1}\n", "decode.split.combine_us.*a positive number"),
+    ("decode:\n  split: {max_splits: 300}\n", "decode.split.max_splits.*1..256"),
+    ("decode:\n  split: {memory_gbps: fast}\n", "decode.split.memory_gbps"),
     ("decode:\n  splits: {}\n", "splits"),
 ])
 def test_a_bad_decode_section_names_the_key(tmp_path, section, message):

@@ -172,8 +172,10 @@ def render_details(profile: Profile, console: Console) -> None:
                        str(row["stages"]), f"{row['smem_bytes']} B", row["source"])
     console.print(decode)
     split = data["decode"]["split"]
-    console.print(f"decode splits: none while the CTAs fill {split['fill']:.0%} of the CTA slots; else the fewest "
-                  f"within {split['efficiency']:.0%} of the best wave efficiency, at most {split['max_splits']}")
+    memory = "the device's peak" if split["memory_gbps"] is None else f"{split['memory_gbps']:g} GB/s"
+    console.print(f"decode splits: the count a cost model predicts fastest, at most {split['max_splits']} (a CTA "
+                  f"streams {split['cta_gbps']:g} + {split['cta_gbps_per_ring_kb']:g} GB/s per KB in flight; a "
+                  f"combine {split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; memory: {memory})")
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

@@ -90,6 +90,11 @@ class CacheSpec(DecodeSpec):
         return 2
 
     @property
+    def ring_bytes(self) -> int:
+        """The K and V stages the producer keeps in flight."""
+        return self.tile.stages * 2 * self.tile.block_n * self.hdim * self.kv_element_bytes
+
+    @property
     def smem_bytes(self) -> int:
         return shared_memory_bytes("sm90", self.hdim, self.sm90_config, causal=self.causal)
 

@@ -112,14 +112,18 @@ def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
 
 @dataclass(frozen=True)
 class DecodeSplitPolicy:
-    """When and how far decode splits a sequence's keys across CTAs (runtime/decode.py's
-    choose_splits): not while the CTAs fill `fill` of the GPU's CTA slots; else the fewest splits
-    within `efficiency` of the best wave efficiency, at most `max_splits`. FlashAttention-3 takes
-    85%; a decode CTA streams its share of the keys, so within one wave more splits finish sooner:
-    on the H200 16 splits over 8 row blocks (128 CTAs, 97% of the SMs) read 1-5% faster than the
-    15 that 85% picks (lab/results/2026-12-04_decode-splits/)."""
-    fill: float = 0.8
-    efficiency: float = 0.95
+    """The constants of decode's split-count cost model (runtime/decode_splits.py): a CTA streams
+    its keys at cta_gbps + cta_gbps_per_ring_kb x the KB its ring keeps in flight; a combine costs
+    combine_us plus its fp32 partials (written and read) at combine_gbps; the memory reads at
+    memory_gbps (None: the device's own peak, from its memory clock and bus width). At most
+    max_splits. Fitted to every split count on 44 cells of an H100 (lab/decode_splits.py): the
+    split count it picks is 0.6% slower than the fastest in geomean, 7% at most, where the wave
+    rule it replaced lost 5% and 52%."""
+    cta_gbps: float = 20.0
+    cta_gbps_per_ring_kb: float = 0.25
+    combine_us: float = 3.5
+    combine_gbps: float = 1600.0
+    memory_gbps: float | None = None
     max_splits: int = 128
 
 
@@ -185,6 +189,16 @@ class DecodeSpec:
     @property
     def smem_bytes(self) -> int:
         return decode_smem_bytes(self.hdim, self.tile, self.kv_fp8)
+
+    @property
+    def ring_bytes(self) -> int:
+        """K and V bytes a CTA keeps in flight: every warp's ring (the split cost model's stream rate)."""
+        t = self.tile
+        return t.warps * t.stages * 2 * t.block_n * (computed_head_dim(self.hdim) or self.hdim) * self.kv_element_bytes
+
+    @property
+    def kv_element_bytes(self) -> int:
+        return 1 if self.kv_fp8 else 2
 
     def source(self) -> str:
         elem = DTYPES[self.dtype][1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -259,11 +259,16 @@ class _Validator:
                                 "one tile per (hdim, rows)")
             seen.add((entry["hdim"], entry["rows"]))
             tiles.append((entry["hdim"], entry["rows"], tile))
-        split = self.expect(value.get("split", {}), dict, "decode.split", "{fill, efficiency, max_splits}")
-        self.check_keys(split, "decode.split", ("fill", "efficiency", "max_splits"), ())
+        keys = tuple(f.name for f in fields(DecodeSplitPolicy))
+        split = self.expect(value.get("split", {}), dict, "decode.split", "{" + ", ".join(keys) + "}")
+        self.check_keys(split, "decode.split", keys, ())
+        for key, number in split.items():
+            positive = key == "memory_gbps" and number is None or (
+                isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0)
+            if not positive or key == "max_splits" and not (isinstance(number, int) and number <= 256):
+                raise self.fail(f"decode.split.{key}", f"{number!r}",
+                                "an integer in 1..256" if key == "max_splits" else "a positive number")
         policy = DecodeSplitPolicy(**split)
-        if not (0 < policy.fill <= 1 and 0 < policy.efficiency <= 1) or not 1 <= policy.max_splits <= 256:
-            raise self.fail("decode.split", f"{split}", "fill and efficiency in (0, 1], max_splits in 1..256")
         return {"decode_tiles": tuple(tiles), "decode_split": policy}
 
     def nvcc_flags(self, value: Any) -> tuple[str, ...]:

@@ -1,13 +1,10 @@
 """Decode launches: which DecodeSpec serves a call under a profile (packed rows, the profile's tile,
-how keys are addressed), how many CTAs share a sequence's keys (num_splits=0: the heuristic, with
-the profile's split policy), the split buffers, and the launch through the torch op
+how keys are addressed), how many CTAs share a sequence's keys (num_splits=0: decode_splits.py's cost
+model, with the profile's split policy), the split buffers, and the launch through the torch op
 flashtune_C::decode. Nothing here reads device memory on the host, so a call can be captured in a
 CUDA graph.
 """
 from __future__ import annotations
-
-import functools
-import math
 
 import torch
 
@@ -15,10 +12,11 @@ from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.cache_spec import CACHE_ROWS, CacheSpec, cache_kernel_serves, cache_tile
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
 from flashtune.kernels.profiles import Profile
-from flashtune.kernels.tiles import RESERVED_SMEM_PER_CTA, computed_head_dim
+from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
+from flashtune.runtime.decode_splits import choose_splits, device_facts
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -59,53 +57,12 @@ def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, s
     return spec
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
-                  sm_count: int, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
-    """FlashAttention-3's rule, for this kernel: no split while the CTAs fill policy.fill (80%) of the
-    GPU's CTA slots; else the fewest splits within policy.efficiency (95%; FA3: 85%) of the best
-    wave efficiency, each split keeping spec.min_blocks_per_split key blocks (two per warp of a decode
-    kernel, two for a KV-cache kernel). On every decode call:
-    the search over split counts is cached by what it depends on (it cost 25-35 us a call)."""
-    tile = spec.tile
-    row_blocks = math.ceil(seqlen_q * head_ratio / tile.rows)
-    ctas = batch * heads_kv * row_blocks
-    slots = sm_count * _ctas_per_sm(spec)
-    if ctas == 0 or ctas >= policy.fill * slots:
-        return 1
-    blocks = math.ceil(seqlen_k / tile.block_n)
-    most = max(1, min(policy.max_splits, blocks // spec.min_blocks_per_split))
-    return _fewest_efficient_splits(ctas, slots, most, policy.efficiency)
-
-
-@functools.lru_cache(maxsize=256)
-def _ctas_per_sm(spec: DecodeSpec) -> int:
-    facts = spec.arch_facts
-    return max(1, min(facts.smem_per_sm // (spec.smem_bytes + RESERVED_SMEM_PER_CTA),
-                      facts.max_threads_per_sm // spec.threads))
-
-
-@functools.lru_cache(maxsize=4096)
-def _fewest_efficient_splits(ctas: int, slots: int, most: int, efficiency: float) -> int:
-    """The fewest splits (1..most) whose wave efficiency is within `efficiency` of the best."""
-    def wave_efficiency(splits: int) -> float:
-        waves = ctas * splits / slots
-        return waves / math.ceil(waves)
-
-    best = max(wave_efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if wave_efficiency(s) >= efficiency * best)
-
-
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
                num_splits: int, with_lse: bool, out=None, poison: bool = False,
                policy: DecodeSplitPolicy = DecodeSplitPolicy(), k_descale=None, v_descale=None,
                variant_args: VariantArgs | None = None):
-    """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the heuristic.
+    """Launch `spec` on validated inputs; returns (out, lse or None). num_splits=0: the split cost model.
     An e4m3 cache (spec.kv_fp8) takes its descales, contiguous float32 (batch, heads_kv); the
     variants built into spec take their values from variant_args (checks.check_variants)."""
     v = variant_args or NO_VARIANT_ARGS
@@ -120,7 +77,7 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     if num_splits <= 0:  # a window: the keys a row block reads, not the cache's
         keys = seqlen_k if window[0] < 0 else min(seqlen_k, window[0] + max_seqlen_q + max(window[1], 0))
         num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, keys,
-                                   _sm_count(q.device.index), policy)
+                                   *device_facts(q.device.index), policy)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None

@@ -6,6 +6,7 @@ seqlen buckets with the same tile merged, and a provenance block saying where it
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -63,9 +64,9 @@ def decode_lines(base: Profile, tuned: dict[tuple[int, int], DecodeTile] | None 
         lines.append("  tiles:")
         lines += [f"    - {{hdim: {hdim}, rows: {rows}, block_n: {t.block_n}, warps: {t.warps}, stages: {t.stages}}}"
                   for (hdim, rows), t in sorted(tiles.items())]
-    if base.decode_split != DecodeSplitPolicy():
-        s = base.decode_split
-        lines.append(f"  split: {{fill: {s.fill}, efficiency: {s.efficiency}, max_splits: {s.max_splits}}}")
+    if base.decode_split != DecodeSplitPolicy():  # the keys that differ from the defaults
+        changed = {k: v for k, v in asdict(base.decode_split).items() if v != getattr(DecodeSplitPolicy(), k)}
+        lines.append("  split: {" + ", ".join(f"{k}: {'null' if v is None else v}" for k, v in changed.items()) + "}")
     return ["decode:", *lines] if lines else []
 
 

@@ -1,0 +1,89 @@
+"""How many CTAs share a sequence's keys when a decode call leaves the split count to flashtune
+(num_splits=0): the count a cost model of the call predicts fastest.
+
+A decode call streams its K and V once; s splits give each of the call's CTAs (batch x KV heads x
+row blocks) 1/s of the keys, then merge the s partial outputs in a combine kernel. Its time, for
+s = 1 .. the most the keys allow:
+
+    stream(s)  = ((bytes / memory) ** P + (bytes per SM / rate of one CTA) ** P) ** (1 / P)
+    combine(s) = 0 for one split; else combine_us + s x the fp32 partials (written, read) / combine_gbps
+
+where bytes per SM is the heaviest SM's share (ceil(CTAs / SMs) CTAs of bytes / CTAs) and a CTA
+streams at a rate that grows with the bytes its ring keeps in flight. The two stream terms are the
+memory's ceiling and the CTAs' own latency-bound rate; P = 1.5 blends them, because a read 10% short
+of the memory's limit is not yet at it. Fitted to lab/decode_splits.py's sweep (every split count on
+44 cells, H100), with the policy's constants (kernels/decode_spec.py's DecodeSplitPolicy).
+
+FlashAttention-3's rule (split while the CTAs fill under 80% of the SMs, to the best wave
+efficiency) ignores both costs this model prices: it split 128 CTAs of a 1k cache three ways (1.46x
+the time of one split) and 64 CTAs two ways (1.52x), where the combine costs more than the split saves.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy
+
+BLEND = 1.5  # P above
+WORTH = 0.02  # more splits are taken only if predicted this much faster: the model's own error is larger
+FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock: the slower GPUs' order
+
+
+def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
+                  sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
+    """The fewest splits the model predicts within 2% of its fastest for a call, each split keeping
+    spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most 6%) so that a generation,
+    whose cache grows a key a step, reuses the cached search (it costs tens of microseconds)."""
+    tile = spec.tile
+    ctas = batch * heads_kv * math.ceil(seqlen_q * head_ratio / tile.rows)
+    if ctas == 0 or seqlen_k <= 0:
+        return 1
+    keys = _round_up_4_bits(seqlen_k)
+    most = max(1, min(policy.max_splits, math.ceil(keys / tile.block_n) // spec.min_blocks_per_split))
+    kv_bytes = batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes
+    partial_bytes = 2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4  # per split: fp32 O written and read
+    rate = policy.cta_gbps + policy.cta_gbps_per_ring_kb * spec.ring_bytes / 1024
+    best = _fastest_split(ctas, kv_bytes, partial_bytes, rate, most, sm_count, policy.memory_gbps or memory_gbps,
+                          policy.combine_us, policy.combine_gbps)
+    most_real = max(1, min(policy.max_splits, math.ceil(seqlen_k / tile.block_n) // spec.min_blocks_per_split))
+    return min(best, most_real)
+
+
+def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, sm_count: int,
+                 memory_gbps: float, combine_us: float, combine_gbps: float) -> float:
+    """The model's time of a call in microseconds, less what every split count pays alike (launch,
+    Q, epilogue): bytes / (GB/s) is nanoseconds."""
+    n = ctas * splits
+    per_sm = math.ceil(n / sm_count) * kv_bytes / n
+    stream = ((kv_bytes / memory_gbps) ** BLEND + (per_sm / rate_gbps) ** BLEND) ** (1 / BLEND) / 1e3
+    if splits == 1:
+        return stream
+    return stream + combine_us + splits * partial_bytes / combine_gbps / 1e3
+
+
+@functools.lru_cache(maxsize=4096)
+def _fastest_split(ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, most: int, sm_count: int,
+                   memory_gbps: float, combine_us: float, combine_gbps: float) -> int:
+    times = [call_time_us(s, ctas, kv_bytes, partial_bytes, rate_gbps, sm_count, memory_gbps, combine_us, combine_gbps)
+             for s in range(1, most + 1)]
+    fastest = min(times)
+    return next(s for s, t in enumerate(times, 1) if t <= (1 + WORTH) * fastest)
+
+
+def _round_up_4_bits(n: int) -> int:
+    shift = max(0, n.bit_length() - 4)
+    return -(-n >> shift) << shift
+
+
+@functools.lru_cache(maxsize=16)
+def device_facts(device_index: int) -> tuple[int, float]:
+    """(SMs, peak memory GB/s) of a CUDA device: double data rate x memory clock x bus width, where
+    torch reports them; else FALLBACK_MEMORY_GBPS (a profile's decode.split.memory_gbps overrides)."""
+    props = torch.cuda.get_device_properties(device_index)
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    memory = 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else FALLBACK_MEMORY_GBPS
+    return props.multi_processor_count, memory

@@ -1,0 +1,86 @@
+"""Decode's split-count cost model (runtime/decode_splits.py), no GPU: its choices against the times
+every split count took on an H100 (lab/decode_splits.py, 2026-12-05), and its rules."""
+import types
+
+import pytest
+import torch
+
+from flashtune.kernels.decode_spec import DecodeSplitPolicy
+from flashtune.kernels.profiles import find_profile
+from flashtune.runtime import decode_splits
+from flashtune.runtime.decode import decode_spec
+from flashtune.runtime.decode_splits import FALLBACK_MEMORY_GBPS, choose_splits, device_facts
+
+H200 = find_profile("h200")
+H100_SMS, H100_GBPS = 132, 3352  # the H100 SXM: 2 x 2,619 MHz x 5,120 bits
+
+# (hdim, heads_kv, batch, cache keys) with 32 query heads and one query token -> {splits: microseconds},
+# measured on an H100 (bf16, cold L2, bench's timer): the cells where the count matters most.
+MEASURED = {
+    (64, 1, 128, 1024): {1: 18.6, 2: 26.6, 3: 27.0, 4: 29.3, 8: 31.7},
+    (64, 8, 8, 1024): {1: 12.0, 2: 18.2},
+    (128, 8, 1, 1024): {1: 14.5, 2: 13.0, 3: 11.7, 4: 11.5},
+    (64, 1, 8, 16384): {1: 128.4, 4: 40.5, 8: 26.6, 12: 23.5, 16: 23.6, 24: 24.0, 32: 24.5, 48: 29.7, 64: 30.0,
+                        128: 35.6},
+    (64, 1, 32, 16384): {1: 129.7, 2: 72.8, 3: 59.4, 4: 55.5, 6: 60.4, 8: 57.2, 12: 64.4, 16: 66.3, 32: 68.4},
+    (128, 1, 1, 16384): {1: 194.8, 8: 35.5, 16: 24.7, 32: 19.5, 48: 18.2, 64: 17.4, 96: 17.0, 128: 18.2},
+    (128, 8, 8, 16384): {1: 214.8, 2: 182.3, 3: 191.1, 4: 183.9, 8: 187.1, 16: 191.6, 64: 198.4},
+    (128, 32, 8, 16384): {1: 697.2, 2: 706.8, 4: 709.6, 8: 704.9},
+}
+
+
+def chosen(hdim, heads_kv, batch, keys, seqlen_q=1, policy=DecodeSplitPolicy(), sms=H100_SMS, gbps=H100_GBPS):
+    spec = decode_spec(H200, torch.bfloat16, hdim, seqlen_q > 1, seqlen_q, 32 // heads_kv, None)
+    return choose_splits(spec, batch, heads_kv, seqlen_q, 32 // heads_kv, keys, sms, gbps, policy)
+
+
+@pytest.mark.parametrize("cell", list(MEASURED))
+def test_the_chosen_count_is_within_7_percent_of_the_fastest_measured(cell):
+    times = MEASURED[cell]
+    splits = chosen(*cell)
+    nearest = min(times, key=lambda n: abs(n - splits))  # the measured count closest to the choice
+    assert times[nearest] <= 1.07 * min(times.values()), (splits, nearest, times)
+
+
+def test_a_split_must_save_more_than_the_combine_costs():
+    assert chosen(64, 1, 128, 1024) == 1  # 128 CTAs already stream at the memory's rate
+    assert chosen(64, 8, 8, 1024) == 1  # 64 CTAs of 1k keys: half the keys saves less than a combine
+    assert chosen(64, 8, 8, 16384) == 2  # of 16k keys it saves more
+    assert chosen(128, 8, 64, 32768) == 1  # 512 CTAs
+
+
+def test_splits_keep_the_kernels_fewest_blocks_and_the_policys_most():
+    assert chosen(128, 8, 1, 128) == 1  # 4 blocks of 32 keys: nothing to share
+    mqa = decode_spec(H200, torch.bfloat16, 64, False, 1, 32, None)
+    assert 1 < chosen(64, 1, 1, 2048) <= 2048 // mqa.tile.block_n // mqa.min_blocks_per_split
+    assert 100 <= chosen(128, 1, 1, 1 << 20) <= 128  # one CTA over a million keys: the SMs, at most the default 128
+    assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=1)) == 1
+    assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=16)) == 16
+
+
+def test_faster_memory_takes_more_ctas_and_a_costlier_combine_fewer_splits():
+    assert chosen(128, 8, 8, 16384, gbps=4800) >= chosen(128, 8, 8, 16384, gbps=1000)
+    assert chosen(128, 8, 1, 16384, policy=DecodeSplitPolicy(combine_us=50)) < chosen(128, 8, 1, 16384)
+    # a profile's memory_gbps stands in for the device's
+    assert chosen(128, 8, 8, 16384, policy=DecodeSplitPolicy(memory_gbps=1000), gbps=4800) == \
+        chosen(128, 8, 8, 16384, gbps=1000)
+
+
+def test_a_growing_cache_reuses_the_search_within_a_6_percent_step():
+    decode_splits._fastest_split.cache_clear()
+    counts = {chosen(128, 8, 1, keys) for keys in range(16384, 17408)}  # 1024 decode steps
+    assert len(counts) <= 2 and decode_splits._fastest_split.cache_info().misses <= 2
+
+
+def test_the_devices_peak_bandwidth_from_its_memory_clock_and_bus(monkeypatch):
+    def props(**fields):
+        return lambda index: types.SimpleNamespace(multi_processor_count=132, **fields)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props(memory_clock_rate=2_619_000, memory_bus_width=5120))
+    device_facts.cache_clear()
+    sms, gbps = device_facts(0)
+    assert sms == 132 and round(gbps) == 3352
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props())  # a torch that does not report them
+    device_facts.cache_clear()
+    assert device_facts(0) == (132, FALLBACK_MEMORY_GBPS)
+    device_facts.cache_clear()
