@@ -18,7 +18,8 @@ import flashtune
 from flashtune.kernels.build import build_specs
 from flashtune.kernels.profiles import find_profile
 from flashtune.measure.timing import L2_FLUSH_BYTES, time_ms
-from flashtune.runtime.decode import _sm_count, choose_splits, decode_spec
+from flashtune.runtime.decode import decode_spec
+from flashtune.runtime.decode_splits import choose_splits, device_facts
 
 HEADS = 32
 # (hdim, heads_kv, batch, cache, seqlen_q)
@@ -50,7 +51,7 @@ def main():
     y = torch.empty_like(x)
     copy = 2 * x.numel() / statistics.median(time_ms([lambda: y.copy_(x)], 3, 20)) / 1e6
     del x, y
-    sms = _sm_count(0)
+    sms, memory = device_facts(0)
     out = {"device": torch.cuda.get_device_name(0), "sms": sms, "copy_GBps": copy, "cells": []}
     for cell in cells:
         hdim, hkv, batch, cache, sq = cell
@@ -63,7 +64,7 @@ def main():
             k = torch.randn(batch, cache, hkv, hdim, device="cuda", dtype=torch.bfloat16)
             inputs.append((q, k, torch.randn_like(k)))
         causal = sq > 1
-        chosen = choose_splits(spec, batch, hkv, sq, HEADS // hkv, cache, sms)
+        chosen = choose_splits(spec, batch, hkv, sq, HEADS // hkv, cache, sms, memory)
         most = max(1, -(-cache // spec.tile.block_n) // spec.min_blocks_per_split)
         runners = {f"heuristic ({chosen})": [lambda a=a: flashtune.flash_attn_with_kvcache(*a, causal=causal)
                                              for a in inputs]}

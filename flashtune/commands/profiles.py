@@ -174,8 +174,8 @@ def render_details(profile: Profile, console: Console) -> None:
     split = data["decode"]["split"]
     memory = "the device's peak" if split["memory_gbps"] is None else f"{split['memory_gbps']:g} GB/s"
     console.print(f"decode splits: the count a cost model predicts fastest, at most {split['max_splits']} (a CTA "
-                  f"streams {split['cta_gbps']:g} + {split['cta_gbps_per_ring_kb']:g} GB/s per KB in flight; a "
-                  f"combine {split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; memory: {memory})")
+                  f"streams its ring's bytes once per {split['ring_turnaround_us']:g} us; a combine "
+                  f"{split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; memory: {memory})")
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

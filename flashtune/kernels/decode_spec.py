@@ -113,16 +113,15 @@ def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
 @dataclass(frozen=True)
 class DecodeSplitPolicy:
     """The constants of decode's split-count cost model (runtime/decode_splits.py): a CTA streams
-    its keys at cta_gbps + cta_gbps_per_ring_kb x the KB its ring keeps in flight; a combine costs
-    combine_us plus its fp32 partials (written and read) at combine_gbps; the memory reads at
-    memory_gbps (None: the device's own peak, from its memory clock and bus width). At most
-    max_splits. Fitted to every split count on 44 cells of an H100 (lab/decode_splits.py): the
-    split count it picks is 0.6% slower than the fastest in geomean, 7% at most, where the wave
-    rule it replaced lost 5% and 52%."""
-    cta_gbps: float = 20.0
-    cta_gbps_per_ring_kb: float = 0.25
-    combine_us: float = 3.5
-    combine_gbps: float = 1600.0
+    the bytes its ring keeps in flight once per ring_turnaround_us; a combine costs combine_us plus
+    its fp32 partials (written and read) at combine_gbps; the memory reads at memory_gbps (None: the
+    device's own peak, from its memory clock and bus width). At most max_splits. Fitted to every
+    split count on 44 cells of an H100, in two runs (lab/decode_splits.py, lab/fit_split_model.py):
+    the count it picks is 0.4% slower than the fastest in geomean, 4% at most, where the wave rule
+    it replaced lost 5% and 52%."""
+    ring_turnaround_us: float = 4.0
+    combine_us: float = 4.0
+    combine_gbps: float = 2400.0
     memory_gbps: float | None = None
     max_splits: int = 128
 

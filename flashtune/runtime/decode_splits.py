@@ -9,10 +9,11 @@ s = 1 .. the most the keys allow:
     combine(s) = 0 for one split; else combine_us + s x the fp32 partials (written, read) / combine_gbps
 
 where bytes per SM is the heaviest SM's share (ceil(CTAs / SMs) CTAs of bytes / CTAs) and a CTA
-streams at a rate that grows with the bytes its ring keeps in flight. The two stream terms are the
+streams the bytes its ring keeps in flight once per turnaround (4 us). The two stream terms are the
 memory's ceiling and the CTAs' own latency-bound rate; P = 1.5 blends them, because a read 10% short
 of the memory's limit is not yet at it. Fitted to lab/decode_splits.py's sweep (every split count on
-44 cells, H100), with the policy's constants (kernels/decode_spec.py's DecodeSplitPolicy).
+44 cells of an H100, lab/fit_split_model.py), with the policy's constants (kernels/decode_spec.py's
+DecodeSplitPolicy).
 
 FlashAttention-3's rule (split while the CTAs fill under 80% of the SMs, to the best wave
 efficiency) ignores both costs this model prices: it split 128 CTAs of a 1k cache three ways (1.46x
@@ -45,7 +46,7 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
     most = max(1, min(policy.max_splits, math.ceil(keys / tile.block_n) // spec.min_blocks_per_split))
     kv_bytes = batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes
     partial_bytes = 2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4  # per split: fp32 O written and read
-    rate = policy.cta_gbps + policy.cta_gbps_per_ring_kb * spec.ring_bytes / 1024
+    rate = spec.ring_bytes / policy.ring_turnaround_us / 1e3  # bytes per us -> GB/s
     best = _fastest_split(ctas, kv_bytes, partial_bytes, rate, most, sm_count, policy.memory_gbps or memory_gbps,
                           policy.combine_us, policy.combine_gbps)
     most_real = max(1, min(policy.max_splits, math.ceil(seqlen_k / tile.block_n) // spec.min_blocks_per_split))
