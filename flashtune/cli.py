@@ -355,8 +355,9 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
 @click.option("--out", metavar="FILE.yaml", help="Where to write it (default: ./<name>.yaml).")
 @click.option("--decode", is_flag=True,
-              help="Tune the decode kernels' tiles instead (per head dim and packed rows, on decode cells); the "
-                   "written profile keeps the prefill tiles and gets a decode: section.")
+              help="Tune the decode kernels instead: their tiles (per head dim and packed rows, on decode cells), "
+                   "then the split policy (every split count timed on 10 cells per head dim, the cost model's "
+                   "constants fitted); the written profile keeps the prefill tiles and gets a decode: section.")
 @json_option
 def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time_budget, max_spill_bytes, repeats,
                  final_round, jobs, gpus, fp8, cache_path, name, out, decode, as_json) -> None:
@@ -397,15 +398,22 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
         if unknown:
             raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
         console = make_console(stderr=as_json)
+        from flashtune.tuning.split_fit import run_split_fit, with_decode_tiles
+
         with progress_bar("tune --decode", console) as bar:
+            progress = lambda stage, done, total: bar.update(done, total, stage)  # noqa: E731
             result = run_decode_tune(profile, dtype, tuple(hdims or profile.head_dims), repeats, jobs,
-                                     max_spill_bytes, on_event=lambda stage, done, total: bar.update(done, total, stage))
+                                     max_spill_bytes, on_event=progress)
+            split = run_split_fit(with_decode_tiles(profile, result.winners), dtype, tuple(hdims or profile.head_dims),
+                                  repeats, on_event=progress)
         name = name or f"{profile.name}-tuned"
-        written, prov = tune.write_decode_tuned(profile, result, dtype, gpus_seen[0].name, name, out or f"{name}.yaml")
+        written, prov = tune.write_decode_tuned(profile, result, split, dtype, gpus_seen[0].name, name,
+                                                out or f"{name}.yaml")
         if as_json:
             print_json({"profile": str(written.path), "decode_tune": prov["decode_tune"]})
         else:
             tune.render_decode(result, console)
+            tune.render_split_fit(split, console)
             console.print(f"wrote [bold]{written.path}[/] (profile {written.name}; validated)")
         return
     if gpus > len(gpus_seen):

@@ -7,6 +7,7 @@ from flashtune.commands import tune
 from flashtune.kernels.decode_spec import DecodeTile, decode_tile_problems
 from flashtune.kernels.profiles import find_profile, load_profile
 from flashtune.tuning.decode_search import DecodeCandidate, DecodeTuneResult, decode_candidates, decode_pairs
+from flashtune.tuning.split_fit import SplitFit
 from flashtune.tuning.writer import write_profile
 
 
@@ -34,11 +35,12 @@ def test_the_written_profile_has_the_winners_and_keeps_everything_else(tmp_path)
     base = find_profile("h200")
     result = fake_result(base)
     assert result.changed() == {(128, 16): DecodeTile(16, 64, 2, 3)}
-    written, prov = tune.write_decode_tuned(base, result, "bfloat16", "NVIDIA H200", "h200-decode",
+    split = SplitFit(base.decode_split, base.decode_split, (1.01, 1.05), (1.01, 1.05), [])  # no fitted gain
+    written, prov = tune.write_decode_tuned(base, result, split, "bfloat16", "NVIDIA H200", "h200-decode",
                                             str(tmp_path / "out.yaml"))
     assert written.decode_tile(128, 16) == DecodeTile(16, 64, 2, 3)
     assert written.decode_tile(64, 16) == base.decode_tile(64, 16)
-    assert written.configs == base.configs and written.fp8 == base.fp8
+    assert written.configs == base.configs and written.fp8 == base.fp8 and written.decode_split == base.decode_split
     assert prov["decode_tune"]["pairs"][0]["vs_starting"] == 0.9 and "Decode tiles tuned" in written.description
     console = Console(record=True, width=200)
     tune.render_decode(result, console)

@@ -7,8 +7,10 @@ input, 3 no GPU visible.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections import defaultdict
+from dataclasses import asdict
 
 import click
 from rich.console import Console
@@ -155,9 +157,11 @@ def summary(written: Profile, provenance_: dict, result: TuneResult) -> dict:
 
 # ---------------------------------------------------------------------------- tune --decode
 
-def write_decode_tuned(profile: Profile, result, dtype: str, gpu_name: str, name: str, out: str) -> tuple[Profile, dict]:
-    """The base profile with its decode tiles replaced by the tune's winners (its prefill tiles as
-    they were); the provenance says what each pair measured."""
+def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: str, name: str,
+                       out: str) -> tuple[Profile, dict]:
+    """The base profile with its decode tiles replaced by the tune's winners and its split policy by
+    the fitted one where it won (`split`: tuning/split_fit.py's SplitFit), its prefill tiles as they
+    were; the provenance says what each pair and each split cell measured."""
     import torch
 
     from flashtune import __version__
@@ -179,12 +183,29 @@ def write_decode_tuned(profile: Profile, result, dtype: str, gpu_name: str, name
                             "torch": torch.__version__, "cuda": torch.version.cuda, "flashtune": __version__,
                             "date": date, "dtype": dtype,
                             "cells": {rows: [list(c) for c in cells] for rows, cells in CELLS.items()},
-                            "pairs": pairs}}
+                            "pairs": pairs,
+                            "split_fit": {"written": split.wins, "base": asdict(split.base), "fitted": asdict(split.fitted),
+                                          "base_loss": [round(x, 4) for x in split.base_loss],
+                                          "fitted_loss": [round(x, 4) for x in split.loss],
+                                          "cells": {c.label: {n: round(u, 2) for n, u in c.us.items()}
+                                                    for c in split.cells}}}}
     first = profile.description.strip().split(". ")[0].rstrip(".")
     description = f"{first}. Decode tiles tuned by `flashtune tune --decode` on {gpu_name} ({date}) from profile " \
                   f"{profile.name}."
-    path = write_profile(profile, name, description, {}, prov, out, decode_tiles=result.winners)
+    base = dataclasses.replace(profile, decode_split=split.policy)
+    path = write_profile(base, name, description, {}, prov, out, decode_tiles=result.winners)
     return load_profile(path), prov
+
+
+def render_split_fit(split, console: Console) -> None:
+    """The split policy's fit: how far the counts each policy picks are from the fastest measured."""
+    def loss(pair):
+        return f"{pair[0] - 1:.1%} slower than the fastest count in geomean, {pair[1] - 1:.1%} at worst"
+    fitted = ", ".join(f"{k} {v:g}" for k, v in asdict(split.fitted).items()
+                       if k in ("ring_turnaround_us", "combine_us", "combine_gbps"))
+    console.print(f"decode split policy over {len(split.cells)} cells: the profile's picks counts {loss(split.base_loss)}; "
+                  f"fitted ({fitted}) {loss(split.loss)}: "
+                  + ("written" if split.wins else "not written (within 1% of the profile's)"))
 
 
 def render_decode(result, console: Console, top: int = 3) -> None:

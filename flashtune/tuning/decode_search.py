@@ -72,7 +72,8 @@ def _cell_label(cell) -> str:
     return f"b{batch} x {cache // 1024}k, q{seqlen_q}, {ratio}:1"
 
 
-def _inputs(cell, hdim: int, dtype, seed: int):
+def decode_inputs(cell, hdim: int, dtype, seed: int):
+    """Input sets (q, k, v) for a (batch, cache, seqlen_q, heads per KV head) cell, enough to leave L2 cold."""
     import torch
 
     from flashtune.measure.timing import L2_FLUSH_BYTES
@@ -103,7 +104,7 @@ def _check(spec: DecodeSpec, profile: Profile, cell, hdim: int, dtype) -> str | 
     """None if the candidate matches the fp32 reference on the cell's first sequence, else why not."""
     from flashtune.measure.reference import attention_reference, rel_l2
 
-    q, k, v = _inputs(cell, hdim, dtype, seed=7)[0]
+    q, k, v = decode_inputs(cell, hdim, dtype, seed=7)[0]
     out = _runner(spec, profile, q, k, v)()
     ratio = cell[3]
     ref, _ = attention_reference(q[:1, :, :ratio], k[:1, :, :1], v[:1, :, :1], causal=q.shape[1] > 1)
@@ -148,7 +149,7 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
                 c.status = _check(specs[c.spec], profile, CELLS[rows][0], hdim, dtype) or "ok"
         alive = [c for c in group if c.status == "ok"]
         for cell in CELLS[rows]:
-            sets = _inputs(cell, hdim, dtype, seed=0)
+            sets = decode_inputs(cell, hdim, dtype, seed=0)
             timed = {c.spec: [_runner(specs[c.spec], profile, *s) for s in sets] for c in alive}
             times, _ = time_interleaved(timed, 3, repeats)
             for c in alive:
