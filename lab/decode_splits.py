@@ -1,8 +1,9 @@
 """Decode's split count, swept (issue 33): cells from the short calls to the large ones, each through
-flash_attn_with_kvcache with the heuristic's choice and with explicit num_splits from 1 to the most
-the kernel allows, timed side by side (interleaved rounds, cold L2, as bench times) beside SDPA
-cuDNN and flash. Microseconds per call and GB/s of K/V read; the data a split policy is fitted to.
-The kernels of every cell are built first, 16 at a time.
+flash_attn_with_kvcache with the cost model's choice and with explicit num_splits from 1 to one key
+block a split (past the model's limit of two blocks a warp, to show whether that limit costs),
+timed side by side (interleaved rounds, cold L2, as bench times) beside SDPA cuDNN and flash.
+Microseconds per call; the data a split policy is fitted to (lab/fit_split_model.py). The kernels
+of every cell are built first, 16 at a time.
 
 Usage: PYTHONPATH=. FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py OUT.json [--quick]
 """
@@ -65,7 +66,7 @@ def main():
             inputs.append((q, k, torch.randn_like(k)))
         causal = sq > 1
         chosen = choose_splits(spec, batch, hkv, sq, HEADS // hkv, cache, sms, memory)
-        most = max(1, -(-cache // spec.tile.block_n) // spec.min_blocks_per_split)
+        most = max(1, -(-cache // spec.tile.block_n))  # one key block a split
         runners = {f"heuristic ({chosen})": [lambda a=a: flashtune.flash_attn_with_kvcache(*a, causal=causal)
                                              for a in inputs]}
         for n in (s for s in SPLITS if s <= min(most, 128)):
