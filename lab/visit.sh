@@ -19,6 +19,8 @@
 #   build-cache   lab/build_some.py cache: only the KV-cache kernels decode-q4 times
 #   ab-pdl        bench --decode with the release's decode beside today's: q1 short calls, MQA and 8 KV heads (the dependent launch's A/B)
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
+#   ab-paged      bench --decode, hdim 128, 8 KV heads, contiguous and pages of 16 and 64, the release's beside today's
+#                 (release: lab/make_release.sh a3d4199, the block table read per refill; build-release first)
 #   kvcache-tests tests/test_kvcache_gpu.py under h200 (the KV-cache kernels' cases with the rest), 16 workers
 #   decode-q4     bench --decode, hdim 64/128, MQA with 4 query tokens (128 packed rows: the KV-cache kernels), contiguous
 #   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
@@ -83,6 +85,9 @@ for step in "$@"; do case $step in
   ab-decode) run ab-decode 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8 --caches 1024,16384,131072 --seqlens-q 1 --pages 0,16 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_decode.json" ;;
+  ab-paged) run ab-paged 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 128 \
+           --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,16,64 \
+           --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_paged.json" ;;
   kvcache-tests) FLASHTUNE_PROFILE=h200 run kvcache-tests 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kvcache_gpu.py ;;
   decode-q4) run bench-decode-q4 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \

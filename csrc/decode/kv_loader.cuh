@@ -1,6 +1,6 @@
 // The producer side of the decode kernel: where a sequence's key rows live (contiguous cache,
-// pages of whole tiles, or pages gathered row by row through the block table) and one warp's
-// cp.async copies of a [kBlockN][kHeadDim] K or V tile into its swizzled ring slot.
+// pages of whole tiles, or pages gathered row by row through the block table, read a block ahead)
+// and one warp's cp.async copies of a [kBlockN][kHeadDim] K or V tile into its swizzled ring slot.
 // Waits on nothing and arrives at nothing: the caller commits and waits on the cp.async groups.
 #pragma once
 #include <stdint.h>
@@ -13,29 +13,49 @@
 namespace flashtune {
 namespace decode {
 
+// The block table's pages a warp's block of keys lies in, read one block ahead of its copies
+// (split_kernel.cuh's issue): the read's latency then overlaps a step of the warp's math instead of
+// stalling the refill that needs it. kPages: the page of the block (a tile lies in one page);
+// kGather: each lane's pages of rows lane, lane + 32, ...; kContiguous: nothing.
+template <class T>
+struct BlockPages {
+  static constexpr int kLaneRows = T::kPaging == Paging::kGather ? (T::kBlockN + 31) / 32 : 0;
+  int page = 0;
+  int row_page[kLaneRows > 0 ? kLaneRows : 1];
+
+  // The pages of the block at j0 (rows at or beyond `valid` read nothing).
+  __device__ __forceinline__ void read(const int32_t* pages, int page_size, int j0, int valid, int lane) {
+    if constexpr (T::kPaging == Paging::kPages) {
+      if (j0 < valid) page = pages[j0 / page_size];
+    } else if constexpr (T::kPaging == Paging::kGather) {
+#pragma unroll
+      for (int i = 0; i < kLaneRows; ++i) {
+        const int j = j0 + lane + 32 * i;
+        row_page[i] = j < valid ? pages[j / page_size] : 0;
+      }
+    }
+  }
+};
+
 // A sequence's K (or V) cache, as the element offset of key row j (relative to the sequence's
 // first valid key) from the tensor's base, for one KV head.
 template <class T>
 struct KvRows {
   int64_t head_offset;  // kv_head * head_stride (+ cache row and left padding when contiguous)
   int64_t row_stride, page_stride;
-  const int32_t* pages;  // this sequence's block_table row (paged), else null
   int page_size;
 
-  // The offset of row j of a tile starting at j0 (j0 a multiple of kBlockN), kPages layout: the
-  // tile lies in one page.
-  __device__ __forceinline__ int64_t tile_base(int j0) const {
+  // The offset of the tile starting at j0 (j0 a multiple of kBlockN); kPages: it lies in `page`.
+  __device__ __forceinline__ int64_t tile_base(int j0, int page) const {
     if constexpr (T::kPaging == Paging::kPages) {
-      const int page = pages[j0 / page_size];
       return head_offset + int64_t(page) * page_stride + int64_t(j0 % page_size) * row_stride;
     } else {
       return head_offset + int64_t(j0) * row_stride;
     }
   }
-  // kGather: the offset of row j (< valid), one block_table lookup.
-  __device__ __forceinline__ int64_t row_offset(int j) const {
-    const int page = pages[j / page_size];
-    return head_offset + int64_t(page) * page_stride + int64_t(j - (j / page_size) * page_size) * row_stride;
+  // kGather: the offset of row j, which lies in `page`.
+  __device__ __forceinline__ int64_t row_offset(int j, int page) const {
+    return head_offset + int64_t(page) * page_stride + int64_t(j % page_size) * row_stride;
   }
 };
 
@@ -59,7 +79,7 @@ __device__ __forceinline__ uint32_t ring_chunk(uint32_t smem, int row, int chunk
 // 32 / kKvChunksPerRow apart.
 template <class T>
 __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::KvElem* base, const KvRows<T>& rows,
-                                             int j0, int valid, int lane) {
+                                             const BlockPages<T>& block, int j0, int valid, int lane) {
   constexpr int kChunks = T::kKvChunksPerRow;
   constexpr int kChunkElems = T::kKvChunkElems;
   constexpr int kRowsPerPass = 32 / kChunks > 0 ? 32 / kChunks : 1;
@@ -69,12 +89,13 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Kv
   const int row0 = lane / kLanesPerRow;
   const int chunk0 = lane % kLanesPerRow;
   if constexpr (T::kPaging == Paging::kGather) {
-    // Each lane looks up the pages of rows lane and lane + 32 once; the copies take them by shuffle.
+    // Each lane holds the offsets of rows lane and lane + 32 (their pages read ahead); the copies
+    // take them by shuffle.
     int64_t mine[(T::kBlockN + 31) / 32];
 #pragma unroll
     for (int i = 0; i < (T::kBlockN + 31) / 32; ++i) {
       const int j = j0 + lane + 32 * i;
-      mine[i] = j < valid ? rows.row_offset(j) : 0;
+      mine[i] = j < valid ? rows.row_offset(j, block.row_page[i]) : 0;
     }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -91,7 +112,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Kv
     }
   } else {
     // A 64-bit tile base and 32-bit offsets inside the tile (kBlockN rows of a cache row stride).
-    const typename T::KvElem* tile = base + rows.tile_base(j0);
+    const typename T::KvElem* tile = base + rows.tile_base(j0, block.page);
     const int row_stride = int(rows.row_stride);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {

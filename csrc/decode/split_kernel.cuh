@@ -217,17 +217,23 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
                        (paged ? 0 : int64_t(w.cache_batch) * p.v_batch_stride + int64_t(w.leftpad) * p.v_row_stride);
   k_rows.row_stride = p.k_row_stride, v_rows.row_stride = p.v_row_stride;
   k_rows.page_stride = p.k_batch_stride, v_rows.page_stride = p.v_batch_stride;
-  k_rows.pages = v_rows.pages = pages;
   k_rows.page_size = v_rows.page_size = p.page_size;
   using KvElem = typename T::KvElem;
   const KvElem* k = static_cast<const KvElem*>(p.k);
   const KvElem* v = static_cast<const KvElem*>(p.v);
+  auto block_j0 = [&](int step) { return (first_block + step * W) * T::kBlockN; };
+  // The pages of the block the next issue copies, read by the issue before it once its own copies
+  // are out: the registers are overwritten in place, so nothing waits for the read until the next
+  // issue uses it, a step of math later.
+  BlockPages<T> block;
+  if (paged && steps > 0) block.read(pages, p.page_size, block_j0(0), w.seqlen_k, lane);
   auto issue = [&](int step) {  // K and V of the warp's step-th block into ring slot step % S: one group
     if (step < steps) {
-      const int j0 = (first_block + step * W) * T::kBlockN;
+      const int j0 = block_j0(step);
       const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
-      load_kv_tile<T>(slot, k, k_rows, j0, w.seqlen_k, lane);
-      load_kv_tile<T>(slot + T::kKvTileBytes, v, v_rows, j0, w.seqlen_k, lane);
+      load_kv_tile<T>(slot, k, k_rows, block, j0, w.seqlen_k, lane);
+      load_kv_tile<T>(slot + T::kKvTileBytes, v, v_rows, block, j0, w.seqlen_k, lane);
+      if (paged && step + 1 < steps) block.read(pages, p.page_size, block_j0(step + 1), w.seqlen_k, lane);
     }
     cp_async_commit();
   };
