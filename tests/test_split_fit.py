@@ -28,8 +28,9 @@ def modelled_cells(policy=TRUTH):
         kv = batch * heads_kv * cache * 2 * 128 * 2
         partial = 2 * batch * HEADS * 128 * 4
         most = math.ceil(cache / spec.tile.block_n) // spec.min_blocks_per_split
-        cell.us = {n: 5 + call_time_us(n, ctas, kv, partial, spec.ring_bytes / policy.ring_turnaround_us / 1e3, SMS, GBPS,
-                                       policy.combine_us, policy.combine_gbps) for n in COUNTS if n <= most}
+        rate = spec.ring_bytes / policy.ring_turnaround_us / 1e3
+        cell.us = {n: 5 + call_time_us(n, ctas, kv, partial, rate, SMS, GBPS, policy.combine_us, policy.combine_gbps)
+                   for n in COUNTS if n <= most}
         cells.append(cell)
     return cells
 

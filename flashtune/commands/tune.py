@@ -184,7 +184,8 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
                             "date": date, "dtype": dtype,
                             "cells": {rows: [list(c) for c in cells] for rows, cells in CELLS.items()},
                             "pairs": pairs,
-                            "split_fit": {"written": split.wins, "base": asdict(split.base), "fitted": asdict(split.fitted),
+                            "split_fit": {"written": split.wins, "base": asdict(split.base),
+                                          "fitted": asdict(split.fitted),
                                           "base_loss": [round(x, 4) for x in split.base_loss],
                                           "fitted_loss": [round(x, 4) for x in split.loss],
                                           "cells": {c.label: {n: round(u, 2) for n, u in c.us.items()}
@@ -203,8 +204,8 @@ def render_split_fit(split, console: Console) -> None:
         return f"{pair[0] - 1:.1%} slower than the fastest count in geomean, {pair[1] - 1:.1%} at worst"
     fitted = ", ".join(f"{k} {v:g}" for k, v in asdict(split.fitted).items()
                        if k in ("ring_turnaround_us", "combine_us", "combine_gbps"))
-    console.print(f"decode split policy over {len(split.cells)} cells: the profile's picks counts {loss(split.base_loss)}; "
-                  f"fitted ({fitted}) {loss(split.loss)}: "
+    console.print(f"decode split policy over {len(split.cells)} cells: the profile's picks counts "
+                  f"{loss(split.base_loss)}; fitted ({fitted}) {loss(split.loss)}: "
                   + ("written" if split.wins else "not written (within 1% of the profile's)"))
 
 

@@ -36,8 +36,9 @@ FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock:
 def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
                   sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
     """The fewest splits the model predicts within 2% of its fastest for a call, each split keeping
-    spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most 6%) so that a generation,
-    whose cache grows a key a step, reuses the cached search (it costs tens of microseconds)."""
+    spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most
+    6%), so that a generation, whose cache grows a key a step, reuses the cached search (up to 128
+    predictions, about 100 us of Python; a cached call takes 2 us)."""
     tile = spec.tile
     ctas = batch * heads_kv * math.ceil(seqlen_q * head_ratio / tile.rows)
     if ctas == 0 or seqlen_k <= 0:
