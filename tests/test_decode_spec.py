@@ -1,5 +1,5 @@
-"""DecodeSpec (csrc/decode/'s kernels as a spec), the decode tile choice, the split heuristic and
-which calls go to the decode kernels; no GPU."""
+"""DecodeSpec (csrc/decode/'s kernels as a spec), the decode tile choice, a profile's decode section
+and which calls go to the decode kernels; no GPU (the split count: test_decode_splits.py)."""
 import pytest
 import torch
 
