@@ -12,6 +12,7 @@
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
 #   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
+#   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
 #   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
@@ -68,6 +69,7 @@ for step in "$@"; do case $step in
          run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \
            --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
   decode-splits) run decode-splits 420 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
+  mqa-rows) run mqa-rows 300 python3 lab/decode_mqa_rows.py "$OUT/mqa-rows.json" ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
              --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
