@@ -13,6 +13,8 @@
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
 #   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
+#   ceiling-h64   tune --tiles 128x128 at hdim 64, non-causal: the 128-row tile's TFLOPS (the KV-cache kernel's
+#                 ceiling for MQA with 4 tokens at hdim 64, which needs ~490 TFLOPS for 90% of the H200's copy)
 #   decode-anchors  bench --decode, hdim 128, on the anchor file's cells the default grid lacks (32 and 128 x 4k, 64 x 32k)
 #   decode-sm80   bench --decode under h200-sm80 (the RTX cards' decode path) on the large cells, beside cuDNN
 #   tune-decode   flashtune tune --decode --hdims 128 under h200; the written profile in $OUT
@@ -70,6 +72,8 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
   decode-splits) run decode-splits 420 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
   mqa-rows) run mqa-rows 300 python3 lab/decode_mqa_rows.py "$OUT/mqa-rows.json" ;;
+  ceiling-h64) run ceiling-h64 400 python3 -m flashtune tune --profile h200 --hdims 64 --no-causal --tiles 128x128 \
+           --final-round 0 --json --out "$OUT/h64-128x128.yaml" ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
              --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
