@@ -4,7 +4,9 @@ CTAs and halve each one's math (the m16 kernels stream at about 60 GB/s a CTA on
 kernel at 35-45), the second read of each key block coming from L2. Per cell and tile: every split
 count from 1 up, the fastest beside SDPA cuDNN and flash, timed side by side (interleaved rounds,
 cold L2, as bench times); also the 32-row tile with block_n 32 (the register budget allows it at
-hdim <= 128). Microseconds per call; the kernels are built first, in parallel.
+hdim <= 128) and with rings of 6 and 8 stages (where shared memory holds them: the m32 kernel keeps
+64-128 KB in flight, the m16 ones 192). Microseconds per call; the kernels are built first, in
+parallel.
 
 Usage: PYTHONPATH=. python3 lab/decode_mqa_rows.py OUT.json
 """
@@ -28,12 +30,13 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def tiles(profile, hdim):
-    """name -> DecodeSpec: the runtime's 32-row tile, the 16-row tile, and 32 rows x 32 keys."""
+    """name -> DecodeSpec: the runtime's 32-row tile, the 16-row tile, 32 rows x 32 keys, deeper rings."""
     out = {"m32 (runtime)": decode_spec_for(profile, "bfloat16", hdim, 32, False, "contiguous"),
            "m16": decode_spec_for(profile, "bfloat16", hdim, 16, False, "contiguous")}
-    wide = DecodeTile(32, 32, 4, 3)
-    if not decode_tile_problems(hdim, wide, profile.arch):
-        out["m32x32"] = DecodeSpec(profile.arch.name, "bfloat16", hdim, wide, False)
+    for name, tile in (("m32x32", DecodeTile(32, 32, 4, 3)), ("m32x16 s6", DecodeTile(32, 16, 4, 6)),
+                       ("m32x16 s8", DecodeTile(32, 16, 4, 8))):  # wider steps; deeper rings
+        if not decode_tile_problems(hdim, tile, profile.arch):
+            out[name] = DecodeSpec(profile.arch.name, "bfloat16", hdim, tile, False)
     return out
 
 

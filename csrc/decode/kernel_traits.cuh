@@ -85,7 +85,7 @@ struct Traits {
   static_assert(!kKvFp8 || kDim % 16 == 0, "an e4m3 cache's rows are whole 16-byte chunks: head dim % 16 == 0");
   static_assert(kRows == 16 || kRows == 32, "16 or 32 packed rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 64, "kBlockN: 16, 32, 48 or 64 keys");
-  static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages per warp");
+  static_assert(kStages >= 2 && kStages <= 8, "2 to 8 stages per warp");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps");
   static_assert((kBlockN * kKvChunksPerRow) % 32 == 0, "a warp loads its tiles in whole passes");
   static_assert(kMTiles * (kHeadDim + kBlockN) / 2 <= 192, "O and S accumulators fit in registers");

@@ -22,7 +22,7 @@ PAGINGS = ("contiguous", "paged", "gather")  # csrc/decode/kernel_traits.cuh's P
 DECODE_ROWS = (16, 32)
 DECODE_BLOCK_N = (16, 32, 48, 64)
 DECODE_WARPS = (2, 4, 8)
-DECODE_STAGES = (2, 3, 4)
+DECODE_STAGES = (2, 3, 4, 6, 8)  # deep rings for the tiles whose accumulators keep block_n small
 REGISTER_BUDGET = 192  # O and S accumulators per thread (kernel_traits.cuh's static_assert)
 
 # The family's default tiles, per (head dim, packed rows): the (keys per warp step, warps, stages)
