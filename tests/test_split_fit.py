@@ -1,14 +1,13 @@
 """tune --decode's split-policy fit (tuning/split_fit.py) without a GPU: on times a known policy's cost
 model gives, the fit finds constants that pick the fastest counts, writes them only when they beat the
 profile's, and the tuned profile and report say so."""
-import math
 
 from rich.console import Console
 
 from flashtune.commands import tune
 from flashtune.kernels.decode_spec import DecodeSplitPolicy
 from flashtune.kernels.profiles import find_profile
-from flashtune.runtime.decode_splits import call_time_us
+from flashtune.runtime.decode_splits import call_terms, call_time_us
 from flashtune.tuning.split_fit import CELLS, COUNTS, HEADS, SplitCell, fit_split_policy, spec_for_profile
 from test_tune_decode import fake_result
 
@@ -23,14 +22,9 @@ def modelled_cells(policy=TRUTH):
     cells = []
     for heads_kv, batch, cache in CELLS:
         cell = SplitCell(128, heads_kv, batch, cache)
-        spec = SPEC_FOR(cell)
-        ctas = batch * heads_kv * math.ceil(HEADS // heads_kv / spec.tile.rows)
-        kv = batch * heads_kv * cache * 2 * 128 * 2
-        partial = 2 * batch * HEADS * 128 * 4
-        most = math.ceil(cache / spec.tile.block_n) // spec.min_blocks_per_split
-        rate = spec.ring_bytes / policy.ring_turnaround_us / 1e3
-        cell.us = {n: 5 + call_time_us(n, ctas, kv, partial, rate, SMS, GBPS, policy.combine_us, policy.combine_gbps)
-                   for n in COUNTS if n <= most}
+        t = call_terms(SPEC_FOR(cell), batch, heads_kv, 1, HEADS // heads_kv, cache, policy)
+        cell.us = {n: 5 + call_time_us(n, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, SMS, GBPS,
+                                       policy.combine_us, policy.combine_gbps) for n in COUNTS if n <= t.most}
         cells.append(cell)
     return cells
 

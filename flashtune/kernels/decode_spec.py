@@ -51,15 +51,20 @@ class DecodeTile:
         return f"m{self.rows}x{self.block_n}_w{self.warps}_s{self.stages}"
 
 
+def decode_ring_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
+    """The K and V tiles every warp's cp.async ring holds (an FP8 cache's at 1 byte an element): the
+    bytes a CTA keeps in flight; rows at the built head dim the head dim is computed at."""
+    return tile.warps * tile.stages * 2 * tile.block_n * (computed_head_dim(hdim) or hdim) * (1 if kv_fp8 else 2)
+
+
 def decode_smem_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
-    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (an FP8 cache's at 1 byte an element,
-    plus each warp's 16-bit staging K and V), or the merge's fp32 O over them, the merge's maxima
-    and sums; rows at the built head dim the head dim is computed at."""
+    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (plus, for an FP8 cache, each warp's
+    16-bit staging K and V), or the merge's fp32 O over them, the merge's maxima and sums; rows at
+    the built head dim the head dim is computed at."""
     hdim = computed_head_dim(hdim) or hdim
     row_bytes = 2 * hdim
-    kv_row_bytes = hdim if kv_fp8 else row_bytes
-    staging = 2 * tile.block_n * row_bytes if kv_fp8 else 0
-    ring = tile.warps * (tile.stages * 2 * tile.block_n * kv_row_bytes + staging)
+    staging = tile.warps * 2 * tile.block_n * row_bytes if kv_fp8 else 0
+    ring = decode_ring_bytes(hdim, tile, kv_fp8) + staging
     merge_o = tile.warps * tile.rows * (hdim + 8) * 4
     return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * tile.rows * 4
 
@@ -191,9 +196,8 @@ class DecodeSpec:
 
     @property
     def ring_bytes(self) -> int:
-        """K and V bytes a CTA keeps in flight: every warp's ring (the split cost model's stream rate)."""
-        t = self.tile
-        return t.warps * t.stages * 2 * t.block_n * (computed_head_dim(self.hdim) or self.hdim) * self.kv_element_bytes
+        """K and V bytes a CTA keeps in flight (the split cost model's stream rate)."""
+        return decode_ring_bytes(self.hdim, self.tile, self.kv_fp8)
 
     @property
     def kv_element_bytes(self) -> int:

@@ -263,9 +263,9 @@ class _Validator:
         split = self.expect(value.get("split", {}), dict, "decode.split", "{" + ", ".join(keys) + "}")
         self.check_keys(split, "decode.split", keys, ())
         for key, number in split.items():
-            positive = key == "memory_gbps" and number is None or (
+            positive = (key == "memory_gbps" and number is None) or (
                 isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0)
-            if not positive or key == "max_splits" and not (isinstance(number, int) and number <= 256):
+            if not positive or (key == "max_splits" and not (isinstance(number, int) and number <= 256)):
                 raise self.fail(f"decode.split.{key}", f"{number!r}",
                                 "an integer in 1..256" if key == "max_splits" else "a positive number")
         policy = DecodeSplitPolicy(**split)

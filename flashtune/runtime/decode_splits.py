@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -33,25 +34,43 @@ WORTH = 0.02  # more splits are taken only if predicted this much faster: the mo
 FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock: the slower GPUs' order
 
 
+@dataclass(frozen=True)
+class CallTerms:
+    """What the model reads of a call: its CTAs at one split, the K/V bytes, the fp32 partial bytes
+    each split adds (written and read), one CTA's stream rate (GB/s) and the most splits allowed."""
+    ctas: int
+    kv_bytes: int
+    partial_bytes: int
+    rate_gbps: float
+    most: int
+
+
+def most_splits(spec: DecodeSpec, keys: int, max_splits: int) -> int:
+    """The most splits of `keys` keys: each keeps spec.min_blocks_per_split key blocks."""
+    return max(1, min(max_splits, math.ceil(keys / spec.tile.block_n) // spec.min_blocks_per_split))
+
+
+def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
+               policy: DecodeSplitPolicy) -> CallTerms:
+    return CallTerms(ctas=batch * heads_kv * math.ceil(seqlen_q * head_ratio / spec.tile.rows),
+                     kv_bytes=batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes,
+                     partial_bytes=2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4,
+                     rate_gbps=spec.ring_bytes / policy.ring_turnaround_us / 1e3,  # bytes per us -> GB/s
+                     most=most_splits(spec, keys, policy.max_splits))
+
+
 def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
                   sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
     """The fewest splits the model predicts within 2% of its fastest for a call, each split keeping
     spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most
     6%), so that a generation, whose cache grows a key a step, reuses the cached search (up to 128
     predictions, about 100 us of Python; a cached call takes 2 us)."""
-    tile = spec.tile
-    ctas = batch * heads_kv * math.ceil(seqlen_q * head_ratio / tile.rows)
-    if ctas == 0 or seqlen_k <= 0:
+    if batch * heads_kv * seqlen_q == 0 or seqlen_k <= 0:
         return 1
-    keys = _round_up_4_bits(seqlen_k)
-    most = max(1, min(policy.max_splits, math.ceil(keys / tile.block_n) // spec.min_blocks_per_split))
-    kv_bytes = batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes
-    partial_bytes = 2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4  # per split: fp32 O written and read
-    rate = spec.ring_bytes / policy.ring_turnaround_us / 1e3  # bytes per us -> GB/s
-    best = _fastest_split(ctas, kv_bytes, partial_bytes, rate, most, sm_count, policy.memory_gbps or memory_gbps,
-                          policy.combine_us, policy.combine_gbps)
-    most_real = max(1, min(policy.max_splits, math.ceil(seqlen_k / tile.block_n) // spec.min_blocks_per_split))
-    return min(best, most_real)
+    t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, _round_up_4_bits(seqlen_k), policy)
+    best = _fastest_split(t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, t.most, sm_count,
+                          policy.memory_gbps or memory_gbps, policy.combine_us, policy.combine_gbps)
+    return min(best, most_splits(spec, seqlen_k, policy.max_splits))  # the rounding may allow one too many
 
 
 def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, sm_count: int,

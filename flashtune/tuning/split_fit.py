@@ -115,6 +115,7 @@ def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
     from flashtune.kernels.build import build_specs
     from flashtune.measure.timing import time_interleaved
     from flashtune.runtime.decode import run_decode
+    from flashtune.runtime.decode_splits import most_splits
     from flashtune.tuning.decode_search import decode_inputs
     from flashtune.tuning.search import default_jobs
 
@@ -125,7 +126,7 @@ def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
     for i, cell in enumerate(cells):
         spec = specs[cell.label]
         sets = decode_inputs((cell.batch, cell.cache, 1, HEADS // cell.heads_kv), cell.hdim, dtype, seed=0)
-        most = max(1, math.ceil(cell.cache / spec.tile.block_n) // spec.min_blocks_per_split)
+        most = most_splits(spec, cell.cache, max(COUNTS))
 
         def runner(q, k, v, n):
             return lambda: run_decode(spec, q, k, v, max_seqlen_q=1, seqlen_k=cell.cache,
