@@ -64,12 +64,11 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
     """The fewest splits the model predicts within 2% of its fastest for a call, each split keeping
     spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most
     6%), so that a generation, whose cache grows a key a step, reuses the cached search (up to 128
-    predictions, about 100 us of Python; a cached call takes 2 us)."""
+    predictions, about 100 us of Python; a cached call takes about 1 us)."""
     if batch * heads_kv * seqlen_q == 0 or seqlen_k <= 0:
         return 1
-    t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, _round_up_4_bits(seqlen_k), policy)
-    best = _fastest_split(t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, t.most, sm_count,
-                          policy.memory_gbps or memory_gbps, policy.combine_us, policy.combine_gbps)
+    best = _fastest_split(spec, batch, heads_kv, seqlen_q, head_ratio, _round_up_4_bits(seqlen_k), sm_count,
+                          memory_gbps, policy)
     return min(best, most_splits(spec, seqlen_k, policy.max_splits))  # the rounding may allow one too many
 
 
@@ -86,10 +85,12 @@ def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, 
 
 
 @functools.lru_cache(maxsize=4096)
-def _fastest_split(ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, most: int, sm_count: int,
-                   memory_gbps: float, combine_us: float, combine_gbps: float) -> int:
-    times = [call_time_us(s, ctas, kv_bytes, partial_bytes, rate_gbps, sm_count, memory_gbps, combine_us, combine_gbps)
-             for s in range(1, most + 1)]
+def _fastest_split(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
+                   sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy) -> int:
+    t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, keys, policy)
+    memory = policy.memory_gbps or memory_gbps
+    times = [call_time_us(s, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, sm_count, memory, policy.combine_us,
+                          policy.combine_gbps) for s in range(1, t.most + 1)]
     fastest = min(times)
     return next(s for s, t in enumerate(times, 1) if t <= (1 + WORTH) * fastest)
 

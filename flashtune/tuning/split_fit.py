@@ -70,7 +70,6 @@ def policy_losses(cells: list[SplitCell], spec_for: Callable, policy: DecodeSpli
     the fastest count's. spec_for(cell) -> the DecodeSpec the runtime launches for the cell."""
     from flashtune.runtime import decode_splits
 
-    decode_splits._fastest_split.cache_clear()  # the search is cached by its arguments, not the policy's name
     out = []
     for cell in cells:
         n = decode_splits.choose_splits(spec_for(cell), cell.batch, cell.heads_kv, cell.seqlen_q,
