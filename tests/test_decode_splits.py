@@ -74,7 +74,8 @@ def test_a_growing_cache_reuses_the_search_within_a_6_percent_step():
 
 def test_the_devices_peak_bandwidth_from_its_memory_clock_and_bus(monkeypatch):
     def props(**fields):
-        return lambda index: types.SimpleNamespace(multi_processor_count=132, **fields)
+        return lambda index: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
+                                                   multi_processor_count=132, **fields)
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", props(memory_clock_rate=2_619_000, memory_bus_width=5120))
     device_facts.cache_clear()

@@ -17,7 +17,13 @@ def test_detect_with_provider(fake_props):
 def test_missing_attributes_are_none():
     props = SimpleNamespace(name="Old", major=8, minor=0)
     (gpu,) = detect_gpus(lambda: [props], lambda: None)
-    assert gpu.sm_count is None and gpu.l2_bytes is None and gpu.arch.name == "sm_80"
+    assert gpu.sm_count is None and gpu.l2_bytes is None and gpu.memory_gbps is None and gpu.arch.name == "sm_80"
+
+
+def test_peak_memory_bandwidth_from_the_memory_clock_and_bus(fake_props):
+    # the RTX 4090 as torch reports it: 10,501 MHz x 384 bits, double data rate: 1,008 GB/s (its datasheet's)
+    (gpu,) = detect_gpus(lambda: [fake_props(memory_clock_rate=10_501_000, memory_bus_width=384)], lambda: None)
+    assert round(gpu.memory_gbps) == 1008
 
 
 def test_unknown_compute_capability_has_no_arch(fake_props):

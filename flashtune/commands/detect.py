@@ -89,6 +89,7 @@ class GpuEntry:
     smem_per_block_optin: int | None
     l2_bytes: int | None
     memory_bytes: int | None
+    memory_gbps: float | None  # peak, from the card's memory clock and bus width (decode's split model reads it)
     # where SMs, L2 and memory come from: the card ("device"), flashtune's table of datasheet
     # figures for a named target ("datasheet"), or nowhere (an --arch target: "unknown")
     figures_from: str
@@ -125,7 +126,7 @@ def _gpu_entry(gpu: GpuInfo, tc: Toolchain, profiles: list) -> GpuEntry:
         index=gpu.index, name=gpu.name, described_target=gpu.is_target,
         compute_capability="{}.{}".format(*gpu.compute_capability), arch=arch.name if arch else None,
         sm_count=gpu.sm_count, smem_per_sm=gpu.smem_per_sm, smem_per_block_optin=gpu.smem_per_block_optin,
-        l2_bytes=gpu.l2_bytes, memory_bytes=gpu.memory_bytes,
+        l2_bytes=gpu.l2_bytes, memory_bytes=gpu.memory_bytes, memory_gbps=gpu.memory_gbps,
         figures_from="device" if not gpu.is_target else ("datasheet" if gpu.datasheet else "unknown"),
         figures_vary=gpu.varies, driver=gpu.driver,
         capabilities=({"mma_sync": arch.mma_sync, "fp8": arch.fp8, "tma": arch.tma, "wgmma": arch.wgmma}
@@ -183,6 +184,7 @@ def render(report: DetectReport, console: Console) -> None:
             ("shared memory / block (opt-in)", human_bytes(gpu.smem_per_block_optin)),
             ("L2", card(human_bytes(gpu.l2_bytes))),
             ("memory", card(human_bytes(gpu.memory_bytes))),
+            ("memory bandwidth (peak)", f"{gpu.memory_gbps:,.0f} GB/s" if gpu.memory_gbps else None),
             ("driver", gpu.driver),
             ("mma.sync (f16/bf16)", yes_no(caps.get("mma_sync"))),
             ("FP8 tensor cores", yes_no(caps.get("fp8"))),

@@ -24,6 +24,8 @@ class GpuInfo:
     # (arch.KNOWN_GPUS), not from a card; `varies` says why one is unknown (its versions differ).
     datasheet: bool = False
     varies: str | None = None
+    # peak memory bandwidth: double data rate x memory clock x bus width (a card's, where torch reports them)
+    memory_gbps: float | None = None
 
     @property
     def is_target(self) -> bool:
@@ -64,6 +66,7 @@ def _gpu_from_props(index: int, props: Any, driver: str | None) -> GpuInfo:
     except ValueError:
         arch = None
     # Older torch builds lack some attributes: report None rather than fail.
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0) or 0, getattr(props, "memory_bus_width", 0) or 0
     return GpuInfo(
         index=index,
         name=str(props.name),
@@ -75,7 +78,15 @@ def _gpu_from_props(index: int, props: Any, driver: str | None) -> GpuInfo:
         l2_bytes=getattr(props, "L2_cache_size", None),
         memory_bytes=getattr(props, "total_memory", None),
         driver=driver,
+        memory_gbps=2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None,
     )
+
+
+def device_gpu(index: int) -> GpuInfo:
+    """The GpuInfo of one visible device, without the driver (no nvidia-smi on a call's path)."""
+    import torch
+
+    return _gpu_from_props(index, torch.cuda.get_device_properties(index), None)
 
 
 def detect_gpus(props_provider: PropsProvider | None = None,

@@ -25,9 +25,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-import torch
-
 from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy
+from flashtune.kernels.gpu import device_gpu
 
 BLEND = 1.5  # P above
 WORTH = 0.02  # more splits are taken only if predicted this much faster: the model's own error is larger
@@ -102,10 +101,7 @@ def _round_up_4_bits(n: int) -> int:
 
 @functools.lru_cache(maxsize=16)
 def device_facts(device_index: int) -> tuple[int, float]:
-    """(SMs, peak memory GB/s) of a CUDA device: double data rate x memory clock x bus width, where
-    torch reports them; else FALLBACK_MEMORY_GBPS (a profile's decode.split.memory_gbps overrides)."""
-    props = torch.cuda.get_device_properties(device_index)
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
-    bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    memory = 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else FALLBACK_MEMORY_GBPS
-    return props.multi_processor_count, memory
+    """(SMs, peak memory GB/s) of a CUDA device (kernels/gpu.py's GpuInfo); FALLBACK_MEMORY_GBPS where
+    torch does not report the memory clock (a profile's decode.split.memory_gbps overrides)."""
+    gpu = device_gpu(device_index)
+    return gpu.sm_count, gpu.memory_gbps or FALLBACK_MEMORY_GBPS
