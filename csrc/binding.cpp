@@ -237,7 +237,8 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
             double softmax_scale, int64_t num_splits, const std::optional<at::Tensor>& o_partial,
             const std::optional<at::Tensor>& lse_partial, const std::optional<at::Tensor>& k_descale,
             const std::optional<at::Tensor>& v_descale, double softcap, int64_t window_left, int64_t window_right,
-            const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& alibi_slopes) {
+            const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& alibi_slopes,
+            bool cluster_merge) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda() && v_cache.is_cuda() && out.is_cuda(), "flashtune: CUDA tensors");
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &out}) {
@@ -303,7 +304,8 @@ void decode(int64_t launcher, const at::Tensor& q, const at::Tensor& k_cache, co
   }
   set_variants(p, softmax_scale, softcap, window_left, window_right, sinks, alibi_slopes);
   p.num_splits = int32_t(num_splits);
-  if (num_splits > 1) {
+  p.cluster_merge = cluster_merge ? 1 : 0;  // the launcher checks the kernel can
+  if (num_splits > 1 && !cluster_merge) {
     TORCH_CHECK(o_partial.has_value() && lse_partial.has_value(), "flashtune: split buffers");
     p.o_partial = o_partial->data_ptr<float>();
     p.lse_partial = lse_partial->data_ptr<float>();
@@ -332,7 +334,8 @@ TORCH_LIBRARY(flashtune_C, m) {
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "
       "int max_seqlen_q, int seqlen_k, float softmax_scale, int num_splits, Tensor(c!)? o_partial, "
       "Tensor(d!)? lse_partial, Tensor? k_descale=None, Tensor? v_descale=None, float softcap=0., "
-      "int window_left=-1, int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
+      "int window_left=-1, int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None, "
+      "bool cluster_merge=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flashtune_C, CUDA, m) {

@@ -24,6 +24,10 @@
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   ab-paged      bench --decode, hdim 128, 8 KV heads, contiguous and pages of 16 and 64, the release's beside today's
 #                 (release: lab/make_release.sh a3d4199, the block table read per refill; build-release first)
+#   cluster-ab    lab/cluster_ab.py: a few splits merged in a cluster against the combine kernel, short calls, beside cuDNN
+#   cluster-check the cluster merge's GPU tests, then bench --decode on the cells it won and lost (hdim 128 MQA and
+#                 32 KV heads, hdim 64 8 KV heads; batch 1-32, 1k-16k)
+#   decode-tests  the decode GPU tests under h200: KV cache, e4m3 cache, variants, head dims, bench --decode (16 workers)
 #   kvcache-tests tests/test_kvcache_gpu.py under h200 (the KV-cache kernels' cases with the rest), 16 workers
 #   decode-q4     bench --decode, hdim 64/128, MQA with 4 query tokens (128 packed rows: the KV-cache kernels), contiguous
 #   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
@@ -94,6 +98,16 @@ for step in "$@"; do case $step in
   ab-paged) run ab-paged 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,16,64 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_paged.json" ;;
+  cluster-ab) run cluster-ab 300 python3 lab/cluster_ab.py "$OUT/cluster-ab.json" ;;
+  cluster-check) FLASHTUNE_PROFILE=h200 run cluster-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_kvcache_gpu.py tests/test_kv_fp8_gpu.py -k "cluster or identical or graph or explicit or twin"
+         run bench-cluster-128 150 python3 -m flashtune bench --profile h200 --decode --hdims 128 --heads-kv 1,32 \
+           --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 --out "$OUT/bench-cluster_h128.json"
+         run bench-cluster-64 150 python3 -m flashtune bench --profile h200 --decode --hdims 64 --heads-kv 1,8,32 \
+           --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 --out "$OUT/bench-cluster_h64.json" ;;
+  decode-tests) FLASHTUNE_PROFILE=h200 run decode-tests 420 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+    tests/test_kvcache_gpu.py tests/test_kv_fp8_gpu.py tests/test_variants_gpu.py tests/test_head_dims_gpu.py \
+    tests/test_bench_decode_gpu.py ;;
   kvcache-tests) FLASHTUNE_PROFILE=h200 run kvcache-tests 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kvcache_gpu.py ;;
   decode-q4) run bench-decode-q4 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \

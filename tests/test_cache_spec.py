@@ -60,6 +60,7 @@ def test_the_generated_source_spells_the_tile_and_the_cache_layout():
     assert "KvCache::kPages" in source and "persistent = false" in source and "tma_store = false" in source
     assert f"{spec.combine_name}(" in source and f"{spec.launcher_symbol}(" in source
     assert spec.smem_bytes < get_arch("sm_90a").max_smem_per_block
+    assert not spec.cluster_merge  # its splits always merge in the combine kernel (launch_kvcache.cuh refuses)
 
 
 def test_splits_keep_two_blocks_each_and_fill_the_gpu():

@@ -31,6 +31,15 @@ def test_the_name_spells_every_setting_and_names_the_combine_kernel():
     assert f"{spec.name}(" in source and f"{spec.combine_name}(" in source and "Paging(1)" in source
 
 
+def test_splits_may_merge_in_a_cluster_from_sm90_on_and_the_kernel_answers_for_its_slots():
+    tile = DecodeTile(32, 16, 4, 2)
+    for arch, clusters in (("sm_80", False), ("sm_89", False), ("sm_90a", True), ("sm_120", True)):
+        spec = DecodeSpec(arch, "bfloat16", 128, tile, False)
+        source = spec.source()
+        assert spec.cluster_merge == clusters and f"kCluster = {str(clusters).lower()};" in source
+        assert f'extern "C" int {spec.cluster_slots_symbol}(int splits)' in source
+
+
 def test_the_combine_is_a_programmatic_dependent_launch_from_sm90_on():
     """griddepcontrol exists from sm_90: an sm_80-family kernel (run on an H200 too, as h200-sm80's)
     must not be launched as a dependent, since its combine could not wait for the split kernel."""
@@ -122,11 +131,12 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     profile = load_profile(write_profile(tmp_path, """decode:
   tiles:
     - {hdim: 128, rows: 16, block_n: 64, warps: 2, stages: 2}
-  split: {combine_us: 5, memory_gbps: 4800, max_splits: 16}
+  split: {combine_us: 5, memory_gbps: 4800, max_splits: 16, cluster_splits: 0, cluster_us: 1.5}
 """))
     assert profile.decode_tile(128, 16) == DecodeTile(16, 64, 2, 2)
     assert profile.decode_tile(64, 16) == default_decode_tile(profile.arch, 64, 16)  # the rest: defaults
-    assert profile.decode_split == DecodeSplitPolicy(combine_us=5, memory_gbps=4800, max_splits=16)
+    assert profile.decode_split == DecodeSplitPolicy(combine_us=5, memory_gbps=4800, max_splits=16, cluster_splits=0,
+                                                     cluster_us=1.5)
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
         "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
     # the runtime's cache of decode specs tells the profiles apart by their decode tiles
@@ -144,6 +154,9 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     ("decode:\n  split: {combine_us: -1}\n", "decode.split.combine_us.*a positive number"),
     ("decode:\n  split: {max_splits: 300}\n", "decode.split.max_splits.*1..256"),
     ("decode:\n  split: {memory_gbps: fast}\n", "decode.split.memory_gbps"),
+    ("decode:\n  split: {cluster_splits: 16}\n", "decode.split.cluster_splits.*0..8"),
+    ("decode:\n  split: {cluster_splits: 2.5}\n", "decode.split.cluster_splits.*0..8"),
+    ("decode:\n  split: {cluster_us: 0}\n", "decode.split.cluster_us.*a positive number"),
     ("decode:\n  splits: {}\n", "splits"),
 ])
 def test_a_bad_decode_section_names_the_key(tmp_path, section, message):

@@ -15,7 +15,8 @@ H200 = find_profile("h200")
 H100_SMS, H100_GBPS = 132, 3352  # the H100 SXM: 2 x 2,619 MHz x 5,120 bits
 
 # (hdim, heads_kv, batch, cache keys) with 32 query heads and one query token -> {splits: microseconds},
-# measured on an H100 (bf16, cold L2, bench's timer): the cells where the count matters most.
+# measured on an H100 (bf16, cold L2, bench's timer): the cells where the count matters most. Every
+# split merged by the combine kernel then, which COMBINE_KERNEL's policy prices.
 MEASURED = {
     (64, 1, 128, 1024): {1: 18.6, 2: 26.6, 3: 27.0, 4: 29.3, 8: 31.7},
     (64, 8, 8, 1024): {1: 12.0, 2: 18.2},
@@ -29,9 +30,12 @@ MEASURED = {
 }
 
 
-def chosen(hdim, heads_kv, batch, keys, seqlen_q=1, policy=DecodeSplitPolicy(), sms=H100_SMS, gbps=H100_GBPS):
+COMBINE_KERNEL = DecodeSplitPolicy(cluster_splits=0)
+
+
+def chosen(hdim, heads_kv, batch, keys, seqlen_q=1, policy=COMBINE_KERNEL, sms=H100_SMS, gbps=H100_GBPS, slots=()):
     spec = decode_spec(H200, torch.bfloat16, hdim, seqlen_q > 1, seqlen_q, 32 // heads_kv, None)
-    return choose_splits(spec, batch, heads_kv, seqlen_q, 32 // heads_kv, keys, sms, gbps, policy)
+    return choose_splits(spec, batch, heads_kv, seqlen_q, 32 // heads_kv, keys, sms, gbps, policy, slots)
 
 
 @pytest.mark.parametrize("cell", list(MEASURED))
@@ -56,6 +60,35 @@ def test_splits_keep_the_kernels_fewest_blocks_and_the_policys_most():
     assert 100 <= chosen(128, 1, 1, 1 << 20) <= 128  # one CTA over a million keys: the SMs, at most the default 128
     assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=1)) == 1
     assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=16)) == 16
+
+
+# slots[s]: CTAs an H100 runs at once in clusters of s, one CTA an SM (whole clusters per GPC)
+H100_SLOTS = (0, 0, 132, 126, 120, 120, 108, 112, 112)
+
+
+def test_a_merge_in_a_cluster_makes_a_few_splits_cheap_where_the_arch_has_clusters():
+    clusters = DecodeSplitPolicy(cluster_splits=8, cluster_us=0.5)
+    def with_clusters(*cell, slots=H100_SLOTS):
+        return chosen(*cell, policy=clusters, slots=slots)
+    assert with_clusters(64, 8, 8, 1024) == 2  # the combine kernel's cost kept it at 1
+    assert with_clusters(128, 1, 8, 1024) == 8 > chosen(128, 1, 8, 1024)
+    assert with_clusters(128, 8, 1, 4096) == 8 < chosen(128, 8, 1, 4096)  # 8 in a cluster beat 15
+    assert with_clusters(128, 1, 1, 16384) == chosen(128, 1, 1, 16384)  # 88 splits: the combine kernel
+    assert with_clusters(128, 8, 1, 4096, slots=()) == chosen(128, 8, 1, 4096)  # no slots: no clusters
+    ampere = decode_spec(find_profile("a100"), torch.bfloat16, 128, False, 1, 4, None)
+    assert not ampere.cluster_merge and decode_splits.cluster_splits(ampere, clusters) == 0
+    sm90 = decode_spec(H200, torch.bfloat16, 128, False, 1, 4, None)
+    assert decode_splits.cluster_splits(sm90, clusters) == 8
+    assert decode_splits.cluster_splits(sm90, DecodeSplitPolicy(cluster_splits=3)) == 3
+
+
+def test_splits_merge_in_clusters_only_where_all_of_the_grids_clusters_run_at_once():
+    assert decode_splits.in_cluster(4, 30, 8, H100_SLOTS)  # 120 CTAs in 30 clusters: one wave
+    assert not decode_splits.in_cluster(4, 32, 8, H100_SLOTS)  # 128: two waves, as measured
+    assert decode_splits.in_cluster(2, 64, 8, H100_SLOTS) and not decode_splits.in_cluster(2, 67, 8, H100_SLOTS)
+    assert not decode_splits.in_cluster(1, 1, 8, H100_SLOTS)  # one split: nothing to merge
+    assert not decode_splits.in_cluster(4, 1, 3, H100_SLOTS)  # over the policy's most
+    assert not decode_splits.in_cluster(4, 1, 8, ())  # no cluster merges in the kernel
 
 
 def test_faster_memory_takes_more_ctas_and_a_costlier_combine_fewer_splits():

@@ -17,7 +17,8 @@ from flashtune.measure import fp8_floor  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
 from flashtune.measure.timing import kernel_names  # noqa: E402
 from flashtune.runtime import ops  # noqa: E402
-from flashtune.runtime.decode import decode_spec  # noqa: E402
+from flashtune.runtime.decode import cluster_slots, decode_spec  # noqa: E402
+from flashtune.runtime.decode_splits import cluster_splits, in_cluster  # noqa: E402
 from flashtune.runtime.fp8 import quantise_kv  # noqa: E402
 from flashtune.runtime.selection import active_profile  # noqa: E402
 
@@ -120,8 +121,10 @@ def test_the_fp8_twin_is_the_kernel_that_runs():
     q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 1, 32, 8, 128, 4096)
     names = kernel_names(lambda: flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale,
                                                                    v_descale=v_descale, num_splits=4))
-    expected = decode_spec(active_profile(torch.device(DEV)), BF16, 128, False, 1, 4, None, kv_fp8=True)
-    assert expected.name in names and expected.combine_name in names, names
+    profile = active_profile(torch.device(DEV))
+    expected = decode_spec(profile, BF16, 128, False, 1, 4, None, kv_fp8=True)
+    merged = in_cluster(4, 2 * 8, cluster_splits(expected, profile.decode_split), cluster_slots(expected, 0))
+    assert expected.name in names and (expected.combine_name in names) != merged, names
 
 
 @pytest.mark.parametrize("splits", [1, 3])

@@ -1,5 +1,5 @@
 """flash_attn_with_kvcache on the GPU against an fp32 reference: GQA/MQA packing, split-KV (1, 3, 17-256
-and the heuristic's count), paged caches (page sizes 1 to 256, shuffled tables), appends with and
+and the heuristic's count; merged in a thread block cluster and by the combine kernel), paged caches (page sizes 1 to 256, shuffled tables), appends with and
 without rotary, cache_batch_idx, cache_leftpad, causal query lengths 1-16, CUDA graph replays; and
 the calls whose packed rows fill 128-row tiles (MQA with 4 query tokens, chunked prefill), which an
 sm90 profile serves with its KV-cache kernels (wgmma) and an sm80 one with the decode kernels.
@@ -14,9 +14,12 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import flashtune  # noqa: E402
-from flashtune.kernels.build import build_specs  # noqa: E402
+from flashtune.kernels.build import build_specs, load_binding, load_kernel  # noqa: E402
+from flashtune.kernels.decode_spec import DecodeSplitPolicy  # noqa: E402
+from flashtune.measure.timing import kernel_names  # noqa: E402
 from flashtune.runtime import ops  # noqa: E402
-from flashtune.runtime.decode import decode_spec, run_decode  # noqa: E402
+from flashtune.runtime.decode import cluster_slots, decode_spec, run_decode  # noqa: E402
+from flashtune.runtime.decode_splits import cluster_splits, in_cluster  # noqa: E402
 from flashtune.runtime.selection import active_profile  # noqa: E402
 
 DEV = "cuda"
@@ -289,6 +292,64 @@ def test_run_decode_honours_an_explicit_split_count_on_the_heuristics_kernel():
         out, lse = run_decode(spec, q, kc, vc, seqused_k=seqlens, max_seqlen_q=1, seqlen_k=4096,
                               softmax_scale=128 ** -0.5, num_splits=splits, with_lse=True, poison=True)
         check(out, lse, q, kc, vc, seqlens, None, False)
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("seqlen_q, heads_kv", [(1, 1), (1, 8), (16, 8)])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+def test_splits_merged_in_a_cluster_and_by_the_combine_kernel_agree(hdim, seqlen_q, heads_kv, splits):
+    """Where the arch has clusters up to 8 splits merge in one (csrc/decode/cluster_merge.cuh), else
+    in the combine kernel: both against fp32 and each other, with sequences of no key and of fewer
+    key blocks than splits, and 16 causal positions x 4 heads (two row blocks, two clusters a KV head)."""
+    profile = active_profile(torch.device(DEV))
+    causal = seqlen_q > 1
+    q, kc, vc, seqlens, _ = make_case(4, seqlen_q, 32, heads_kv, hdim, torch.bfloat16, 1000,
+                                      seqlens=[0, 1000, 37, 517])
+    spec = decode_spec(profile, torch.bfloat16, hdim, causal, seqlen_q, 32 // heads_kv, None)
+    results = {}
+    for policy in (DecodeSplitPolicy(), DecodeSplitPolicy(cluster_splits=0)):
+        def call():
+            return run_decode(spec, q, kc, vc, seqused_k=seqlens, max_seqlen_q=seqlen_q, seqlen_k=1000,
+                              softmax_scale=hdim ** -0.5, num_splits=splits, with_lse=True, poison=True,
+                              policy=policy)
+        out, lse = call()
+        check(out, lse, q, kc, vc, seqlens, None, causal)
+        ctas = 4 * heads_kv * -(-seqlen_q * (32 // heads_kv) // spec.tile.rows)
+        merged_in_cluster = in_cluster(splits, ctas, cluster_splits(spec, policy), cluster_slots(spec, 0))
+        names = kernel_names(call)
+        assert spec.name in names and (spec.combine_name in names) != merged_in_cluster, names
+        results[merged_in_cluster] = (out.float(), lse)
+    assert cluster_splits(spec, DecodeSplitPolicy()) == (8 if spec.arch_facts.clusters else 0)
+    if len(results) == 2:
+        (a, lse_a), (b, lse_b) = results[True], results[False]
+        assert (a - b).abs().max().item() < 2e-2 and torch.equal(torch.isinf(lse_a), torch.isinf(lse_b))
+        finite = torch.isfinite(lse_a)
+        assert (lse_a[finite] - lse_b[finite]).abs().max().item() < 1e-4
+
+
+def test_cluster_slots_are_whole_clusters_on_at_most_the_sms_a_kernel_fills_alone():
+    profile = active_profile(torch.device(DEV))
+    spec = decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None)  # MQA: 32 packed rows
+    slots = cluster_slots(spec, 0)
+    if not spec.cluster_merge:
+        assert slots == ()
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_sm = max(1, (227 * 1024) // (spec.smem_bytes + 1024))  # CTAs an SM holds by shared memory
+    assert len(slots) == 9 and slots[:2] == (0, 0)
+    for s in range(2, 9):
+        assert slots[s] % s == 0 and sms // 2 <= slots[s] <= sms * per_sm, slots
+
+
+def test_a_cluster_of_more_than_8_splits_is_refused_by_the_launcher():
+    profile = active_profile(torch.device(DEV))
+    q, kc, vc, seqlens, _ = make_case(1, 1, 32, 8, 128, torch.bfloat16, 4096, seqlens=[4096])
+    spec = decode_spec(profile, torch.bfloat16, 128, False, 1, 4, None)
+    load_binding()
+    out = torch.empty_like(q)
+    with pytest.raises(RuntimeError, match="decode launch failed: invalid argument"):
+        torch.ops.flashtune_C.decode(load_kernel(spec).launcher, q, kc, vc, out, None, None, seqlens, None, None,
+                                     None, 1, 4096, 128 ** -0.5, 9, None, None, cluster_merge=True)
 
 
 def test_index_values_out_of_range_are_clear_errors():

@@ -51,7 +51,8 @@ for hdim in (64, 128, 256):
         growth[500:] *= 30
         k = (torch.randn(1, 700, 4, hdim, device="cuda") * growth[None, :, None, None]).bfloat16()
         flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=causal, return_lse=True)
-# Decode (csrc/decode/): split-KV with its combine, GQA packing of 16 and 32 rows, causal query
+# Decode (csrc/decode/): split-KV (3 splits: merged in a thread block cluster on sm_90 and newer,
+# elsewhere by the combine kernel; the heuristic's count), GQA packing of 16 and 32 rows, causal query
 # lengths, an append, ragged cache_seqlens (0, partial tiles, full), contiguous, paged (bulk pages
 # of 16, gathered pages of 1) and varlen with seqused_k.
 for hdim in (64, 128, 256):

@@ -53,6 +53,9 @@ struct DecodeParams {
   int32_t num_splits;
   float* o_partial;    // (num_splits, total_q, heads_q, hdim)
   float* lse_partial;  // (num_splits, total_q, heads_q)
+  // Instead (sm_90 and newer, at most 8 splits): 1 makes each row block's splits one thread block
+  // cluster that merges them through its shared memory; no partial buffers, no combine kernel.
+  int32_t cluster_merge;
 };
 
 typedef int (*DecodeLaunchFn)(const DecodeParams* params, void* stream);

@@ -5,8 +5,9 @@
 //      (kv_loader.cuh), S = Q K^T on mma.sync, the online softmax in the exp2 domain, O += P V;
 //      the only synchronisation is the warp's own (cp.async groups, __syncwarp);
 //   3. the merge: every warp's (max, sum, O) through shared memory after one __syncthreads, then
-//      the rows normalised and written: to o (and lse) with one split, else as fp32 partials and
-//      their LSE for the combine kernel (combine_kernel.cuh).
+//      the rows normalised and written: to o (and lse) with one split (output.cuh); with several,
+//      as fp32 partials and their LSE for the combine kernel (combine_kernel.cuh), or, when the
+//      row block's splits are one cluster, merged in it (cluster_merge.cuh).
 // An FP8 cache (kKvFp8) adds one part to 2: each step's K and V bytes converted to 16 bits into the
 // warp's staging tiles (fp8_staging.cuh), its ring slot refilled at once; the (sequence, KV head)'s
 // K descale scales the scores (with the softmax scale), its V descale the output.
@@ -17,9 +18,11 @@
 #include "common/pdl.cuh"
 #include "common/ptx_sm80.cuh"
 #include "common/row_lse.cuh"
+#include "decode/cluster_merge.cuh"
 #include "decode/fp8_staging.cuh"
 #include "decode/kernel_traits.cuh"
 #include "decode/kv_loader.cuh"
+#include "decode/output.cuh"
 #include "decode/params.h"
 #include "decode/work.cuh"
 #include "sm80/kernel_traits.cuh"
@@ -176,7 +179,9 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
 
 // kPdl: the combine kernel is launched as this kernel's programmatic dependent (launch.cuh); each
 // CTA lets it launch at once, and it waits for this kernel's end before it reads the partials.
-template <class T, bool kPdl = false>
+// kCluster: built for an arch with thread block clusters; with p.cluster_merge the launcher made
+// each row block's splits one cluster, and they merge in it (cluster_merge.cuh), no partials.
+template <class T, bool kPdl = false, bool kCluster = false>
 __device__ __forceinline__ void split_body(const DecodeParams& p) {
   if constexpr (kPdl) launch_dependents();
   using Elem = typename T::Elem;
@@ -332,31 +337,38 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     }
   __syncthreads();
 
-  // Each thread finishes 4 columns of one row at a time.
-  constexpr int kQuads = D / 4;
-  for (int c = tid; c < T::kRows * kQuads; c += T::kThreads) {
+  // Each thread finishes 4 columns of one row at a time: cell c = tid + i * kThreads.
+  constexpr int kQuads = D / 4, kCells = T::kRows * kQuads;
+  constexpr int kItems = (kCells + T::kThreads - 1) / T::kThreads;
+  const bool in_cluster = kCluster && p.cluster_merge;
+  float4 kept_o[kItems];  // in_cluster: the cells' normalised O and LSE, for cluster_merge
+  float kept_lse[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int c = tid + i * T::kThreads;
     const int row = c / kQuads, col = (c % kQuads) * 4;
     const int packed = first_row + row;
-    if (packed >= w.packed_rows || (T::kDim != D && col >= T::kDim)) continue;  // columns past kDim: zeros
+    kept_o[i] = make_float4(0.f, 0.f, 0.f, 0.f), kept_lse[i] = -INFINITY;
+    if (c >= kCells || packed >= w.packed_rows || (T::kDim != D && col >= T::kDim)) continue;  // columns past kDim: zeros
     float m = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < W; ++i) m = fmaxf(m, merge_max[i * T::kRows + row]);
+    for (int wi = 0; wi < W; ++wi) m = fmaxf(m, merge_max[wi * T::kRows + row]);
     float l = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < W; ++i) {
-      const float mi = merge_max[i * T::kRows + row];
+    for (int wi = 0; wi < W; ++wi) {
+      const float mi = merge_max[wi * T::kRows + row];
       // A warp that saw no key of this row (max -inf) adds nothing.
       const float f = mi == -INFINITY ? 0.f : fast_exp2((mi - m) * scale_log2);
-      l += f * merge_sum[i * T::kRows + row];
-      const float4 oi = *reinterpret_cast<const float4*>(merge_o + (i * T::kRows + row) * T::kMergeRowFloats + col);
+      l += f * merge_sum[wi * T::kRows + row];
+      const float4 oi = *reinterpret_cast<const float4*>(merge_o + (wi * T::kRows + row) * T::kMergeRowFloats + col);
       o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
     }
     float inv = l > 0.f ? out_scale / l : 0.f;
     float lse_sink = 0.f;  // with sinks and one split: the row's LSE, its sink included
     if constexpr (T::kSinks) {
       // One split: the head's sink logit joins the sum, in units of the scaled scores (several
-      // splits: the combine kernel adds it once, to the merged LSE).
+      // splits: the combine adds it once, to the merged LSE).
       if (p.num_splits == 1) {
         const float sink = p.sinks[w.kv_head * p.head_ratio + packed % p.head_ratio];
         const float lse_keys = l > 0.f ? __fmaf_rn(m, scale, logf(l)) : -INFINITY;
@@ -366,19 +378,21 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       }
     }
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
+    // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
+    const float split_lse = l > 0.f ? row_lse(m, scale, l) : -INFINITY;
     if (p.num_splits == 1) {
-      Elem* out = static_cast<Elem*>(p.o) + w.o_offset + int64_t(pos) * p.o_row_stride +
-                  int64_t(head) * p.o_head_stride + col;
-      *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(o.x, o.y), pack2<Elem>(o.z, o.w));
-      if (col == 0 && p.lse != nullptr)
-        p.lse[w.lse_offset + int64_t(head) * p.lse_head_stride + pos] = T::kSinks ? lse_sink : row_lse(m, scale, l);
+      store_output<T>(p, w, packed, col, o, T::kSinks ? lse_sink : row_lse(m, scale, l));
+    } else if (in_cluster) {
+      kept_o[i] = o, kept_lse[i] = split_lse;
     } else {
+      const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
       const int64_t at = (int64_t(w.split) * p.total_q + w.row0 + pos) * p.heads_q + head;
       *reinterpret_cast<float4*>(p.o_partial + at * T::kDim + col) = o;
-      // A split that saw no key of the row weighs nothing in the combine: LSE -inf.
-      if (col == 0) p.lse_partial[at] = l > 0.f ? row_lse(m, scale, l) : -INFINITY;
+      if (col == 0) p.lse_partial[at] = split_lse;
     }
+  }
+  if constexpr (kCluster) {
+    if (in_cluster) cluster_merge<T>(p, w, first_row, smem_raw, kept_o, kept_lse);  // CTA-uniform
   }
 }
 

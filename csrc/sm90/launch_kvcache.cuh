@@ -40,7 +40,7 @@ int launch_kvcache(void (*kernel)(const FwdParams, const TmaMaps), void (*combin
                    const DecodeParams& d, void* stream) {
   static_assert(T::kCache, "a KV-cache kernel");
   // What the runtime routes here (flashtune/runtime/decode.py); anything else is an internal error.
-  if (d.num_splits < 1 || d.num_splits > decode::kMaxSplits ||
+  if (d.num_splits < 1 || d.num_splits > decode::kMaxSplits || d.cluster_merge ||
       (d.num_splits > 1 && (d.o_partial == nullptr || d.lse_partial == nullptr)) || d.cu_seqlens_q != nullptr ||
       d.head_ratio < 1 || T::kBlockM % d.head_ratio != 0 || T::kPaged != (d.block_table != nullptr) ||
       (T::kPaged && d.page_size % T::kBlockN != 0))

@@ -175,7 +175,9 @@ def render_details(profile: Profile, console: Console) -> None:
     memory = "the device's peak" if split["memory_gbps"] is None else f"{split['memory_gbps']:g} GB/s"
     console.print(f"decode splits: the count a cost model predicts fastest, at most {split['max_splits']} (a CTA "
                   f"streams its ring's bytes once per {split['ring_turnaround_us']:g} us; a combine "
-                  f"{split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; memory: {memory})")
+                  f"{split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; up to "
+                  f"{split['cluster_splits']} splits merge in a thread block cluster for {split['cluster_us']:g} us "
+                  f"where the arch has clusters; memory: {memory})")
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

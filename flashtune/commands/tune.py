@@ -200,10 +200,12 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
 
 def render_split_fit(split, console: Console) -> None:
     """The split policy's fit: how far the counts each policy picks are from the fastest measured."""
+    from flashtune.tuning.split_fit import GRID
+
     def loss(pair):
         return f"{pair[0] - 1:.1%} slower than the fastest count in geomean, {pair[1] - 1:.1%} at worst"
     fitted = ", ".join(f"{k} {v:g}" for k, v in asdict(split.fitted).items()
-                       if k in ("ring_turnaround_us", "combine_us", "combine_gbps"))
+                       if k in GRID)
     console.print(f"decode split policy over {len(split.cells)} cells: the profile's picks counts "
                   f"{loss(split.base_loss)}; fitted ({fitted}) {loss(split.loss)}: "
                   + ("written" if split.wins else "not written (within 1% of the profile's)"))

@@ -30,6 +30,11 @@ class ArchFacts:
         return self.compute_capability >= (9, 0)
 
     @property
+    def clusters(self) -> bool:
+        """Thread block clusters and distributed shared memory (common/cluster.cuh): sm_90 and newer."""
+        return self.compute_capability >= (9, 0)
+
+    @property
     def compute_capability_str(self) -> str:
         return "{}.{}".format(*self.compute_capability)
 

@@ -90,6 +90,11 @@ class CacheSpec(DecodeSpec):
         return 2
 
     @property
+    def cluster_merge(self) -> bool:
+        """Its splits always merge in the combine kernel (sm90/launch_kvcache.cuh)."""
+        return False
+
+    @property
     def ring_bytes(self) -> int:
         """The K and V stages the producer keeps in flight."""
         return self.tile.stages * 2 * self.tile.block_n * self.hdim * self.kv_element_bytes

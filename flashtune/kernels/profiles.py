@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from flashtune.kernels.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch, known_arch_names
-from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile, decode_tile_problems, default_decode_tile
+from flashtune.kernels.decode_spec import (CLUSTER_SPLITS, DecodeSplitPolicy, DecodeTile, decode_tile_problems,
+                                           default_decode_tile)
 from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
@@ -262,12 +263,17 @@ class _Validator:
         keys = tuple(f.name for f in fields(DecodeSplitPolicy))
         split = self.expect(value.get("split", {}), dict, "decode.split", "{" + ", ".join(keys) + "}")
         self.check_keys(split, "decode.split", keys, ())
+        counts = {"max_splits": (1, 256), "cluster_splits": (0, CLUSTER_SPLITS)}  # integers in a range
         for key, number in split.items():
+            if key in counts:
+                low, high = counts[key]
+                if not (isinstance(number, int) and not isinstance(number, bool) and low <= number <= high):
+                    raise self.fail(f"decode.split.{key}", f"{number!r}", f"an integer in {low}..{high}")
+                continue
             positive = (key == "memory_gbps" and number is None) or (
                 isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0)
-            if not positive or (key == "max_splits" and not (isinstance(number, int) and number <= 256)):
-                raise self.fail(f"decode.split.{key}", f"{number!r}",
-                                "an integer in 1..256" if key == "max_splits" else "a positive number")
+            if not positive:
+                raise self.fail(f"decode.split.{key}", f"{number!r}", "a positive number")
         policy = DecodeSplitPolicy(**split)
         return {"decode_tiles": tuple(tiles), "decode_split": policy}
 

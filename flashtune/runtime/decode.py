@@ -1,22 +1,27 @@
 """Decode launches: which DecodeSpec serves a call under a profile (packed rows, the profile's tile,
 how keys are addressed), how many CTAs share a sequence's keys (num_splits=0: decode_splits.py's cost
-model, with the profile's split policy), the split buffers, and the launch through the torch op
+model, with the profile's split policy) and how they merge (in a thread block cluster, or through
+split buffers and the combine kernel), and the launch through the torch op
 flashtune_C::decode. Nothing here reads device memory on the host, so a call can be captured in a
 CUDA graph.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.cache_spec import CACHE_ROWS, CacheSpec, cache_kernel_serves, cache_tile
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy, decode_rows, decode_spec_for
+from flashtune.kernels.decode_spec import (CLUSTER_SPLITS, DecodeSpec, DecodeSplitPolicy, decode_rows,
+                                           decode_spec_for)
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
-from flashtune.runtime.decode_splits import choose_splits, device_facts
+from flashtune.runtime.decode_splits import choose_splits, cluster_splits, device_facts, in_cluster
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -57,6 +62,19 @@ def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, s
     return spec
 
 
+@functools.lru_cache(maxsize=256)
+def cluster_slots(spec: DecodeSpec, device_index: int) -> tuple[int, ...]:
+    """slots[s]: the CTAs of spec's split kernel the device runs at once in clusters of s splits
+    (csrc/decode/launch.cuh's cluster_slots, the CUDA occupancy query), s up to CLUSTER_SPLITS; ()
+    for a kernel without cluster merges. Asked once per kernel and device, on the host only."""
+    if not spec.cluster_merge:
+        return ()
+    query = getattr(ctypes.CDLL(load_kernel(spec).library), spec.cluster_slots_symbol)
+    query.restype, query.argtypes = ctypes.c_int, [ctypes.c_int]
+    with torch.cuda.device(device_index):
+        return tuple(query(s) if s > 1 else 0 for s in range(CLUSTER_SPLITS + 1))
+
+
 def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, seqused_k=None, cache_batch_idx=None,
                leftpad_k=None, block_table=None, max_seqlen_q: int, seqlen_k: int, softmax_scale: float,
                num_splits: int, with_lse: bool, out=None, poison: bool = False,
@@ -74,18 +92,24 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     heads_kv = k_cache.shape[2]
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     total_q = q.shape[0] if varlen else q.shape[0] * q.shape[1]
+    most_in_cluster = cluster_splits(spec, policy)
+    slots = cluster_slots(spec, q.device.index) if most_in_cluster else ()
     if num_splits <= 0:  # a window: the keys a row block reads, not the cache's
         keys = seqlen_k if window[0] < 0 else min(seqlen_k, window[0] + max_seqlen_q + max(window[1], 0))
         num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, keys,
-                                   *device_facts(q.device.index), policy)
+                                   *device_facts(q.device.index), policy, slots)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = None
     if with_lse:
         shape = (heads_q, total_q) if varlen else (q.shape[0], heads_q, q.shape[1])
         lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+    # A few splits merge in thread block clusters (no partials, no combine kernel) where the grid's
+    # clusters all run at once; else through fp32 partials and the combine kernel.
+    ctas = batch * heads_kv * -(-max_seqlen_q * (heads_q // heads_kv) // spec.tile.rows)
+    cluster = in_cluster(num_splits, ctas, most_in_cluster, slots)
     o_partial = lse_partial = None
-    if num_splits > 1:  # from the caching allocator: no host sync, and graph capture keeps it
+    if num_splits > 1 and not cluster:  # from the caching allocator: no host sync, and graph capture keeps it
         o_partial = torch.empty((num_splits, total_q, heads_q, hdim), dtype=torch.float32, device=q.device)
         lse_partial = torch.empty((num_splits, total_q, heads_q), dtype=torch.float32, device=q.device)
     if poison:
@@ -97,5 +121,5 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
                                  num_splits, o_partial, lse_partial, k_descale, v_descale, v.softcap, window[0],
-                                 window[1], v.sinks, v.alibi)
+                                 window[1], v.sinks, v.alibi, cluster)
     return out, lse

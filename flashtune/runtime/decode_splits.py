@@ -2,11 +2,14 @@
 (num_splits=0): the count a cost model of the call predicts fastest.
 
 A decode call streams its K and V once; s splits give each of the call's CTAs (batch x KV heads x
-row blocks) 1/s of the keys, then merge the s partial outputs in a combine kernel. Its time, for
+row blocks) 1/s of the keys, then merge the s partial outputs (in a combine kernel, or in a thread
+block cluster of the s CTAs). Its time, for
 s = 1 .. the most the keys allow:
 
     stream(s)  = ((bytes / memory) ** P + (bytes per SM / rate of one CTA) ** P) ** (1 / P)
-    combine(s) = 0 for one split; else combine_us + s x the fp32 partials (written, read) / combine_gbps
+    combine(s) = 0 for one split; cluster_us where s splits merge in thread block clusters (at most
+                 cluster_splits, on an arch with clusters, all of the grid's clusters at once);
+                 else combine_us + s x the fp32 partials (written, read) / combine_gbps
 
 where bytes per SM is the heaviest SM's share (ceil(CTAs / SMs) CTAs of bytes / CTAs) and a CTA
 streams the bytes its ring keeps in flight once per turnaround (4 us). The two stream terms are the
@@ -25,7 +28,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy
+from flashtune.kernels.decode_spec import CLUSTER_SPLITS, DecodeSpec, DecodeSplitPolicy
 from flashtune.kernels.gpu import device_gpu
 
 BLEND = 1.5  # P above
@@ -36,12 +39,14 @@ FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock:
 @dataclass(frozen=True)
 class CallTerms:
     """What the model reads of a call: its CTAs at one split, the K/V bytes, the fp32 partial bytes
-    each split adds (written and read), one CTA's stream rate (GB/s) and the most splits allowed."""
+    each split adds (written and read), one CTA's stream rate (GB/s), the most splits allowed and
+    the most that merge in a cluster (0: none)."""
     ctas: int
     kv_bytes: int
     partial_bytes: int
     rate_gbps: float
     most: int
+    cluster_splits: int
 
 
 def most_splits(spec: DecodeSpec, keys: int, max_splits: int) -> int:
@@ -55,24 +60,42 @@ def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_
                      kv_bytes=batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes,
                      partial_bytes=2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4,
                      rate_gbps=spec.ring_bytes / policy.ring_turnaround_us / 1e3,  # bytes per us -> GB/s
-                     most=most_splits(spec, keys, policy.max_splits))
+                     most=most_splits(spec, keys, policy.max_splits),
+                     cluster_splits=cluster_splits(spec, policy))
+
+
+def cluster_splits(spec: DecodeSpec, policy: DecodeSplitPolicy) -> int:
+    """The most splits of a call to `spec` that merge in a thread block cluster (0: none)."""
+    return min(policy.cluster_splits, CLUSTER_SPLITS) if spec.cluster_merge else 0
+
+
+def in_cluster(splits: int, ctas: int, most_in_cluster: int, slots: tuple[int, ...]) -> bool:
+    """Whether `splits` splits of a call of `ctas` CTAs (at one split) merge in clusters: at most
+    most_in_cluster of them, and every cluster of the grid running at once. slots[s]: the CTAs the
+    device runs at once in clusters of s (runtime/decode.py's cluster_slots; () for none). A grid
+    over them ran its last clusters in a second wave: 1.13-1.33x the combine kernel's time on an
+    H100 (32 CTAs split 4 ways, 140-200 KB of shared memory a CTA)."""
+    return 1 < splits <= most_in_cluster and splits < len(slots) and ctas * splits <= slots[splits]
 
 
 def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
-                  sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy = DecodeSplitPolicy()) -> int:
+                  sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy = DecodeSplitPolicy(),
+                  slots: tuple[int, ...] = ()) -> int:
     """The fewest splits the model predicts within 2% of its fastest for a call, each split keeping
     spec.min_blocks_per_split key blocks. Keys are rounded up to 4 significant bits (steps of at most
     6%), so that a generation, whose cache grows a key a step, reuses the cached search (up to 128
-    predictions, about 100 us of Python; a cached call takes about 1 us)."""
+    predictions, about 100 us of Python; a cached call takes about 1 us). slots: as in_cluster takes
+    them (() : no split merges in a cluster)."""
     if batch * heads_kv * seqlen_q == 0 or seqlen_k <= 0:
         return 1
     best = _fastest_split(spec, batch, heads_kv, seqlen_q, head_ratio, _round_up_4_bits(seqlen_k), sm_count,
-                          memory_gbps, policy)
+                          memory_gbps, policy, slots)
     return min(best, most_splits(spec, seqlen_k, policy.max_splits))  # the rounding may allow one too many
 
 
 def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, sm_count: int,
-                 memory_gbps: float, combine_us: float, combine_gbps: float) -> float:
+                 memory_gbps: float, combine_us: float, combine_gbps: float, merge_in_cluster: bool = False,
+                 cluster_us: float = 0.0) -> float:
     """The model's time of a call in microseconds, less what every split count pays alike (launch,
     Q, epilogue): bytes / (GB/s) is nanoseconds."""
     n = ctas * splits
@@ -80,16 +103,19 @@ def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, 
     stream = ((kv_bytes / memory_gbps) ** BLEND + (per_sm / rate_gbps) ** BLEND) ** (1 / BLEND) / 1e3
     if splits == 1:
         return stream
+    if merge_in_cluster:
+        return stream + cluster_us
     return stream + combine_us + splits * partial_bytes / combine_gbps / 1e3
 
 
 @functools.lru_cache(maxsize=4096)
 def _fastest_split(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
-                   sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy) -> int:
+                   sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy, slots: tuple[int, ...]) -> int:
     t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, keys, policy)
     memory = policy.memory_gbps or memory_gbps
     times = [call_time_us(s, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, sm_count, memory, policy.combine_us,
-                          policy.combine_gbps) for s in range(1, t.most + 1)]
+                          policy.combine_gbps, in_cluster(s, t.ctas, t.cluster_splits, slots), policy.cluster_us)
+             for s in range(1, t.most + 1)]
     fastest = min(times)
     return next(s for s, t in enumerate(times, 1) if t <= (1 + WORTH) * fastest)
 

@@ -26,7 +26,7 @@ CELLS = ((1, 1, 16384), (1, 8, 1024), (1, 8, 16384), (1, 32, 1024), (1, 128, 102
          (8, 1, 16384), (8, 8, 1024), (8, 8, 16384), (8, 1, 131072), (32, 1, 16384))
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 GRID = {"ring_turnaround_us": (2, 2.5, 3, 3.5, 4, 5, 6), "combine_us": (2, 2.5, 3, 3.5, 4, 5),
-        "combine_gbps": (800, 1200, 1600, 2400, 3200)}
+        "combine_gbps": (800, 1200, 1600, 2400, 3200), "cluster_us": (1.5, 2, 2.5, 3, 3.5)}
 MIN_GAIN = 0.01  # a fitted policy is written only if its geomean loss is this much below the profile's
 
 
@@ -64,16 +64,22 @@ class SplitFit:
         return self.fitted if self.wins else self.base
 
 
+def no_clusters(spec) -> tuple[int, ...]:
+    return ()
+
+
 def policy_losses(cells: list[SplitCell], spec_for: Callable, policy: DecodeSplitPolicy, sm_count: int,
-                  memory_gbps: float) -> list[float]:
+                  memory_gbps: float, slots_for: Callable = no_clusters) -> list[float]:
     """Per cell: the measured time at the count the policy picks (the nearest count measured) over
-    the fastest count's. spec_for(cell) -> the DecodeSpec the runtime launches for the cell."""
+    the fastest count's. spec_for(cell) -> the DecodeSpec the runtime launches for the cell;
+    slots_for(spec) -> its cluster slots on the GPU measured (runtime/decode.py's cluster_slots)."""
     from flashtune.runtime import decode_splits
 
     out = []
     for cell in cells:
-        n = decode_splits.choose_splits(spec_for(cell), cell.batch, cell.heads_kv, cell.seqlen_q,
-                                        HEADS // cell.heads_kv, cell.cache, sm_count, memory_gbps, policy)
+        spec = spec_for(cell)
+        n = decode_splits.choose_splits(spec, cell.batch, cell.heads_kv, cell.seqlen_q, HEADS // cell.heads_kv,
+                                        cell.cache, sm_count, memory_gbps, policy, slots_for(spec))
         nearest = min(cell.us, key=lambda s: abs(s - n))
         out.append(cell.us[nearest] / min(cell.us.values()))
     return out
@@ -84,25 +90,28 @@ def _summary(losses: list[float]) -> tuple[float, float]:
 
 
 def fit_split_policy(cells: list[SplitCell], spec_for: Callable, sm_count: int, memory_gbps: float,
-                     base: DecodeSplitPolicy = DecodeSplitPolicy()) -> SplitFit:
+                     base: DecodeSplitPolicy = DecodeSplitPolicy(), slots_for: Callable = no_clusters) -> SplitFit:
     """The grid's constants with the lowest (geomean, worst) loss, the base's memory_gbps and
     max_splits kept."""
     scored = []
     for values in itertools.product(*GRID.values()):
         policy = dataclasses.replace(base, **dict(zip(GRID, values)))
-        scored.append((_summary(policy_losses(cells, spec_for, policy, sm_count, memory_gbps)), policy))
+        scored.append((_summary(policy_losses(cells, spec_for, policy, sm_count, memory_gbps, slots_for)), policy))
     loss, fitted = min(scored, key=lambda s: s[0])
-    return SplitFit(base, fitted, _summary(policy_losses(cells, spec_for, base, sm_count, memory_gbps)), loss, cells)
+    base_loss = _summary(policy_losses(cells, spec_for, base, sm_count, memory_gbps, slots_for))
+    return SplitFit(base, fitted, base_loss, loss, cells)
 
 
 def run_split_fit(profile: Profile, dtype_name: str, hdims, repeats: int,
                   on_event: Callable[[str, int, int], None] | None = None) -> SplitFit:
     """Measure CELLS on this GPU under `profile` and fit its split policy."""
+    from flashtune.runtime.decode import cluster_slots
     from flashtune.runtime.decode_splits import device_facts
 
     cells = measure_split_cells(profile, dtype_name, hdims, repeats, on_event)
     sm_count, memory_gbps = device_facts(0)
-    return fit_split_policy(cells, spec_for_profile(profile, dtype_name), sm_count, memory_gbps, profile.decode_split)
+    return fit_split_policy(cells, spec_for_profile(profile, dtype_name), sm_count, memory_gbps, profile.decode_split,
+                            lambda spec: cluster_slots(spec, 0))
 
 
 def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
