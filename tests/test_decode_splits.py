@@ -8,7 +8,7 @@ import torch
 from flashtune.kernels.decode_spec import DecodeSplitPolicy
 from flashtune.kernels.profiles import find_profile
 from flashtune.runtime import decode_splits
-from flashtune.runtime.decode import decode_spec
+from flashtune.runtime.decode import cluster_slots, decode_spec
 from flashtune.runtime.decode_splits import FALLBACK_MEMORY_GBPS, choose_splits, device_facts
 
 H200 = find_profile("h200")
@@ -76,19 +76,20 @@ def test_a_merge_in_a_cluster_makes_a_few_splits_cheap_where_the_arch_has_cluste
     assert with_clusters(128, 1, 1, 16384) == chosen(128, 1, 1, 16384)  # 88 splits: the combine kernel
     assert with_clusters(128, 8, 1, 4096, slots=()) == chosen(128, 8, 1, 4096)  # no slots: no clusters
     ampere = decode_spec(find_profile("a100"), torch.bfloat16, 128, False, 1, 4, None)
-    assert not ampere.cluster_merge and decode_splits.cluster_splits(ampere, clusters) == 0
-    sm90 = decode_spec(H200, torch.bfloat16, 128, False, 1, 4, None)
-    assert decode_splits.cluster_splits(sm90, clusters) == 8
-    assert decode_splits.cluster_splits(sm90, DecodeSplitPolicy(cluster_splits=3)) == 3
+    assert not ampere.cluster_merge and cluster_slots(ampere, 0) == ()  # asked of no GPU: sm_80 has none
+    assert decode_spec(H200, torch.bfloat16, 128, False, 1, 4, None).cluster_merge
 
 
 def test_splits_merge_in_clusters_only_where_all_of_the_grids_clusters_run_at_once():
-    assert decode_splits.in_cluster(4, 30, 8, H100_SLOTS)  # 120 CTAs in 30 clusters: one wave
-    assert not decode_splits.in_cluster(4, 32, 8, H100_SLOTS)  # 128: two waves, as measured
-    assert decode_splits.in_cluster(2, 64, 8, H100_SLOTS) and not decode_splits.in_cluster(2, 67, 8, H100_SLOTS)
-    assert not decode_splits.in_cluster(1, 1, 8, H100_SLOTS)  # one split: nothing to merge
-    assert not decode_splits.in_cluster(4, 1, 3, H100_SLOTS)  # over the policy's most
-    assert not decode_splits.in_cluster(4, 1, 8, ())  # no cluster merges in the kernel
+    policy = DecodeSplitPolicy()
+    assert decode_splits.in_cluster(4, 30, H100_SLOTS, policy)  # 120 CTAs in 30 clusters: one wave
+    assert not decode_splits.in_cluster(4, 32, H100_SLOTS, policy)  # 128: two waves, as measured
+    assert decode_splits.in_cluster(2, 64, H100_SLOTS, policy) and not decode_splits.in_cluster(2, 67, H100_SLOTS,
+                                                                                               policy)
+    assert not decode_splits.in_cluster(1, 1, H100_SLOTS, policy)  # one split: nothing to merge
+    assert not decode_splits.in_cluster(4, 1, H100_SLOTS, DecodeSplitPolicy(cluster_splits=3))  # over the policy's
+    assert not decode_splits.in_cluster(2, 1, H100_SLOTS, DecodeSplitPolicy(cluster_splits=0))
+    assert not decode_splits.in_cluster(4, 1, (), policy)  # no cluster merges in the kernel
 
 
 def test_faster_memory_takes_more_ctas_and_a_costlier_combine_fewer_splits():

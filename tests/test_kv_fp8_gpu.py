@@ -18,7 +18,7 @@ from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E40
 from flashtune.measure.timing import kernel_names  # noqa: E402
 from flashtune.runtime import ops  # noqa: E402
 from flashtune.runtime.decode import cluster_slots, decode_spec  # noqa: E402
-from flashtune.runtime.decode_splits import cluster_splits, in_cluster  # noqa: E402
+from flashtune.runtime.decode_splits import in_cluster  # noqa: E402
 from flashtune.runtime.fp8 import quantise_kv  # noqa: E402
 from flashtune.runtime.selection import active_profile  # noqa: E402
 
@@ -123,7 +123,7 @@ def test_the_fp8_twin_is_the_kernel_that_runs():
                                                                    v_descale=v_descale, num_splits=4))
     profile = active_profile(torch.device(DEV))
     expected = decode_spec(profile, BF16, 128, False, 1, 4, None, kv_fp8=True)
-    merged = in_cluster(4, 2 * 8, cluster_splits(expected, profile.decode_split), cluster_slots(expected, 0))
+    merged = in_cluster(4, 2 * 8, cluster_slots(expected, 0), profile.decode_split)
     assert expected.name in names and (expected.combine_name in names) != merged, names
 
 

@@ -200,7 +200,7 @@ class DecodeSpec:
 
     @property
     def min_blocks_per_split(self) -> int:
-        """A split's fewest key blocks (runtime/decode.py's choose_splits): two per warp."""
+        """A split's fewest key blocks (runtime/decode_splits.py's most_splits): two per warp."""
         return 2 * self.tile.warps
 
     @property

@@ -21,7 +21,7 @@ from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
-from flashtune.runtime.decode_splits import choose_splits, cluster_splits, device_facts, in_cluster
+from flashtune.runtime.decode_splits import call_ctas, choose_splits, device_facts, in_cluster
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -92,11 +92,11 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     heads_kv = k_cache.shape[2]
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     total_q = q.shape[0] if varlen else q.shape[0] * q.shape[1]
-    most_in_cluster = cluster_splits(spec, policy)
-    slots = cluster_slots(spec, q.device.index) if most_in_cluster else ()
+    head_ratio = heads_q // heads_kv
+    slots = cluster_slots(spec, q.device.index)
     if num_splits <= 0:  # a window: the keys a row block reads, not the cache's
         keys = seqlen_k if window[0] < 0 else min(seqlen_k, window[0] + max_seqlen_q + max(window[1], 0))
-        num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, heads_q // heads_kv, keys,
+        num_splits = choose_splits(spec, batch, heads_kv, max_seqlen_q, head_ratio, keys,
                                    *device_facts(q.device.index), policy, slots)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -106,8 +106,7 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
         lse = torch.empty(shape, dtype=torch.float32, device=q.device)
     # A few splits merge in thread block clusters (no partials, no combine kernel) where the grid's
     # clusters all run at once; else through fp32 partials and the combine kernel.
-    ctas = batch * heads_kv * -(-max_seqlen_q * (heads_q // heads_kv) // spec.tile.rows)
-    cluster = in_cluster(num_splits, ctas, most_in_cluster, slots)
+    cluster = in_cluster(num_splits, call_ctas(spec, batch, heads_kv, max_seqlen_q, head_ratio), slots, policy)
     o_partial = lse_partial = None
     if num_splits > 1 and not cluster:  # from the caching allocator: no host sync, and graph capture keeps it
         o_partial = torch.empty((num_splits, total_q, heads_q, hdim), dtype=torch.float32, device=q.device)

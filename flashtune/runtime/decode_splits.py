@@ -28,7 +28,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from flashtune.kernels.decode_spec import CLUSTER_SPLITS, DecodeSpec, DecodeSplitPolicy
+from flashtune.kernels.decode_spec import DecodeSpec, DecodeSplitPolicy
 from flashtune.kernels.gpu import device_gpu
 
 BLEND = 1.5  # P above
@@ -39,14 +39,12 @@ FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock:
 @dataclass(frozen=True)
 class CallTerms:
     """What the model reads of a call: its CTAs at one split, the K/V bytes, the fp32 partial bytes
-    each split adds (written and read), one CTA's stream rate (GB/s), the most splits allowed and
-    the most that merge in a cluster (0: none)."""
+    each split adds (written and read), one CTA's stream rate (GB/s) and the most splits allowed."""
     ctas: int
     kv_bytes: int
     partial_bytes: int
     rate_gbps: float
     most: int
-    cluster_splits: int
 
 
 def most_splits(spec: DecodeSpec, keys: int, max_splits: int) -> int:
@@ -54,28 +52,28 @@ def most_splits(spec: DecodeSpec, keys: int, max_splits: int) -> int:
     return max(1, min(max_splits, math.ceil(keys / spec.tile.block_n) // spec.min_blocks_per_split))
 
 
+def call_ctas(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int) -> int:
+    """A call's CTAs at one split: a row block of packed query rows per sequence and KV head."""
+    return batch * heads_kv * -(-seqlen_q * head_ratio // spec.tile.rows)
+
+
 def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
                policy: DecodeSplitPolicy) -> CallTerms:
-    return CallTerms(ctas=batch * heads_kv * math.ceil(seqlen_q * head_ratio / spec.tile.rows),
+    return CallTerms(ctas=call_ctas(spec, batch, heads_kv, seqlen_q, head_ratio),
                      kv_bytes=batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes,
                      partial_bytes=2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4,
                      rate_gbps=spec.ring_bytes / policy.ring_turnaround_us / 1e3,  # bytes per us -> GB/s
-                     most=most_splits(spec, keys, policy.max_splits),
-                     cluster_splits=cluster_splits(spec, policy))
+                     most=most_splits(spec, keys, policy.max_splits))
 
 
-def cluster_splits(spec: DecodeSpec, policy: DecodeSplitPolicy) -> int:
-    """The most splits of a call to `spec` that merge in a thread block cluster (0: none)."""
-    return min(policy.cluster_splits, CLUSTER_SPLITS) if spec.cluster_merge else 0
-
-
-def in_cluster(splits: int, ctas: int, most_in_cluster: int, slots: tuple[int, ...]) -> bool:
-    """Whether `splits` splits of a call of `ctas` CTAs (at one split) merge in clusters: at most
-    most_in_cluster of them, and every cluster of the grid running at once. slots[s]: the CTAs the
-    device runs at once in clusters of s (runtime/decode.py's cluster_slots; () for none). A grid
-    over them ran its last clusters in a second wave: 1.13-1.33x the combine kernel's time on an
-    H100 (32 CTAs split 4 ways, 140-200 KB of shared memory a CTA)."""
-    return 1 < splits <= most_in_cluster and splits < len(slots) and ctas * splits <= slots[splits]
+def in_cluster(splits: int, ctas: int, slots: tuple[int, ...], policy: DecodeSplitPolicy) -> bool:
+    """Whether `splits` splits of a call of `ctas` CTAs (at one split) merge in clusters: at most the
+    policy's cluster_splits, and every cluster of the grid running at once. slots[s]: the CTAs the
+    device runs at once in clusters of s, s up to CLUSTER_SPLITS (runtime/decode.py's cluster_slots;
+    () for a kernel without cluster merges). A grid over them ran its last clusters in a second
+    wave: 1.13-1.33x the combine kernel's time on an H100 (32 CTAs split 4 ways, 140-200 KB of
+    shared memory a CTA)."""
+    return 1 < splits <= policy.cluster_splits and splits < len(slots) and ctas * splits <= slots[splits]
 
 
 def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, seqlen_k: int,
@@ -114,7 +112,7 @@ def _fastest_split(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, h
     t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, keys, policy)
     memory = policy.memory_gbps or memory_gbps
     times = [call_time_us(s, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, sm_count, memory, policy.combine_us,
-                          policy.combine_gbps, in_cluster(s, t.ctas, t.cluster_splits, slots), policy.cluster_us)
+                          policy.combine_gbps, in_cluster(s, t.ctas, slots, policy), policy.cluster_us)
              for s in range(1, t.most + 1)]
     fastest = min(times)
     return next(s for s, t in enumerate(times, 1) if t <= (1 + WORTH) * fastest)

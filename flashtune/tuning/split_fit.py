@@ -138,7 +138,8 @@ def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
 
         def runner(q, k, v, n):
             return lambda: run_decode(spec, q, k, v, max_seqlen_q=1, seqlen_k=cell.cache,
-                                      softmax_scale=cell.hdim ** -0.5, num_splits=n, with_lse=False)[0]
+                                      softmax_scale=cell.hdim ** -0.5, num_splits=n, with_lse=False,
+                                      policy=profile.decode_split)[0]  # its cluster_splits, as the fit's
         timed = {n: [runner(*s, n) for s in sets] for n in COUNTS if n <= most}
         times, _ = time_interleaved(timed, 3, repeats)
         cell.us = {n: statistics.median(t) * 1e3 for n, t in times.items()}
