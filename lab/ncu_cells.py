@@ -1,28 +1,44 @@
-"""One call each of flashtune and SDPA's cuDNN backend on chosen FA-grid cells, inside a
-profiler range, for Nsight Compute: how each backend launches (grid, block, registers, shared
-memory, CTAs per SM) and where its time goes (SM, tensor, DRAM throughput).
+"""One call each of flashtune and SDPA's cuDNN backend on chosen cells, inside a profiler range, for
+Nsight Compute: how each backend launches (grid, block, registers, shared memory, cluster, CTAs per
+SM) and where its time goes (SM, tensor, DRAM throughput, warp stalls). A cell is an FA-grid prefill
+cell, HDIM:CAUSAL:SEQLEN (batch and heads as the grid's), or a `bench --decode` cell,
+decode:HDIM:HEADS_KV:BATCH:CACHE (32 query heads, one query token, contiguous cache).
 
 Run: ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy \
-       --section SpeedOfLight python3 lab/ncu_cells.py PROFILE HDIM:CAUSAL:SEQLEN...
-e.g. ... lab/ncu_cells.py h200 64:1:512 256:1:512   (CAUSAL 0 or 1; batch and heads as the FA grid)
+       --section SpeedOfLight python3 lab/ncu_cells.py PROFILE CELL...
+e.g. ... lab/ncu_cells.py h200 64:1:512 256:1:512 decode:128:1:1:1024
+(--clock-control none leaves the clocks to the GPU, so a kernel after a pause may run at idle
+clocks: compare launches and stalls more than durations.)
 """
 import sys
 
 import torch
 
-from flashtune.runtime import ops
 from flashtune.measure.backends import BACKENDS, Inputs
+from flashtune.measure.decode_backends import DECODE_BACKENDS
+from flashtune.measure.decode_problem import DecodeProblem, make_decode_inputs
 from flashtune.measure.problem import fa_grid, make_inputs
+from flashtune.runtime import ops
 
-ops.use_profile(sys.argv[1])
-for cell in sys.argv[2:]:
+
+def runners(cell: str):
+    """name -> one call of that backend on the cell (built, loaded and run once)."""
+    if cell.startswith("decode:"):
+        hdim, heads_kv, batch, cache = (int(x) for x in cell.split(":")[1:])
+        inputs = make_decode_inputs(DecodeProblem("bfloat16", hdim, 32, heads_kv, batch, cache, 1), seed=0)
+        return {name: DECODE_BACKENDS[name](inputs, False, hdim ** -0.5) for name in ("flashtune", "sdpa-cudnn")}
     hdim, causal, seqlen = (int(x) for x in cell.split(":"))
     (shape,) = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[bool(causal)])  # the bench's batch and heads
     q, k, v = make_inputs(shape, seed=0)
     case = Inputs(q, k, v, bool(causal), hdim ** -0.5)
-    for name in ("flashtune", "sdpa-cudnn"):
-        run = BACKENDS[name](case)  # builds, loads and runs it once
-        run()
+    return {name: BACKENDS[name](case) for name in ("flashtune", "sdpa-cudnn")}
+
+
+ops.use_profile(sys.argv[1])
+for cell in sys.argv[2:]:
+    for name, run in runners(cell).items():
+        for _ in range(3):
+            run()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         run()

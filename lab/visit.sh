@@ -12,6 +12,8 @@
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
 #   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
+#   ncu-decode    Nsight Compute on the short decode calls (lab/ncu_cells.py decode:...): each kernel's duration,
+#                 launch and warp stalls, flashtune beside SDPA cuDNN
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
 #   ceiling-h64   tune --tiles 128x128 at hdim 64, non-causal: the 128-row tile's TFLOPS (the KV-cache kernel's
 #                 ceiling for MQA with 4 tokens at hdim 64, which needs ~490 TFLOPS for 90% of the H200's copy)
@@ -24,6 +26,9 @@
 #   ab-decode     bench --decode with the release's decode beside today's (small cells, MQA, pages of 16), JSON in $OUT
 #   ab-paged      bench --decode, hdim 128, 8 KV heads, contiguous and pages of 16 and 64, the release's beside today's
 #                 (release: lab/make_release.sh a3d4199, the block table read per refill; build-release first)
+#   ab-short      bench --decode, MQA one-token calls (hdim 64/128, batch 1-128, 1k-128k keys), the release's beside
+#                 today's and SDPA's backends (a short call's 16-row tiles; release: make_release.sh 896fa82)
+#   ab-short-gqa  the same on 1k and 16k caches with 1, 8 and 32 KV heads, beside SDPA default and cuDNN (short calls' splits)
 #   cluster-ab    lab/cluster_ab.py: a few splits merged in a cluster against the combine kernel, short calls, beside cuDNN
 #   cluster-check the cluster merge's GPU tests, then bench --decode on the cells it won and lost (hdim 128 MQA and
 #                 32 KV heads, hdim 64 8 KV heads; batch 1-32, 1k-16k)
@@ -75,6 +80,10 @@ for step in "$@"; do case $step in
          run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \
            --out "$OUT/bench-decode_h$d.json" --plot "$OUT/bench-decode_h$d.png" ;;
   decode-splits) run decode-splits 420 env FLASHTUNE_TRUST_CU_SEQLENS=1 python3 lab/decode_splits.py "$OUT/decode-splits.json" ;;
+  ncu-decode) run ncu-decode 240 ncu --clock-control none --profile-from-start off --section LaunchStats \
+           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+           python3 lab/ncu_cells.py h200 decode:128:1:1:1024 decode:128:1:8:1024 decode:128:1:1:16384 \
+           decode:64:1:1:16384 decode:64:8:1:16384 decode:64:32:8:1024 ;;
   mqa-rows) run mqa-rows 300 python3 lab/decode_mqa_rows.py "$OUT/mqa-rows.json" ;;
   ceiling-h64) run ceiling-h64 400 python3 -m flashtune tune --profile h200 --hdims 64 --no-causal --tiles 128x128 \
            --final-round 0 --json --out "$OUT/h64-128x128.yaml" ;;
@@ -98,6 +107,12 @@ for step in "$@"; do case $step in
   ab-paged) run ab-paged 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,16,64 \
            --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_paged.json" ;;
+  ab-short) run ab-short 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 1 --batches 1,8,32,128 --caches 1024,16384,131072 --seqlens-q 1 --pages 0 \
+           --backends flashtune,release,sdpa-default,sdpa-flash,sdpa-efficient,sdpa-cudnn --out "$OUT/ab_short.json" ;;
+  ab-short-gqa) run ab-short-gqa 230 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 1,8,32 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
+           --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_short_gqa.json" ;;
   cluster-ab) run cluster-ab 300 python3 lab/cluster_ab.py "$OUT/cluster-ab.json" ;;
   cluster-check) FLASHTUNE_PROFILE=h200 run cluster-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kvcache_gpu.py tests/test_kv_fp8_gpu.py -k "cluster or identical or graph or explicit or twin"

@@ -87,6 +87,18 @@ def test_every_arch_has_a_decode_tile_for_every_head_dim(arch, hdim, seqlen_q, r
     assert rows == (32 if seqlen_q * ratio > 16 and hdim <= 128 else 16)
 
 
+def test_a_short_call_takes_two_16_row_blocks_for_up_to_32_packed_rows():
+    assert decode_rows(1, 32, 128) == 32 and decode_rows(1, 32, 128, short=True) == 16
+    assert decode_rows(2, 16, 64, short=True) == 16 and decode_rows(1, 8, 64, short=True) == 16
+    assert decode_rows(4, 32, 64, short=True) == 32  # 128 rows: 32-row blocks still
+    profile = dataclasses.replace(find_profile("h200"), decode_split=DecodeSplitPolicy(memory_gbps=3352))
+    mb = 2 ** 20  # MQA at hdim 128: 16 MB read in 5 us (short), 64 MB in 20 us
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=16 * mb).tile.rows == 16
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=64 * mb).tile.rows == 32
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None).tile.rows == 32  # bytes unknown
+    assert kernel_for(profile, "bfloat16", 128, False, 1, 1024, 32, kv_bytes=mb).tile.rows == 16
+
+
 def test_paging_bulk_where_pages_hold_whole_tiles_else_gather():
     assert paging_for(None, 32) == "contiguous"
     assert paging_for(64, 32) == "paged" and paging_for(256, 16) == "paged"
@@ -131,12 +143,14 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     profile = load_profile(write_profile(tmp_path, """decode:
   tiles:
     - {hdim: 128, rows: 16, block_n: 64, warps: 2, stages: 2}
-  split: {combine_us: 5, memory_gbps: 4800, max_splits: 16, cluster_splits: 0, cluster_us: 1.5}
+  split: {combine_us: 5, memory_gbps: 4800, max_splits: 16, cluster_splits: 0, cluster_us: 1.5, short_call_us: 0}
 """))
     assert profile.decode_tile(128, 16) == DecodeTile(16, 64, 2, 2)
     assert profile.decode_tile(64, 16) == default_decode_tile(profile.arch, 64, 16)  # the rest: defaults
     assert profile.decode_split == DecodeSplitPolicy(combine_us=5, memory_gbps=4800, max_splits=16, cluster_splits=0,
-                                                     cluster_us=1.5)
+                                                     cluster_us=1.5, short_call_us=0)
+    # no call is short under it: MQA keeps its one 32-row block however little it reads
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=1).tile.rows == 32
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
         "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
     # the runtime's cache of decode specs tells the profiles apart by their decode tiles
@@ -157,6 +171,7 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     ("decode:\n  split: {cluster_splits: 16}\n", "decode.split.cluster_splits.*0..8"),
     ("decode:\n  split: {cluster_splits: 2.5}\n", "decode.split.cluster_splits.*0..8"),
     ("decode:\n  split: {cluster_us: 0}\n", "decode.split.cluster_us.*a positive number"),
+    ("decode:\n  split: {short_call_us: -1}\n", "decode.split.short_call_us.*0 or a positive number"),
     ("decode:\n  splits: {}\n", "splits"),
 ])
 def test_a_bad_decode_section_names_the_key(tmp_path, section, message):

@@ -1,5 +1,6 @@
 """Decode's split-count cost model (runtime/decode_splits.py), no GPU: its choices against the times
 every split count took on an H100 (lab/decode_splits.py, 2026-12-05), and its rules."""
+import dataclasses
 import types
 
 import pytest
@@ -31,6 +32,7 @@ MEASURED = {
 
 
 COMBINE_KERNEL = DecodeSplitPolicy(cluster_splits=0)
+LONG_CALLS = DecodeSplitPolicy(cluster_splits=0, short_call_us=0)  # two key blocks a warp at least, always
 
 
 def chosen(hdim, heads_kv, batch, keys, seqlen_q=1, policy=COMBINE_KERNEL, sms=H100_SMS, gbps=H100_GBPS, slots=()):
@@ -56,7 +58,9 @@ def test_a_split_must_save_more_than_the_combine_costs():
 def test_splits_keep_the_kernels_fewest_blocks_and_the_policys_most():
     assert chosen(128, 8, 1, 128) == 1  # 4 blocks of 32 keys: nothing to share
     mqa = decode_spec(H200, torch.bfloat16, 64, False, 1, 32, None)
-    assert 1 < chosen(64, 1, 1, 2048) <= 2048 // mqa.tile.block_n // mqa.min_blocks_per_split
+    assert 1 < chosen(64, 1, 1, 2048, policy=LONG_CALLS) <= 2048 // mqa.tile.block_n // mqa.min_blocks_per_split
+    # a short call (0.5 MB): one block per warp
+    assert 2048 // mqa.tile.block_n // mqa.min_blocks_per_split < chosen(64, 1, 1, 2048) <= 2048 // 16 // 4
     assert 100 <= chosen(128, 1, 1, 1 << 20) <= 128  # one CTA over a million keys: the SMs, at most the default 128
     assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=1)) == 1
     assert chosen(128, 1, 1, 16384, policy=DecodeSplitPolicy(max_splits=16)) == 16
@@ -71,7 +75,7 @@ def test_a_merge_in_a_cluster_makes_a_few_splits_cheap_where_the_arch_has_cluste
     def with_clusters(*cell, slots=H100_SLOTS):
         return chosen(*cell, policy=clusters, slots=slots)
     assert with_clusters(64, 8, 8, 1024) == 2  # the combine kernel's cost kept it at 1
-    assert with_clusters(128, 1, 8, 1024) == 8 > chosen(128, 1, 8, 1024)
+    assert with_clusters(128, 1, 8, 1024) == 8 > chosen(128, 1, 8, 1024, policy=LONG_CALLS)
     assert with_clusters(128, 8, 1, 4096) == 8 < chosen(128, 8, 1, 4096)  # 8 in a cluster beat 15
     assert with_clusters(128, 1, 1, 16384) == chosen(128, 1, 1, 16384)  # 88 splits: the combine kernel
     assert with_clusters(128, 8, 1, 4096, slots=()) == chosen(128, 8, 1, 4096)  # no slots: no clusters
@@ -119,3 +123,51 @@ def test_the_devices_peak_bandwidth_from_its_memory_clock_and_bus(monkeypatch):
     device_facts.cache_clear()
     assert device_facts(0) == (132, FALLBACK_MEMORY_GBPS)
     device_facts.cache_clear()
+
+
+# MQA with one query token on the 16-row tile (two row blocks a KV head: what a short call takes),
+# every count measured on an H100 (lab/decode_mqa_rows.py, 2026-12-05; up to 8 splits in clusters where
+# they fit): the cells whose chosen count was among those measured. The model's other picks there (55
+# splits of 16k keys at hdim 64, 59 at 128, 7 of 8 x 1k at 128) ran 13.4, 16.2 and 10.9 us in
+# bench --decode, beside 12.9-15.8, 15.5-15.7 and 10.7-12.8 for the counts around them.
+MEASURED_16_ROWS = {
+    (64, 1, 1, 1024): {1: 10.2, 2: 8.9, 4: 7.9, 8: 7.9, 16: 10.6},
+    (64, 1, 8, 1024): {1: 10.3, 2: 9.0, 4: 8.8, 8: 14.2, 16: 17.7},
+    (64, 1, 32, 1024): {1: 10.6, 2: 10.8, 4: 19.3, 8: 25.2, 16: 37.8},
+    (128, 1, 1, 1024): {1: 15.1, 2: 12.5, 4: 9.8, 8: 9.2, 16: 11.5, 32: 11.8},
+    (128, 1, 32, 1024): {1: 15.3, 2: 15.0, 4: 21.6, 8: 29.4, 16: 46.1, 32: 81.3},
+}
+H100_POLICY = DecodeSplitPolicy(memory_gbps=H100_GBPS)  # the device's peak without a device
+
+
+@pytest.mark.parametrize("cell", list(MEASURED_16_ROWS))
+def test_a_short_calls_16_row_count_is_within_7_percent_of_the_fastest_measured(cell):
+    hdim, heads_kv, batch, keys = cell
+    profile = dataclasses.replace(H200, decode_split=H100_POLICY)
+    spec = decode_spec(profile, torch.bfloat16, hdim, False, 1, 32 // heads_kv, None,
+                       kv_bytes=decode_splits.kv_bytes(batch, heads_kv, keys, hdim))
+    assert spec.tile.rows == 16
+    splits = choose_splits(spec, batch, heads_kv, 1, 32 // heads_kv, keys, H100_SMS, H100_GBPS, H100_POLICY,
+                           H100_SLOTS)
+    times = MEASURED_16_ROWS[cell]
+    assert splits in times and times[splits] <= 1.07 * min(times.values()), (splits, times)
+
+
+def test_a_call_is_short_where_its_read_takes_at_most_short_call_us_at_the_memorys_peak():
+    mb = 2 ** 20
+    assert decode_splits.short_call(H100_POLICY, 16 * mb, 0)  # 5.0 us at 3,352 GB/s
+    assert not decode_splits.short_call(H100_POLICY, 32 * mb, 0)  # 10.0 us
+    assert not decode_splits.short_call(dataclasses.replace(H100_POLICY, short_call_us=0), 1, 0)
+    assert not decode_splits.short_call(H100_POLICY, 0, 0)
+
+
+def test_the_per_cta_read_counts_every_row_block():
+    """Two 16-row blocks of a KV head each read all its keys: at one split a CTA reads the whole
+    cache, and the model prices it so (it chose one split for MQA 1 x 1k at hdim 64, 10.2 us,
+    where four took 7.9)."""
+    profile = dataclasses.replace(H200, decode_split=H100_POLICY)
+    m16 = decode_spec(profile, torch.bfloat16, 64, False, 1, 32, None, kv_bytes=decode_splits.kv_bytes(1, 1, 1024, 64))
+    terms = decode_splits.call_terms(m16, 1, 1, 1, 32, 1024, H100_POLICY)
+    assert terms.ctas == 2 and terms.read_bytes == 2 * terms.kv_bytes
+    m32 = decode_spec(H200, torch.bfloat16, 64, False, 1, 32, None)
+    assert decode_splits.call_terms(m32, 1, 1, 1, 32, 1024, H100_POLICY).read_bytes == terms.kv_bytes

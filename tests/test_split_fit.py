@@ -7,7 +7,7 @@ from rich.console import Console
 from flashtune.commands import tune
 from flashtune.kernels.decode_spec import DecodeSplitPolicy
 from flashtune.kernels.profiles import find_profile
-from flashtune.runtime.decode_splits import call_terms, call_time_us
+from flashtune.runtime.decode_splits import call_terms, call_time_us, most_splits
 from flashtune.tuning.split_fit import CELLS, COUNTS, HEADS, SplitCell, fit_split_policy, spec_for_profile
 from test_tune_decode import fake_result
 
@@ -22,9 +22,11 @@ def modelled_cells(policy=TRUTH):
     cells = []
     for heads_kv, batch, cache in CELLS:
         cell = SplitCell(128, heads_kv, batch, cache)
-        t = call_terms(SPEC_FOR(cell), batch, heads_kv, 1, HEADS // heads_kv, cache, policy)
+        spec = SPEC_FOR(cell)
+        t = call_terms(spec, batch, heads_kv, 1, HEADS // heads_kv, cache, policy)
+        most = most_splits(spec, cache, policy.max_splits)
         cell.us = {n: 5 + call_time_us(n, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, SMS, GBPS,
-                                       policy.combine_us, policy.combine_gbps) for n in COUNTS if n <= t.most}
+                                       policy.combine_us, policy.combine_gbps) for n in COUNTS if n <= most}
         cells.append(cell)
     return cells
 

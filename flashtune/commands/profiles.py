@@ -177,7 +177,8 @@ def render_details(profile: Profile, console: Console) -> None:
                   f"streams its ring's bytes once per {split['ring_turnaround_us']:g} us; a combine "
                   f"{split['combine_us']:g} us + partials at {split['combine_gbps']:g} GB/s; up to "
                   f"{split['cluster_splits']} splits merge in a thread block cluster for {split['cluster_us']:g} us "
-                  f"where the arch has clusters; memory: {memory})")
+                  f"where the arch has clusters; memory: {memory}; a call read in at most "
+                  f"{split['short_call_us']:g} us is short: up to 32 packed rows in two 16-row blocks)")
     if any(row["registers"] is None for row in data["configs"]):
         console.print("CTAs/SM counts shared memory and threads; registers (often the real limit) are known "
                       "once the kernels are built: `flashtune build --profile NAME`")

@@ -89,6 +89,9 @@ class CacheSpec(DecodeSpec):
     def min_blocks_per_split(self) -> int:
         return 2
 
+    def fewest_blocks_per_split(self, short: bool = False) -> int:
+        return self.min_blocks_per_split  # short or not: its consumer warpgroups share every block
+
     @property
     def cluster_merge(self) -> bool:
         """Its splits always merge in the combine kernel (sm90/launch_kvcache.cuh)."""

@@ -97,10 +97,16 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts, kv_fp8: b
     return problems
 
 
-def decode_rows(seqlen_q: int, head_ratio: int, hdim: int) -> int:
+def decode_rows(seqlen_q: int, head_ratio: int, hdim: int, short: bool = False) -> int:
     """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
-    fit (computed at hdim <= 128), else 16."""
-    return 32 if seqlen_q * head_ratio > 16 and (computed_head_dim(hdim) or hdim) <= 128 else 16
+    fit (computed at hdim <= 128), else 16. A short call (runtime/decode_splits.py's short_call)
+    whose 17-32 rows would fill one 32-row block takes two 16-row blocks instead: each CTA does half
+    the math per key, the second read of a key mostly from L2 (MQA with one token on an H100: 9.2
+    against 11.6 us at 1 x 1k keys, hdim 128; lab/results/2026-12-05_mqa-rows)."""
+    rows = seqlen_q * head_ratio
+    if rows <= 16 or (computed_head_dim(hdim) or hdim) > 128 or (short and rows <= 32):
+        return 16
+    return 32
 
 
 def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
@@ -129,7 +135,10 @@ class DecodeSplitPolicy:
     runs (lab/decode_splits.py, lab/fit_split_model.py): the count it picks is 0.4% slower than the
     fastest in geomean, 4% at most, where the wave rule it replaced lost 5% and 52%. cluster_us from
     the same split counts merged both ways on 22 short calls of an H100 (lab/cluster_ab.py): 2.2-2.8
-    us where the combine kernel is modelled at 4 us plus its partials."""
+    us where the combine kernel is modelled at 4 us plus its partials. A call that reads its K/V in
+    at most short_call_us at the memory's peak is short: 17-32 packed rows take two 16-row blocks
+    (decode_rows; 0: never). 6 us: on an H100 (3.35 TB/s) the 16-row tile won every MQA one-token
+    call of 16 MB or less (8-26%) and lost those of 32 MB or more by 2-5%."""
     ring_turnaround_us: float = 4.0
     combine_us: float = 4.0
     combine_gbps: float = 2400.0
@@ -137,6 +146,7 @@ class DecodeSplitPolicy:
     max_splits: int = 128
     cluster_splits: int = CLUSTER_SPLITS
     cluster_us: float = 2.5
+    short_call_us: float = 6.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +212,11 @@ class DecodeSpec:
     def min_blocks_per_split(self) -> int:
         """A split's fewest key blocks (runtime/decode_splits.py's most_splits): two per warp."""
         return 2 * self.tile.warps
+
+    def fewest_blocks_per_split(self, short: bool = False) -> int:
+        """... and in a short call (decode_splits.short_call), one per warp: there a CTA's latency,
+        not the memory, bounds the call."""
+        return self.tile.warps if short else self.min_blocks_per_split
 
     @property
     def smem_bytes(self) -> int:

@@ -270,10 +270,12 @@ class _Validator:
                 if not (isinstance(number, int) and not isinstance(number, bool) and low <= number <= high):
                     raise self.fail(f"decode.split.{key}", f"{number!r}", f"an integer in {low}..{high}")
                 continue
-            positive = (key == "memory_gbps" and number is None) or (
-                isinstance(number, (int, float)) and not isinstance(number, bool) and number > 0)
-            if not positive:
-                raise self.fail(f"decode.split.{key}", f"{number!r}", "a positive number")
+            floor = 0 if key == "short_call_us" else None  # 0: no call is short
+            number_ok = isinstance(number, (int, float)) and not isinstance(number, bool) and (
+                number > 0 or number == floor)
+            if not (number_ok or (key == "memory_gbps" and number is None)):
+                raise self.fail(f"decode.split.{key}", f"{number!r}",
+                                "0 or a positive number" if floor == 0 else "a positive number")
         policy = DecodeSplitPolicy(**split)
         return {"decode_tiles": tuple(tiles), "decode_split": policy}
 

@@ -39,17 +39,20 @@ FALLBACK_MEMORY_GBPS = 1000.0  # a device that does not report its memory clock:
 @dataclass(frozen=True)
 class CallTerms:
     """What the model reads of a call: its CTAs at one split, the K/V bytes, the fp32 partial bytes
-    each split adds (written and read), one CTA's stream rate (GB/s) and the most splits allowed."""
+    each split adds (written and read), one CTA's stream rate (GB/s) and the bytes its CTAs read
+    (K/V once per row block, the second and later from L2)."""
     ctas: int
     kv_bytes: int
     partial_bytes: int
     rate_gbps: float
-    most: int
+    read_bytes: int
 
 
-def most_splits(spec: DecodeSpec, keys: int, max_splits: int) -> int:
-    """The most splits of `keys` keys: each keeps spec.min_blocks_per_split key blocks."""
-    return max(1, min(max_splits, math.ceil(keys / spec.tile.block_n) // spec.min_blocks_per_split))
+def most_splits(spec: DecodeSpec, keys: int, max_splits: int, short: bool = False) -> int:
+    """The most splits of `keys` keys: each keeps spec.fewest_blocks_per_split(short) key blocks; in a
+    short call (short_call) the decode kernels' one a warp, where two would leave the 16-row tile's
+    64-key blocks at hdim 64 two splits of 1k keys (8.9 us on an H100, where four took 7.9)."""
+    return max(1, min(max_splits, math.ceil(keys / spec.tile.block_n) // spec.fewest_blocks_per_split(short)))
 
 
 def call_ctas(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int) -> int:
@@ -57,13 +60,28 @@ def call_ctas(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_r
     return batch * heads_kv * -(-seqlen_q * head_ratio // spec.tile.rows)
 
 
+def kv_bytes(batch: int, heads_kv: int, keys: int, hdim: int, element_bytes: int = 2) -> int:
+    """The K and V bytes a call reads."""
+    return batch * heads_kv * keys * 2 * hdim * element_bytes
+
+
+def short_call(policy: DecodeSplitPolicy, kv_bytes: int, device_index: int) -> bool:
+    """Whether a call reading kv_bytes of K/V is short (kernels/decode_spec.py's decode_rows): read in
+    at most policy.short_call_us at the memory's peak, where a CTA's latency, not the memory, bounds it."""
+    return _short(policy, kv_bytes, policy.memory_gbps or device_facts(device_index)[1])
+
+
+def _short(policy: DecodeSplitPolicy, kv_bytes: int, memory_gbps: float) -> bool:
+    return kv_bytes > 0 and kv_bytes / memory_gbps / 1e3 <= policy.short_call_us
+
+
 def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
                policy: DecodeSplitPolicy) -> CallTerms:
-    return CallTerms(ctas=call_ctas(spec, batch, heads_kv, seqlen_q, head_ratio),
-                     kv_bytes=batch * heads_kv * keys * 2 * spec.hdim * spec.kv_element_bytes,
+    kv = kv_bytes(batch, heads_kv, keys, spec.hdim, spec.kv_element_bytes)
+    return CallTerms(ctas=call_ctas(spec, batch, heads_kv, seqlen_q, head_ratio), kv_bytes=kv,
                      partial_bytes=2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4,
                      rate_gbps=spec.ring_bytes / policy.ring_turnaround_us / 1e3,  # bytes per us -> GB/s
-                     most=most_splits(spec, keys, policy.max_splits))
+                     read_bytes=kv * -(-seqlen_q * head_ratio // spec.tile.rows))
 
 
 def in_cluster(splits: int, ctas: int, slots: tuple[int, ...], policy: DecodeSplitPolicy) -> bool:
@@ -88,16 +106,19 @@ def choose_splits(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, he
         return 1
     best = _fastest_split(spec, batch, heads_kv, seqlen_q, head_ratio, _round_up_4_bits(seqlen_k), sm_count,
                           memory_gbps, policy, slots)
-    return min(best, most_splits(spec, seqlen_k, policy.max_splits))  # the rounding may allow one too many
+    short = _short(policy, kv_bytes(batch, heads_kv, seqlen_k, spec.hdim, spec.kv_element_bytes),
+                   policy.memory_gbps or memory_gbps)
+    return min(best, most_splits(spec, seqlen_k, policy.max_splits, short))  # the rounding may allow one too many
 
 
 def call_time_us(splits: int, ctas: int, kv_bytes: float, partial_bytes: float, rate_gbps: float, sm_count: int,
                  memory_gbps: float, combine_us: float, combine_gbps: float, merge_in_cluster: bool = False,
-                 cluster_us: float = 0.0) -> float:
+                 cluster_us: float = 0.0, read_bytes: float | None = None) -> float:
     """The model's time of a call in microseconds, less what every split count pays alike (launch,
-    Q, epilogue): bytes / (GB/s) is nanoseconds."""
+    Q, epilogue): bytes / (GB/s) is nanoseconds. read_bytes: what the CTAs read in all (CallTerms;
+    default kv_bytes, one row block a KV head)."""
     n = ctas * splits
-    per_sm = math.ceil(n / sm_count) * kv_bytes / n
+    per_sm = math.ceil(n / sm_count) * (read_bytes or kv_bytes) / n
     stream = ((kv_bytes / memory_gbps) ** BLEND + (per_sm / rate_gbps) ** BLEND) ** (1 / BLEND) / 1e3
     if splits == 1:
         return stream
@@ -111,9 +132,10 @@ def _fastest_split(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, h
                    sm_count: int, memory_gbps: float, policy: DecodeSplitPolicy, slots: tuple[int, ...]) -> int:
     t = call_terms(spec, batch, heads_kv, seqlen_q, head_ratio, keys, policy)
     memory = policy.memory_gbps or memory_gbps
+    most = most_splits(spec, keys, policy.max_splits, _short(policy, t.kv_bytes, memory))
     times = [call_time_us(s, t.ctas, t.kv_bytes, t.partial_bytes, t.rate_gbps, sm_count, memory, policy.combine_us,
-                          policy.combine_gbps, in_cluster(s, t.ctas, slots, policy), policy.cluster_us)
-             for s in range(1, t.most + 1)]
+                          policy.combine_gbps, in_cluster(s, t.ctas, slots, policy), policy.cluster_us, t.read_bytes)
+             for s in range(1, most + 1)]
     fastest = min(times)
     return next(s for s, t in enumerate(times, 1) if t <= (1 + WORTH) * fastest)
 

@@ -110,7 +110,7 @@ def run_split_fit(profile: Profile, dtype_name: str, hdims, repeats: int,
 
     cells = measure_split_cells(profile, dtype_name, hdims, repeats, on_event)
     sm_count, memory_gbps = device_facts(0)
-    return fit_split_policy(cells, spec_for_profile(profile, dtype_name), sm_count, memory_gbps, profile.decode_split,
+    return fit_split_policy(cells, spec_for_profile(profile, dtype_name, 0), sm_count, memory_gbps, profile.decode_split,
                             lambda spec: cluster_slots(spec, 0))
 
 
@@ -123,18 +123,19 @@ def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
     from flashtune.kernels.build import build_specs
     from flashtune.measure.timing import time_interleaved
     from flashtune.runtime.decode import run_decode
-    from flashtune.runtime.decode_splits import most_splits
+    from flashtune.runtime.decode_splits import kv_bytes, most_splits, short_call
     from flashtune.tuning.decode_search import decode_inputs
     from flashtune.tuning.search import default_jobs
 
     dtype = getattr(torch, dtype_name)
     cells = [SplitCell(hdim, kv, batch, cache) for hdim in hdims for kv, batch, cache in CELLS]
-    specs = {cell.label: spec_for_profile(profile, dtype_name)(cell) for cell in cells}
+    specs = {cell.label: spec_for_profile(profile, dtype_name, 0)(cell) for cell in cells}
     build_specs(list(dict.fromkeys(specs.values())), jobs=default_jobs())
     for i, cell in enumerate(cells):
         spec = specs[cell.label]
         sets = decode_inputs((cell.batch, cell.cache, 1, HEADS // cell.heads_kv), cell.hdim, dtype, seed=0)
-        most = most_splits(spec, cell.cache, max(COUNTS))
+        short = short_call(profile.decode_split, kv_bytes(cell.batch, cell.heads_kv, cell.cache, cell.hdim), 0)
+        most = most_splits(spec, cell.cache, max(COUNTS), short)
 
         def runner(q, k, v, n):
             return lambda: run_decode(spec, q, k, v, max_seqlen_q=1, seqlen_k=cell.cache,
@@ -157,12 +158,16 @@ def with_decode_tiles(profile: Profile, tiles: dict[tuple[int, int], DecodeTile]
     return dataclasses.replace(profile, decode_tiles=tuple((h, r, t) for (h, r), t in sorted(merged.items())))
 
 
-def spec_for_profile(profile: Profile, dtype_name: str) -> Callable:
-    """cell -> the DecodeSpec the runtime launches for it under `profile`."""
+def spec_for_profile(profile: Profile, dtype_name: str, device_index: int | None = None) -> Callable:
+    """cell -> the DecodeSpec the runtime launches for it under `profile` on CUDA device
+    `device_index` (None, off the GPU: packed rows by shape alone, not by a short call's)."""
     import torch
 
     from flashtune.runtime.decode import decode_spec
+    from flashtune.runtime.decode_splits import kv_bytes
 
     dtype = getattr(torch, dtype_name)
-    return lambda cell: decode_spec(profile, dtype, cell.hdim, cell.seqlen_q > 1, cell.seqlen_q, HEADS // cell.heads_kv,
-                                    None)
+    return lambda cell: decode_spec(
+        profile, dtype, cell.hdim, cell.seqlen_q > 1, cell.seqlen_q, HEADS // cell.heads_kv, None,
+        kv_bytes=0 if device_index is None else kv_bytes(cell.batch, cell.heads_kv, cell.cache, cell.hdim),
+        device_index=device_index or 0)
