@@ -102,7 +102,7 @@ def decode_rows(seqlen_q: int, head_ratio: int, hdim: int, short: bool = False) 
     fit (computed at hdim <= 128), else 16. A short call (runtime/decode_splits.py's short_call)
     whose 17-32 rows would fill one 32-row block takes two 16-row blocks instead: each CTA does half
     the math per key, the second read of a key mostly from L2 (MQA with one token on an H100: 9.2
-    against 11.6 us at 1 x 1k keys, hdim 128; lab/results/2026-12-05_mqa-rows)."""
+    against 11.6 us at 1 x 1k keys, hdim 128; lab/results/2026-12-05_short-calls/mqa-rows.json)."""
     rows = seqlen_q * head_ratio
     if rows <= 16 or (computed_head_dim(hdim) or hdim) > 128 or (short and rows <= 32):
         return 16
