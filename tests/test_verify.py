@@ -1,6 +1,8 @@
 """verify's pure parts: kernel-name classification, SASS parsing, the case matrix, the CLI without GPU."""
 from __future__ import annotations
 
+import dataclasses
+
 from click.testing import CliRunner
 
 from flashtune.commands import verify
@@ -71,14 +73,22 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     import torch
 
     from flashtune.kernels.cache_spec import CacheSpec
+    from flashtune.kernels.decode_spec import DecodeSplitPolicy
     from flashtune.runtime.decode import decode_spec
+    from flashtune.runtime.decode_splits import kv_bytes
 
     profile = find_profile("h200")
     cases = correctness_cases(profile)
     decode = [c for c in cases if c.name.startswith("decode ")]
     paged = [c for c in decode if c.page_size]
-    # per dtype: 3 per head dim through flash_attn_func (GQA 1 and 4 tokens, MQA 4 tokens), 4 paged
-    assert len(decode) == 2 * 3 * 3 + 2 * 4
+    # per dtype: 3 per head dim through flash_attn_func (GQA 1 and 4 tokens, MQA 4 tokens), 4 paged,
+    # MQA one token short and long (two 16-row blocks, one of 32)
+    assert len(decode) == 2 * 3 * 3 + 2 * 4 + 2 * 2
+    mqa_q1 = [c for c in decode if c.heads_kv == 1 and c.seqlen_q == 1]
+    fast = dataclasses.replace(profile, decode_split=DecodeSplitPolicy(memory_gbps=4800))  # the H200's peak
+    rows = {c.seqlen_k: decode_spec(fast, getattr(torch, c.dtype), c.hdim, False, 1, 32, None,
+                                    kv_bytes=kv_bytes(c.batch, 1, c.seqlen_k, c.hdim)).tile.rows for c in mqa_q1}
+    assert rows == {5000: 16, 65536: 32}
     assert sorted({c.page_size for c in paged}) == [1, 16, 64, 256]  # row gathers, whole-tile and whole-block pages
     assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv in (4, 32) for c in decode)
     kv_cache = [c for c in decode if isinstance(decode_spec(profile, getattr(torch, c.dtype), c.hdim, c.causal,

@@ -139,6 +139,11 @@ def correctness_cases(profile) -> list[Problem]:
         hdim = 128 if 128 in profile.head_dims else profile.head_dims[0]
         cases.append(_problem(f"decode {dtype} d{hdim} MQA 32:1 pages of 256 causal 4/777", dtype, hdim, True, 4,
                               777, heads=32, heads_kv=1, page_size=256))
+        # MQA with one token: a short call (5 MB of K/V) packs its 32 rows in two 16-row blocks, a long
+        # one (67 MB: over 6 us at any of these GPUs' memory peaks) in one 32-row block
+        for keys in (5000, 65536):
+            cases.append(_problem(f"decode {dtype} d{hdim} MQA 32:1 1/{keys}", dtype, hdim, False, 1, keys,
+                                  heads=32, heads_kv=1))
         for hdim in (h for h in profile.head_dims if h in BWD_HEAD_DIMS):  # gradients, GQA 8:2, odd lengths
             for causal in (False, True):
                 c = "causal" if causal else "full"
