@@ -138,7 +138,7 @@ class DecodeSplitPolicy:
     us where the combine kernel is modelled at 4 us plus its partials. A call that reads its K/V in
     at most short_call_us at the memory's peak is short: 17-32 packed rows take two 16-row blocks
     (decode_rows; 0: never). 6 us: on an H100 (3.35 TB/s) the 16-row tile won every MQA one-token
-    call of 16 MB or less (8-26%) and lost those of 32 MB or more by 2-5%."""
+    call of 16 MB or less (8-26%) and lost 4 of the 5 of 32 MB or more (2-5%)."""
     ring_turnaround_us: float = 4.0
     combine_us: float = 4.0
     combine_gbps: float = 2400.0
