@@ -19,7 +19,7 @@ from flashtune.kernels.decode_spec import DecodeSplitPolicy  # noqa: E402
 from flashtune.measure.timing import kernel_names  # noqa: E402
 from flashtune.runtime import ops  # noqa: E402
 from flashtune.runtime.decode import cluster_slots, decode_spec, run_decode  # noqa: E402
-from flashtune.runtime.decode_splits import call_ctas, in_cluster  # noqa: E402
+from flashtune.runtime.decode_splits import call_ctas, in_cluster, kv_bytes, short_call  # noqa: E402
 from flashtune.runtime.selection import active_profile  # noqa: E402
 
 DEV = "cuda"
@@ -341,6 +341,24 @@ def test_cluster_slots_are_whole_clusters_on_at_most_the_sms_a_kernel_fills_alon
     assert len(slots) == 9 and slots[:2] == (0, 0)
     for s in range(2, 9):
         assert slots[s] % s == 0 and sms // 2 <= slots[s] <= sms * per_sm, slots
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_a_short_mqa_call_takes_two_16_row_blocks_and_a_long_one_a_32_row_block(hdim):
+    """MQA with one token: 32 packed rows a KV head. Over 1k keys (0.25-0.5 MB, short on any GPU) two
+    16-row blocks; over 128k (34-67 MB, over 6 us at an H100's or H200's memory peak) one of 32. Each
+    through flash_attn_with_kvcache against fp32, its kernel named in the profiler."""
+    profile = active_profile(torch.device(DEV))
+    for keys, rows in ((1024, 16), (131072, 32)):
+        q, kc, vc, seqlens, _ = make_case(1, 1, 32, 1, hdim, torch.bfloat16, keys, seqlens=[keys])
+        spec = decode_spec(profile, q.dtype, hdim, False, 1, 32, None, kv_bytes=kv_bytes(1, 1, keys, hdim),
+                           device_index=q.device.index)
+        if rows == 32 and short_call(profile.decode_split, kv_bytes(1, 1, keys, hdim), q.device.index):
+            rows = 16  # a GPU whose memory reads them in under short_call_us
+        assert spec.tile.rows == rows, spec.name
+        out, lse = kv_call(q, kc, vc, seqlens, None, False, 0)
+        check(out, lse, q, kc, vc, seqlens, None, False)
+        assert spec.name in kernel_names(lambda: kv_call(q, kc, vc, seqlens, None, False, 0))
 
 
 def test_a_cluster_of_more_than_8_splits_is_refused_by_the_launcher():
