@@ -92,11 +92,14 @@ def test_a_short_call_takes_two_16_row_blocks_for_up_to_32_packed_rows():
     assert decode_rows(2, 16, 64, short=True) == 16 and decode_rows(1, 8, 64, short=True) == 16
     assert decode_rows(4, 32, 64, short=True) == 32  # 128 rows: 32-row blocks still
     profile = dataclasses.replace(find_profile("h200"), decode_split=DecodeSplitPolicy(memory_gbps=3352))
-    mb = 2 ** 20  # MQA at hdim 128: 16 MB read in 5 us (short), 64 MB in 20 us
-    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=16 * mb).tile.rows == 16
-    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=64 * mb).tile.rows == 32
+    # MQA at hdim 128, 512 bytes a key row: 32k rows (16 MB) read in 5 us (short), 128k (64 MB) in 20 us
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, key_rows=2 ** 15).tile.rows == 16
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, key_rows=2 ** 17).tile.rows == 32
+    # an e4m3 cache reads half the bytes a row: 64k rows (32 MB at 16 bits) are short
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_fp8=True, key_rows=2 ** 16).tile.rows == 16
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, key_rows=2 ** 16).tile.rows == 32
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None).tile.rows == 32  # bytes unknown
-    assert kernel_for(profile, "bfloat16", 128, False, 1, 1024, 32, kv_bytes=mb).tile.rows == 16
+    assert kernel_for(profile, "bfloat16", 128, False, 1, 1024, 32, key_rows=2048).tile.rows == 16
 
 
 def test_paging_bulk_where_pages_hold_whole_tiles_else_gather():
@@ -150,7 +153,7 @@ def test_a_profiles_decode_section_sets_tiles_and_split_policy(tmp_path):
     assert profile.decode_split == DecodeSplitPolicy(combine_us=5, memory_gbps=4800, max_splits=16, cluster_splits=0,
                                                      cluster_us=1.5, short_call_us=0)
     # no call is short under it: MQA keeps its one 32-row block however little it reads
-    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, kv_bytes=1).tile.rows == 32
+    assert decode_spec(profile, torch.bfloat16, 128, False, 1, 32, None, key_rows=1).tile.rows == 32
     assert decode_spec(profile, torch.bfloat16, 128, False, 1, 4, 64).name == \
         "flashtune_decode_bf16_h128_m16x64_w2_s2_paged_sm90a"
     # the runtime's cache of decode specs tells the profiles apart by their decode tiles

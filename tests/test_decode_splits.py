@@ -145,7 +145,7 @@ def test_a_short_calls_16_row_count_is_within_7_percent_of_the_fastest_measured(
     hdim, heads_kv, batch, keys = cell
     profile = dataclasses.replace(H200, decode_split=H100_POLICY)
     spec = decode_spec(profile, torch.bfloat16, hdim, False, 1, 32 // heads_kv, None,
-                       kv_bytes=decode_splits.kv_bytes(batch, heads_kv, keys, hdim))
+                       key_rows=batch * heads_kv * keys)
     assert spec.tile.rows == 16
     splits = choose_splits(spec, batch, heads_kv, 1, 32 // heads_kv, keys, H100_SMS, H100_GBPS, H100_POLICY,
                            H100_SLOTS)
@@ -166,7 +166,7 @@ def test_the_per_cta_read_counts_every_row_block():
     cache, and the model prices it so (it chose one split for MQA 1 x 1k at hdim 64, 10.2 us,
     where four took 7.9)."""
     profile = dataclasses.replace(H200, decode_split=H100_POLICY)
-    m16 = decode_spec(profile, torch.bfloat16, 64, False, 1, 32, None, kv_bytes=decode_splits.kv_bytes(1, 1, 1024, 64))
+    m16 = decode_spec(profile, torch.bfloat16, 64, False, 1, 32, None, key_rows=1024)
     terms = decode_splits.call_terms(m16, 1, 1, 1, 32, 1024, H100_POLICY)
     assert terms.ctas == 2 and terms.read_bytes == 2 * terms.kv_bytes
     m32 = decode_spec(H200, torch.bfloat16, 64, False, 1, 32, None)

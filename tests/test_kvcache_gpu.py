@@ -351,8 +351,7 @@ def test_a_short_mqa_call_takes_two_16_row_blocks_and_a_long_one_a_32_row_block(
     profile = active_profile(torch.device(DEV))
     for keys, rows in ((1024, 16), (131072, 32)):
         q, kc, vc, seqlens, _ = make_case(1, 1, 32, 1, hdim, torch.bfloat16, keys, seqlens=[keys])
-        spec = decode_spec(profile, q.dtype, hdim, False, 1, 32, None, kv_bytes=kv_bytes(1, 1, keys, hdim),
-                           device_index=q.device.index)
+        spec = decode_spec(profile, q.dtype, hdim, False, 1, 32, None, key_rows=keys, device_index=q.device.index)
         if rows == 32 and short_call(profile.decode_split, kv_bytes(1, 1, keys, hdim), q.device.index):
             rows = 16  # a GPU whose memory reads them in under short_call_us
         assert spec.tile.rows == rows, spec.name

@@ -75,7 +75,6 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     from flashtune.kernels.cache_spec import CacheSpec
     from flashtune.kernels.decode_spec import DecodeSplitPolicy
     from flashtune.runtime.decode import decode_spec
-    from flashtune.runtime.decode_splits import kv_bytes
 
     profile = find_profile("h200")
     cases = correctness_cases(profile)
@@ -87,7 +86,7 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     mqa_q1 = [c for c in decode if c.heads_kv == 1 and c.seqlen_q == 1]
     fast = dataclasses.replace(profile, decode_split=DecodeSplitPolicy(memory_gbps=4800))  # the H200's peak
     rows = {c.seqlen_k: decode_spec(fast, getattr(torch, c.dtype), c.hdim, False, 1, 32, None,
-                                    kv_bytes=kv_bytes(c.batch, 1, c.seqlen_k, c.hdim)).tile.rows for c in mqa_q1}
+                                    key_rows=c.batch * c.seqlen_k).tile.rows for c in mqa_q1}
     assert rows == {5000: 16, 65536: 32}
     assert sorted({c.page_size for c in paged}) == [1, 16, 64, 256]  # row gathers, whole-tile and whole-block pages
     assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv in (4, 32) for c in decode)

@@ -370,22 +370,21 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     from flashtune.measure.timing import kernel_names
     from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference
     from flashtune.runtime.decode import decode_spec
-    from flashtune.runtime.decode_splits import kv_bytes
     from flashtune.runtime.selection import kernel_for
 
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
     sq, sk = (varlen_args[2], varlen_args[3]) if case.varlen else (case.seqlen_q, case.seqlen_k)
-    # The K/V bytes the call reads, as the runtime counts them (a paged cache: its whole pages).
+    # The key rows the call reads, as the runtime counts them (a paged cache: its whole pages).
     keys = -(-sk // case.page_size) * case.page_size if case.page_size else sk
-    read = 0 if case.varlen else kv_bytes(case.batch, case.heads_kv, keys, case.hdim, 1 if case.kv_fp8 else 2)
+    key_rows = 0 if case.varlen else case.batch * case.heads_kv * keys
     if case.page_size or case.kv_fp8:
         spec = decode_spec(profile, q.dtype, case.hdim, case.causal, sq, case.heads // case.heads_kv,
-                           case.page_size or None, kv_fp8=case.kv_fp8, kv_bytes=read,
+                           case.page_size or None, kv_fp8=case.kv_fp8, key_rows=key_rows,
                            device_index=q.device.index)
     else:
         spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
-                          fp8=case.fp8, varlen=case.varlen, kv_bytes=read, device_index=q.device.index)
+                          fp8=case.fp8, varlen=case.varlen, key_rows=key_rows, device_index=q.device.index)
     expected = expected_kernel or spec.name
     companions = (spec.combine_name,) if isinstance(spec, DecodeSpec) else ()
 

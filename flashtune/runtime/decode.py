@@ -21,7 +21,7 @@ from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
-from flashtune.runtime.decode_splits import call_ctas, choose_splits, device_facts, in_cluster, short_call
+from flashtune.runtime.decode_splits import call_ctas, choose_splits, device_facts, in_cluster, kv_bytes, short_call
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -38,17 +38,18 @@ _decode_specs: dict[tuple, DecodeSpec] = {}
 
 def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, seqlen_q: int, head_ratio: int,
                 page_size: int | None, kv_fp8: bool = False, variants: Variants = NO_VARIANTS,
-                varlen_q: bool = False, kv_bytes: int = 0, device_index: int = 0) -> DecodeSpec:
+                varlen_q: bool = False, key_rows: int = 0, device_index: int = 0) -> DecodeSpec:
     """The decode kernel for a call under `profile`: on an sm90 profile, a KV-cache kernel (wgmma,
     kernels/cache_spec.py) where the packed rows fill its 128-row tiles; else the mma.sync decode
     kernel with its tile for the head dim and packed rows (the profile's `decode:` tiles, else the
     family's default for its arch), the cache's paging, and whether the cache is e4m3 (`dtype` is
     q's). varlen_q: queries of several lengths (cu_seqlens_q), which only the decode kernels take.
-    kv_bytes: the K/V bytes the call reads (decode_splits.kv_bytes) on device `device_index`, which
-    tell a short call's packed rows (decode_rows); 0: not known, rows by shape alone."""
+    key_rows: the key rows the call reads (sequences x KV heads x keys) on device `device_index`:
+    their bytes tell a short call's packed rows (decode_rows); 0: not known, rows by shape alone."""
     cache = cache_kernel_serves(profile.arch.wgmma, hdim, seqlen_q, head_ratio, page_size, kv_fp8, any(variants),
                                 varlen_q)
-    short = not cache and kv_bytes > 0 and short_call(profile.decode_split, kv_bytes, device_index)
+    short = not cache and key_rows > 0 and short_call(profile.decode_split,
+                                                      kv_bytes(1, 1, key_rows, hdim, 1 if kv_fp8 else 2), device_index)
     rows = CACHE_ROWS if cache else decode_rows(seqlen_q, head_ratio, hdim, short)
     key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size,
            kv_fp8, variants, cache)

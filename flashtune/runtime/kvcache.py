@@ -22,7 +22,6 @@ from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_di
 from flashtune.runtime import checks, ops
 from flashtune.runtime.checks import DTYPE_NAMES, FP8, fail, scale_for
 from flashtune.runtime.decode import decode_spec, run_decode
-from flashtune.runtime.decode_splits import kv_bytes
 from flashtune.runtime.fp8 import quantise_kv
 from flashtune.runtime.selection import active_profile
 
@@ -292,8 +291,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     keys = capacity if keys_known is None else keys_known
     spec = decode_spec(profile, q.dtype, hdim, bool(causal), seqlen_q, heads_q // k_cache.shape[2], page_size,
                        kv_fp8=k_descale is not None, variants=var.variants,
-                       kv_bytes=kv_bytes(batch, k_cache.shape[2], keys, hdim, k_cache.element_size()),
-                       device_index=q.device.index)
+                       key_rows=batch * k_cache.shape[2] * keys, device_index=q.device.index)
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
                           cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
@@ -314,9 +312,9 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_
     checked again (no sync, and a CUDA graph can capture the call)."""
     var = checks.check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     profile = active_profile(q.device)
-    read = kv_bytes(q.shape[0], k.shape[2], k.shape[1], q.shape[-1], k.element_size())
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None,
-                       variants=var.variants, kv_bytes=read, device_index=q.device.index)
+                       variants=var.variants, key_rows=q.shape[0] * k.shape[2] * k.shape[1],
+                       device_index=q.device.index)
     out, _ = run_decode(spec, q, k, v, seqused_k=end, leftpad_k=first, max_seqlen_q=q.shape[1], seqlen_k=k.shape[1],
                         softmax_scale=scale, num_splits=0, with_lse=False, poison=ops.poison_outputs,
                         policy=profile.decode_split, variant_args=var)
@@ -370,8 +368,7 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],
                        page_size, kv_fp8=k_descale is not None, variants=var.variants, varlen_q=True,
-                       kv_bytes=kv_bytes(batch, k_cache.shape[2], capacity, q.shape[-1], k_cache.element_size()),
-                       device_index=q.device.index)
+                       key_rows=batch * k_cache.shape[2] * capacity, device_index=q.device.index)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
                       num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,

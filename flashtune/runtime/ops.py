@@ -21,7 +21,6 @@ from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, che
                                       needs_grad, refuse_broadcast, scale_for)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
-from flashtune.runtime.decode_splits import kv_bytes
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
@@ -51,10 +50,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     window = (window_left, window_right)
     var = VariantArgs(Variants(softcap > 0, window != (-1, -1), sinks is not None, alibi_slopes is not None), window,
                       softcap, sinks, alibi_slopes)
-    read = 0 if varlen else kv_bytes(q.shape[0], k.shape[-2], max_seqlen_k, q.shape[-1], k.element_size())
     spec = kernel_for(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, q.shape[-2] // k.shape[-2],
-                      fp8=q.dtype == FP8, varlen=varlen, variants=var.variants, kv_bytes=read,
-                      device_index=q.device.index)
+                      fp8=q.dtype == FP8, varlen=varlen, variants=var.variants,
+                      key_rows=0 if varlen else q.shape[0] * k.shape[-2] * max_seqlen_k, device_index=q.device.index)
     if isinstance(spec, DecodeSpec):  # short queries: runtime/decode.py, the same outputs
         out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,

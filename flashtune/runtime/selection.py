@@ -132,13 +132,13 @@ DECODE_MAX_SEQLEN_Q = 16
 
 def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                head_ratio: int = 1, fp8: bool = False, varlen: bool = False,
-               variants: Variants = NO_VARIANTS, kv_bytes: int = 0, device_index: int = 0) -> KernelSpec | DecodeSpec:
+               variants: Variants = NO_VARIANTS, key_rows: int = 0, device_index: int = 0) -> KernelSpec | DecodeSpec:
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
     (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
     `variants`: which of softcap, window, sinks and alibi the call has (every family has them);
-    kv_bytes, device_index: the K/V bytes the call reads, on which device (runtime/decode.py's
-    decode_spec: a short call's packed rows)."""
+    key_rows, device_index: the key rows the call reads (sequences x KV heads x keys), on which
+    device (runtime/decode.py's decode_spec: a short call's packed rows)."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
     spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
                        variants=NO_VARIANTS if decode else variants)
@@ -148,4 +148,4 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
 
     dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
     return decode_spec(profile, dtype, hdim, bool(causal), seqlen_q, head_ratio, None, variants=variants,
-                       kv_bytes=kv_bytes, device_index=device_index)
+                       key_rows=key_rows, device_index=device_index)

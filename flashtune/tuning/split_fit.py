@@ -164,10 +164,8 @@ def spec_for_profile(profile: Profile, dtype_name: str, device_index: int | None
     import torch
 
     from flashtune.runtime.decode import decode_spec
-    from flashtune.runtime.decode_splits import kv_bytes
 
     dtype = getattr(torch, dtype_name)
     return lambda cell: decode_spec(
         profile, dtype, cell.hdim, cell.seqlen_q > 1, cell.seqlen_q, HEADS // cell.heads_kv, None,
-        kv_bytes=0 if device_index is None else kv_bytes(cell.batch, cell.heads_kv, cell.cache, cell.hdim),
-        device_index=device_index or 0)
+        key_rows=0 if device_index is None else cell.batch * cell.heads_kv * cell.cache, device_index=device_index or 0)
