@@ -31,6 +31,8 @@
 #   ab-short-gqa  the same on 1k and 16k caches with 1, 8 and 32 KV heads, beside SDPA default and cuDNN (short calls' splits)
 #   host-profile  lab/host_profile.py: host microseconds of one decode call (flashtune's paths, SDPA) and cProfile's top
 #                 functions (issue 34's per-call host time)
+#   ab-combine    bench --decode on the calls the combine kernel merges (MQA and 8 KV heads, 16k-128k keys, 1 and 4
+#                 tokens), the release's beside today's (branch exp/combine-one-round; release: make_release.sh main)
 #   cluster-ab    lab/cluster_ab.py: a few splits merged in a cluster against the combine kernel, short calls, beside cuDNN
 #   cluster-check the cluster merge's GPU tests, then bench --decode on the cells it won and lost (hdim 128 MQA and
 #                 32 KV heads, hdim 64 8 KV heads; batch 1-32, 1k-16k)
@@ -116,6 +118,9 @@ for step in "$@"; do case $step in
            --heads-kv 1,8,32 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_short_gqa.json" ;;
   host-profile) run host-profile 120 python3 lab/host_profile.py h200 ;;
+  ab-combine) run ab-combine 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1,4 --pages 0 \
+           --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_combine.json" ;;
   cluster-ab) run cluster-ab 300 python3 lab/cluster_ab.py "$OUT/cluster-ab.json" ;;
   cluster-check) FLASHTUNE_PROFILE=h200 run cluster-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kvcache_gpu.py tests/test_kv_fp8_gpu.py -k "cluster or identical or graph or explicit or twin"

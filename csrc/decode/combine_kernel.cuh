@@ -8,8 +8,9 @@
 // memory latency per eight splits (15 us at 122 splits, more than the split kernel). Every warp
 // of the group reduces all the LSEs (each gets the same bits), sums its own splits (part,
 // part + group, ...) with eight partial rows in flight, and the group's first warp adds the parts
-// in order through shared memory. The group size depends on num_splits only: two identical
-// calls give identical bits.
+// in order through shared memory. A warp's first eight partial rows are loaded with the LSEs,
+// before their reduction, so that up to 64 splits cost the kernel one memory latency, not two or
+// three. The group size depends on num_splits only: two identical calls give identical bits.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -26,10 +27,10 @@ constexpr int kMaxSplits = 256;      // runtime/kvcache.py refuses more; launch.
 constexpr int kSplitsInFlight = 8;   // partial rows a lane loads before it adds any
 constexpr int kCombineWarps = 8;     // per CTA: kCombineWarps / combine_group(n) items
 
-// Warps per item: enough that none walks more than two rounds of kSplitsInFlight, at most a CTA.
+// Warps per item: enough that none walks more than one round of kSplitsInFlight, at most a CTA.
 __host__ __device__ constexpr int combine_group(int num_splits) {
-  return num_splits <= 2 * kSplitsInFlight ? 1 : num_splits <= 4 * kSplitsInFlight ? 2
-         : num_splits <= 8 * kSplitsInFlight ? 4 : 8;
+  return num_splits <= kSplitsInFlight ? 1 : num_splits <= 2 * kSplitsInFlight ? 2
+         : num_splits <= 4 * kSplitsInFlight ? 4 : 8;
 }
 
 // kDim: the head dim (a multiple of 8 from 32 to 256); the lanes cover the next of 64, 128 or 256
@@ -58,6 +59,27 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
     const int s = lane + 32 * i;
     ls[i] = active && s < n ? p.lse_partial[s * stride + item] : -INFINITY;
   }
+
+  // This warp's splits part, part + group, ...: kSplitsInFlight partial rows (and LSEs, for their
+  // weights) loaded together, their latencies overlapping, then added in split order. The first
+  // round's loads go out here, beside the LSEs', before anything waits for either.
+  const float* src = p.o_partial + item * kDim + lane * kPerLane;
+  const bool columns = active && (kDim == kHeadDim || lane * kPerLane < kDim);  // this lane has columns of the row
+  float x[kSplitsInFlight][kPerLane], w[kSplitsInFlight];
+  auto load_round = [&](int s0) {
+#pragma unroll
+    for (int u = 0; u < kSplitsInFlight; ++u) {
+      const int s = s0 + u * group;
+      const bool in = columns && s < n;
+      w[u] = in ? p.lse_partial[s * stride + item] : -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPerLane; i += 2) {
+        const float2 v = in ? *reinterpret_cast<const float2*>(src + s * stride * kDim + i) : make_float2(0.f, 0.f);
+        x[u][i] = v.x, x[u][i + 1] = v.y;
+      }
+    }
+  };
+  load_round(part);
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kLseSlots; ++i) m = fmaxf(m, ls[i]);
@@ -77,33 +99,20 @@ __device__ __forceinline__ void combine_body(const DecodeParams& p) {
     if (lse == -INFINITY) lse = INFINITY;  // no key and a sink of -inf: as a row without keys
   }
 
-  // This warp's splits part, part + group, ...: kSplitsInFlight partial rows (and LSEs, for their
-  // weights) loaded together, their latencies overlapping, then added in split order.
   float o[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) o[i] = 0.f;
-  const float* src = p.o_partial + item * kDim + lane * kPerLane;
-  const bool columns = kDim == kHeadDim || lane * kPerLane < kDim;  // this lane has columns of the row
-  if (m != -INFINITY && columns)
-    for (int s0 = part; s0 < n; s0 += kSplitsInFlight * group) {
-      float x[kSplitsInFlight][kPerLane], w[kSplitsInFlight];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) {
-        const int s = s0 + u * group;
-        const bool in = s < n;
-        w[u] = in ? p.lse_partial[s * stride + item] : -INFINITY;
-#pragma unroll
-        for (int i = 0; i < kPerLane; i += 2) {
-          const float2 v = in ? *reinterpret_cast<const float2*>(src + s * stride * kDim + i) : make_float2(0.f, 0.f);
-          x[u][i] = v.x, x[u][i + 1] = v.y;
-        }
-      }
+  if (m != -INFINITY && columns)  // else no split saw a key: O = 0
+    for (int s0 = part;;) {
 #pragma unroll
       for (int u = 0; u < kSplitsInFlight; ++u) {
         const float f = expf(w[u] - lse);  // 0 for a split without keys (its partial O is 0)
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) o[i] += f * x[u][i];
       }
+      s0 += kSplitsInFlight * group;
+      if (s0 >= n) break;
+      load_round(s0);  // more than 64 splits: another round
     }
   if (group > 1) {  // the group's parts, added in order by its first warp
 #pragma unroll
