@@ -261,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
   flashtune::decode::split_body<Cfg, kPdl, kCluster>(params);
 }}
 
-extern "C" __global__ void __launch_bounds__(flashtune::decode::kCombineWarps * 32)
+extern "C" __global__ void __launch_bounds__(flashtune::decode::kCombineWarps * 32, 2)  // <= 128 registers
 {self.combine_name}(const __grid_constant__ flashtune::DecodeParams params) {{
   flashtune::decode::combine_body<{elem}, {self.hdim}, {sinks}, kPdl>(params);
 }}
