@@ -1,7 +1,7 @@
 """Shrink `flashtune bench --decode --out` files to what benchmarks/ cites, in columns: per cell
-flashtune's time, GB/s, share of the copy, error and kernels, and every other backend's time (one
-row per cell where bench writes one per backend). benchmarks/ has a size cap; the full files stay
-under lab/results/.
+flashtune's time, GB/s, share of the copy, error, kernels and split count (files that have it), and
+every other backend's time (one row per cell where bench writes one per backend). benchmarks/ has a
+size cap; the full files stay under lab/results/.
 
 Usage: python3 lab/compact_bench.py OUT.json BENCH.json... [--note TEXT]
 """
@@ -24,15 +24,16 @@ def compact(paths, note):
                 names = row.get("kernel", "").split("; ")
                 kernels += [n for n in names if n not in kernels]
                 cell.update(us=row["us"], gbps=row["gbps"], copy=row["copy_fraction"], err=row.get("rel_err"),
-                            status=row["status"], kernels=[kernels.index(n) for n in names])
+                            status=row["status"], kernels=[kernels.index(n) for n in names],
+                            splits=row.get("splits"), merge=row.get("merge"))
             elif row.get("status") == "ok":
                 if row["backend"] not in others:
                     others.append(row["backend"])
                 cell["other_us"][row["backend"]] = row["us"]
-    columns = list(CELL) + ["run", "us", "gbps", "copy_fraction", "rel_err", "status", "kernels"] + \
-        [f"{b}_us" for b in others]
+    columns = list(CELL) + ["run", "us", "gbps", "copy_fraction", "rel_err", "status", "kernels", "splits",
+                            "merge"] + [f"{b}_us" for b in others]
     table = [list(key) + [c["run"], c.get("us"), c.get("gbps"), c.get("copy"), c.get("err"), c.get("status"),
-                          c.get("kernels")] + [c["other_us"].get(b) for b in others]
+                          c.get("kernels"), c.get("splits"), c.get("merge")] + [c["other_us"].get(b) for b in others]
              for key, c in sorted(cells.items())]
     return {"converted_from": note, "runs": runs, "kernels": kernels, "columns": columns, "cells": table}
 

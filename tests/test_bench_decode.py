@@ -35,6 +35,8 @@ def rows():
             r = DecodeRow.empty(backend, p)
             r.us, r.gbps, r.copy_fraction, r.host_us, r.rel_err = us, p.kv_bytes / us / 1e3, 0.5, 20.0, 1e-3
             r.kernel = "k"
+            if backend == "flashtune":
+                r.splits, r.merge = (12, "combine kernel") if batch == 1 else (4, "cluster")
             made.append(r)
         missing = DecodeRow.empty("flash-attn3", p)
         missing.status = "unavailable: flash_attn_interface is not importable (ImportError)"
@@ -58,6 +60,7 @@ def test_render_and_csv_show_every_row_and_the_reason_a_backend_is_missing():
     bench_decode.render(DecodeBenchResult(header, 4000.0, rows()), console)
     text = console.export_text()
     assert "not importable" in text and "copy 4000 GB/s" in text and "fastest other" in text
+    assert "12 (combine)" in text and "4 (cluster)" in text  # flashtune's split count and merge
     csv_text = to_csv(rows())
     assert csv_text.splitlines()[0].startswith("backend,dtype,hdim") and len(csv_text.splitlines()) == 8
 

@@ -28,6 +28,10 @@ def test_a_small_decode_grid(tmp_path):
     ours = [r for r in rows if r["backend"] == "flashtune"]
     assert all(r["status"] == "ok" and r["us"] > 0 and r["rel_err"] < 1e-2 for r in ours), ours
     assert all("flashtune_decode_" in r["kernel"] for r in ours)
+    # the split count the call launched, and its merge: the combine kernel's name beside the split kernel's
+    assert all(r["splits"] >= 1 and (r["merge"] == "combine kernel") == ("_combine" in r["kernel"])
+               for r in ours), ours
+    assert all((r["splits"] == 1) == (r["merge"] == "none") for r in ours)
     assert any("_gather_" in r["kernel"] for r in ours if r["page_size"] == 16)  # pages of 16 < 64 keys a step
     assert all(r["status"] == "ok" or r["status"].startswith("unavailable: ") for r in rows)
     assert "fastest other" in report["speedup_geomean"]

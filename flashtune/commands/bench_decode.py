@@ -43,6 +43,8 @@ class DecodeRow:
     host_us: float | None = None
     rel_err: float | None = None
     kernel: str | None = None
+    splits: int | None = None  # flashtune's rows: the split count its call ran with ...
+    merge: str | None = None   # ... and how the splits merged (none, cluster, combine kernel)
     status: str = "ok"
 
     @classmethod
@@ -100,6 +102,7 @@ def copy_gbps() -> float:
 def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: float, seed: int = 0,
                     warmup: int = 5) -> list[DecodeRow]:
     from flashtune.measure.reference import attention_reference, rel_l2
+    from flashtune.runtime import decode
 
     scale = 1.0 / math.sqrt(p.hdim)
     sets = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_BYTES / p.kv_bytes)))
@@ -108,8 +111,11 @@ def measure_problem(p: DecodeProblem, backends: list[str], repeats: int, copy: f
     k0, v0 = contiguous_kv(inputs[0], 1)  # the sample: batch entry 0, the heads of its first KV head
     ref, _ = attention_reference(inputs[0]["q"][:1, :, :ratio], k0[:1, :, :1], v0[:1, :, :1], p.causal, scale)
     del k0, v0
-    def first_call(row: DecodeRow, run) -> None:  # its error on the sample
+    def first_call(row: DecodeRow, run) -> None:  # its error on the sample; flashtune's split count
+        decode.last_launch = None
         row.rel_err = rel_l2(run()[:1, :, :ratio], ref)
+        if row.backend.startswith("flashtune") and decode.last_launch is not None:
+            row.splits, row.merge = decode.last_launch.splits, decode.last_launch.merge
 
     rows = [DecodeRow.empty(name, p) for name in backends]
     timed = time_backends(rows, lambda name: [DECODE_BACKENDS[name](x, p.causal, scale) for x in inputs], first_call,
@@ -158,10 +164,16 @@ def _tokens(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
+def _splits(r: DecodeRow) -> str:
+    if r.splits is None:
+        return ""
+    return str(r.splits) + {"cluster": " (cluster)", "combine kernel": " (combine)"}.get(r.merge, "")
+
+
 def render(result: DecodeBenchResult, console: Console) -> None:
     table = Table()
     for col in ("hdim", "heads", "batch x cache", "q", "pages", "backend", "us", "GB/s", "% copy", "host us",
-                "rel err", "flashtune x", "kernel / status"):
+                "rel err", "flashtune x", "splits", "kernel / status"):
         table.add_column(col, justify="left" if col in ("backend", "kernel / status") else "right", overflow="fold")
     ours = {r.problem_key: r.us for r in result.rows if r.backend == "flashtune" and r.us}
     for r in result.rows:
@@ -174,7 +186,7 @@ def render(result: DecodeBenchResult, console: Console) -> None:
             f"{r.host_us:.0f}" if r.host_us is not None else "-",
             f"{r.rel_err:.1e}" if r.rel_err is not None else "-",
             f"{r.us / mine:.2f}" if (r.us and mine and r.backend != "flashtune") else "",
-            (r.kernel or "")[:70] if r.status == "ok" else f"[yellow]{r.status}[/]")
+            _splits(r), (r.kernel or "")[:70] if r.status == "ok" else f"[yellow]{r.status}[/]")
     console.print(table)
     h = result.header
     console.print(f"{h['gpu']} (cc {h['compute_capability']}), torch {h['torch']}, CUDA {h['cuda']}, cuDNN "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,22 @@ from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime import checks
 from flashtune.runtime.checks import DTYPE_NAMES, NO_VARIANT_ARGS, VariantArgs
 from flashtune.runtime.decode_splits import call_ctas, choose_splits, device_facts, in_cluster, kv_bytes, short_call
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """What run_decode launched last: the split kernel, its split count, and how the splits merged
+    (`flashtune bench --decode` shows it beside the kernel names the profiler saw)."""
+    kernel: str
+    splits: int
+    cluster_merge: bool
+
+    @property
+    def merge(self) -> str:
+        return "none" if self.splits == 1 else "cluster" if self.cluster_merge else "combine kernel"
+
+
+last_launch: DecodeLaunch | None = None  # set by every run_decode, on the host, before the launch
 
 
 def paging_for(page_size: int | None, block_n: int) -> str:
@@ -121,6 +138,8 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
                 t.fill_(float("nan"))
     kernel = load_kernel(spec)
     load_binding()
+    global last_launch
+    last_launch = DecodeLaunch(spec.name, num_splits, cluster)
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
                                  num_splits, o_partial, lse_partial, k_descale, v_descale, v.softcap, window[0],
