@@ -1,7 +1,7 @@
 """Build, in parallel, only the kernels a short visit times, by group: `decode` (one query token at
-hdim 64/128/256, 4 and 32 packed rows, long and short calls), `cache` (the KV-cache kernels of MQA with 4 causal query
-tokens at hdim 64/128, contiguous), `bwd` (hdim 64/128); with --release, the same of
-lab/release-src's flashtune_release (lab/make_release.sh) too.
+hdim 64/128/256, 4 and 32 packed rows, long and short calls), `cache` (the KV-cache kernels of MQA
+with 4 causal query tokens at hdim 64/128, contiguous), `bwd` (hdim 64/128); with --release, the
+same of lab/release-src's flashtune_release (lab/make_release.sh) too.
 
 Usage: PYTHONPATH=.:lab/release-src python3 lab/build_some.py GROUP... [--release]
 """
