@@ -84,7 +84,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Kv
   constexpr int kChunkElems = T::kKvChunkElems;
   constexpr int kRowsPerPass = 32 / kChunks > 0 ? 32 / kChunks : 1;
   constexpr int kLanesPerRow = kChunks < 32 ? kChunks : 32;
-  constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // 2 at hdim 256 (32-lane rows of 32 chunks)
+  constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // 1: a row has at most 32 chunks (hdim 256, 16-bit)
   constexpr int kPasses = T::kBlockN / kRowsPerPass;
   const int row0 = lane / kLanesPerRow;
   const int chunk0 = lane % kLanesPerRow;
