@@ -27,9 +27,8 @@ from flashtune.runtime.decode_splits import call_ctas, choose_splits, device_fac
 
 @dataclass(frozen=True)
 class DecodeLaunch:
-    """What run_decode launched last: the split kernel, its split count, and how the splits merged
-    (`flashtune bench --decode` shows it beside the kernel names the profiler saw)."""
-    kernel: str
+    """What run_decode launched last: its split count and how the splits merged (`flashtune bench
+    --decode` shows it beside the kernel names the profiler saw)."""
     splits: int
     cluster_merge: bool
 
@@ -139,7 +138,7 @@ def run_decode(spec: DecodeSpec, q, k_cache, v_cache, *, cu_seqlens_q=None, sequ
     kernel = load_kernel(spec)
     load_binding()
     global last_launch
-    last_launch = DecodeLaunch(spec.name, num_splits, cluster)
+    last_launch = DecodeLaunch(num_splits, cluster)
     torch.ops.flashtune_C.decode(kernel.launcher, q, k_cache, v_cache, out, lse, cu_seqlens_q, seqused_k,
                                  cache_batch_idx, leftpad_k, block_table, max_seqlen_q, seqlen_k, softmax_scale,
                                  num_splits, o_partial, lse_partial, k_descale, v_descale, v.softcap, window[0],

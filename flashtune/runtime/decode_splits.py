@@ -55,9 +55,14 @@ def most_splits(spec: DecodeSpec, keys: int, max_splits: int, short: bool = Fals
     return max(1, min(max_splits, math.ceil(keys / spec.tile.block_n) // spec.fewest_blocks_per_split(short)))
 
 
+def row_blocks(spec: DecodeSpec, seqlen_q: int, head_ratio: int) -> int:
+    """The blocks of spec.tile.rows packed query rows one KV head's queries fill."""
+    return -(-seqlen_q * head_ratio // spec.tile.rows)
+
+
 def call_ctas(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int) -> int:
     """A call's CTAs at one split: a row block of packed query rows per sequence and KV head."""
-    return batch * heads_kv * -(-seqlen_q * head_ratio // spec.tile.rows)
+    return batch * heads_kv * row_blocks(spec, seqlen_q, head_ratio)
 
 
 def kv_bytes(batch: int, heads_kv: int, keys: int, hdim: int, element_bytes: int = 2) -> int:
@@ -65,14 +70,14 @@ def kv_bytes(batch: int, heads_kv: int, keys: int, hdim: int, element_bytes: int
     return batch * heads_kv * keys * 2 * hdim * element_bytes
 
 
-def short_call(policy: DecodeSplitPolicy, kv_bytes: int, device_index: int) -> bool:
-    """Whether a call reading kv_bytes of K/V is short (kernels/decode_spec.py's decode_rows): read in
+def short_call(policy: DecodeSplitPolicy, nbytes: int, device_index: int) -> bool:
+    """Whether a call reading nbytes of K/V is short (kernels/decode_spec.py's decode_rows): read in
     at most policy.short_call_us at the memory's peak, where a CTA's latency, not the memory, bounds it."""
-    return _short(policy, kv_bytes, policy.memory_gbps or device_facts(device_index)[1])
+    return _short(policy, nbytes, policy.memory_gbps or device_facts(device_index)[1])
 
 
-def _short(policy: DecodeSplitPolicy, kv_bytes: int, memory_gbps: float) -> bool:
-    return kv_bytes > 0 and kv_bytes / memory_gbps / 1e3 <= policy.short_call_us
+def _short(policy: DecodeSplitPolicy, nbytes: int, memory_gbps: float) -> bool:
+    return nbytes > 0 and nbytes / memory_gbps / 1e3 <= policy.short_call_us
 
 
 def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_ratio: int, keys: int,
@@ -81,7 +86,7 @@ def call_terms(spec: DecodeSpec, batch: int, heads_kv: int, seqlen_q: int, head_
     return CallTerms(ctas=call_ctas(spec, batch, heads_kv, seqlen_q, head_ratio), kv_bytes=kv,
                      partial_bytes=2 * batch * seqlen_q * heads_kv * head_ratio * spec.hdim * 4,
                      rate_gbps=spec.ring_bytes / policy.ring_turnaround_us / 1e3,  # bytes per us -> GB/s
-                     read_bytes=kv * -(-seqlen_q * head_ratio // spec.tile.rows))
+                     read_bytes=kv * row_blocks(spec, seqlen_q, head_ratio))
 
 
 def in_cluster(splits: int, ctas: int, slots: tuple[int, ...], policy: DecodeSplitPolicy) -> bool:
