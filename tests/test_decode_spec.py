@@ -6,7 +6,8 @@ import torch
 from flashtune.kernels.arch import ARCHS, get_arch
 import dataclasses
 
-from flashtune.kernels.decode_spec import (DecodeSpec, DecodeSplitPolicy, DecodeTile, decode_rows, decode_smem_bytes,
+from flashtune.kernels.decode_spec import (DecodeSpec, DecodeSplitPolicy, DecodeTile, decode_ring_bytes,
+                                           decode_row_groups, decode_rows, decode_smem_bytes, decode_tile_problems,
                                            default_decode_tile)
 from flashtune.kernels.profiles import ProfileError, find_profile, load_profile
 from flashtune.kernels.spec import KernelSpec, SpecError
@@ -62,12 +63,28 @@ def test_equal_specs_share_source_and_cache_key_and_different_ones_do_not():
 @pytest.mark.parametrize("hdim,tile,message", [
     (128, DecodeTile(48, 32, 4, 3), "rows 48"),
     (128, DecodeTile(16, 24, 4, 3), "block_n 24"),
-    (256, DecodeTile(32, 16, 2, 2), "do not fit in registers"),
+    (256, DecodeTile(32, 16, 8, 8), "shared memory"),
     (128, DecodeTile(16, 64, 8, 4), "shared memory"),
 ])
 def test_impossible_tiles_are_refused_with_the_reason(hdim, tile, message):
     with pytest.raises(SpecError, match=message):
         DecodeSpec("sm_90a", "bfloat16", hdim, tile, False)
+
+
+def test_hdim_256_takes_32_rows_as_two_row_groups_sharing_each_ring():
+    tile = DecodeTile(32, 16, 8, 3)  # 8 warps: 4 key groups of 2 warps, each warp 16 rows
+    assert decode_row_groups(256, 32) == 2 and decode_row_groups(256, 16) == decode_row_groups(128, 32) == 1
+    ring = 4 * 3 * 2 * 16 * 512  # 4 rings, not 8: a key group's warps share one
+    assert decode_ring_bytes(256, tile) == ring
+    assert decode_smem_bytes(256, tile) == 32 * 512 + ring + 2 * 8 * 16 * 4  # stats: each warp its 16 rows
+    spec = DecodeSpec("sm_90a", "bfloat16", 256, tile, False)
+    assert spec.key_groups == 4 and spec.min_blocks_per_split == 8 and spec.fewest_blocks_per_split(True) == 4
+    arch = get_arch("sm_90a")
+    assert not decode_tile_problems(256, DecodeTile(32, 16, 2, 2), arch)  # one key group of two warps
+    assert any("e4m3 cache takes 16 rows" in p for p in decode_tile_problems(256, tile, arch, kv_fp8=True))
+    # an e4m3 cache keeps 16-row blocks at hdim 256; a 16-bit one packs MQA's 32 rows in one CTA
+    assert decode_rows(1, 32, 256) == 32 and decode_rows(1, 32, 256, kv_fp8=True) == 16
+    assert decode_rows(1, 32, 256, short=True) == 16 and decode_rows(1, 32, 128, kv_fp8=True) == 32
 
 
 def test_shared_memory_is_the_ring_or_the_merge_buffer_over_it():
@@ -84,7 +101,7 @@ def test_every_arch_has_a_decode_tile_for_every_head_dim(arch, hdim, seqlen_q, r
     rows = decode_rows(seqlen_q, ratio, hdim)
     spec = DecodeSpec(arch.name, "bfloat16", hdim, default_decode_tile(arch, hdim, rows), False)
     assert spec.smem_bytes + 1024 <= arch.max_smem_per_block
-    assert rows == (32 if seqlen_q * ratio > 16 and hdim <= 128 else 16)
+    assert rows == (32 if seqlen_q * ratio > 16 else 16)  # hdim 256: two row groups
 
 
 def test_a_short_call_takes_two_16_row_blocks_for_up_to_32_packed_rows():

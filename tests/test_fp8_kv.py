@@ -2,6 +2,7 @@
 and its decode kernels' specs (names, shared memory, the archs that have them)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -85,7 +86,10 @@ def test_profiles_build_fp8_cache_kernels_only_when_asked(tmp_path):
     h200, rtx5090 = find_profile("h200"), find_profile("rtx5090")
     assert h200.fp8_kv and not rtx5090.fp8_kv
     specs = decode_specs_for_profile(h200)
-    assert sum(s.kv_fp8 for s in specs) == len(specs) // 2
+    twins = {dataclasses.replace(s, kv_fp8=False) for s in specs if s.kv_fp8}
+    only_16bit = [s for s in specs if not s.kv_fp8 and s not in twins]
+    assert twins <= set(specs) and len(twins) > 20  # each e4m3 kernel beside its 16-bit twin ...
+    assert only_16bit and all(s.hdim == 256 and s.tile.rows == 32 for s in only_16bit)  # ... but row groups'
     assert not any(s.kv_fp8 for s in decode_specs_for_profile(rtx5090))
     bad = tmp_path / "bad.yaml"
     bad.write_text(find_profile("h200").path.read_text().replace("  kv: e4m3", "  kv: e5m2"))

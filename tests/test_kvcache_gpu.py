@@ -343,11 +343,31 @@ def test_cluster_slots_are_whole_clusters_on_at_most_the_sms_a_kernel_fills_alon
         assert slots[s] % s == 0 and sms // 2 <= slots[s] <= sms * per_sm, slots
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("page", [None, 1, 16, 64])
+@pytest.mark.parametrize("seqlen_q, heads_kv", [(1, 1), (2, 2), (16, 8)])
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_hdim_256_row_groups_share_each_ring(page, seqlen_q, heads_kv, splits):
+    """At hdim 256, 32 packed rows (MQA's one token; causal, 2 tokens x 16 heads, and 16 x 4: two row
+    blocks) are two row groups of 16 whose warps share each key group's ring: against fp32 on
+    contiguous caches, pages of whole key blocks and gathered rows, with sequences of no key, of
+    one, of fewer key blocks than the CTA has key groups and whole ones."""
+    profile = active_profile(torch.device(DEV))
+    causal = seqlen_q > 1
+    q, kc, vc, seqlens, table = make_case(4, seqlen_q, 32, heads_kv, 256, torch.bfloat16, 700, page,
+                                          seqlens=[0, 1, 45, 700], seed=seqlen_q)
+    spec = decode_spec(profile, torch.bfloat16, 256, causal, seqlen_q, 32 // heads_kv, page)
+    assert spec.tile.rows == 32 and spec.key_groups == spec.tile.warps // 2, spec.name
+    out, lse = run_decode(spec, q, kc, vc, seqused_k=seqlens, block_table=table, max_seqlen_q=seqlen_q, seqlen_k=700,
+                          softmax_scale=256 ** -0.5, num_splits=splits, with_lse=True, poison=True)
+    check(out, lse, q, kc, vc, seqlens, table, causal)
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_a_short_mqa_call_takes_two_16_row_blocks_and_a_long_one_a_32_row_block(hdim):
-    """MQA with one token: 32 packed rows a KV head. Over 1k keys (0.25-0.5 MB, short on any GPU) two
-    16-row blocks; over 128k (34-67 MB, over 6 us at an H100's or H200's memory peak) one of 32. Each
-    through flash_attn_with_kvcache against fp32, its kernel named in the profiler."""
+    """MQA with one token: 32 packed rows a KV head. Over 1k keys (0.25-1 MB, short on any GPU) two
+    16-row blocks; over 128k (34-134 MB, over 6 us at an H100's or H200's memory peak) one of 32 (at
+    hdim 256 two row groups). Each through flash_attn_with_kvcache against fp32, its kernel named in
+    the profiler."""
     profile = active_profile(torch.device(DEV))
     for keys, rows in ((1024, 16), (131072, 32)):
         q, kc, vc, seqlens, _ = make_case(1, 1, 32, 1, hdim, torch.bfloat16, keys, seqlens=[keys])

@@ -81,13 +81,14 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     decode = [c for c in cases if c.name.startswith("decode ")]
     paged = [c for c in decode if c.page_size]
     # per dtype: 3 per head dim through flash_attn_func (GQA 1 and 4 tokens, MQA 4 tokens), 4 paged,
-    # MQA one token short and long (two 16-row blocks, one of 32)
-    assert len(decode) == 2 * 3 * 3 + 2 * 4 + 2 * 2
+    # MQA one token short and long (two 16-row blocks, one of 32) and long at hdim 256 (two row groups)
+    assert len(decode) == 2 * 3 * 3 + 2 * 4 + 2 * 3
     mqa_q1 = [c for c in decode if c.heads_kv == 1 and c.seqlen_q == 1]
     fast = dataclasses.replace(profile, decode_split=DecodeSplitPolicy(memory_gbps=4800))  # the H200's peak
-    rows = {c.seqlen_k: decode_spec(fast, getattr(torch, c.dtype), c.hdim, False, 1, 32, None,
-                                    key_rows=c.batch * c.seqlen_k).tile.rows for c in mqa_q1}
-    assert rows == {5000: 16, 65536: 32}
+    tiles = {(c.hdim, c.seqlen_k): decode_spec(fast, getattr(torch, c.dtype), c.hdim, False, 1, 32, None,
+                                               key_rows=c.batch * c.seqlen_k).tile for c in mqa_q1}
+    assert {k: t.rows for k, t in tiles.items()} == {(128, 5000): 16, (128, 65536): 32, (256, 65536): 32}
+    assert tiles[256, 65536].warps == 8  # 2 row groups x 4 key groups
     assert sorted({c.page_size for c in paged}) == [1, 16, 64, 256]  # row gathers, whole-tile and whole-block pages
     assert all(c.seqlen_q <= 16 and c.heads // c.heads_kv in (4, 32) for c in decode)
     kv_cache = [c for c in decode if isinstance(decode_spec(profile, getattr(torch, c.dtype), c.hdim, c.causal,

@@ -1,4 +1,4 @@
-// Thin wrappers over the sm_80+ PTX the portable family uses: cp.async, ldmatrix, mma.sync, ex2
+// Thin wrappers over the sm_80+ PTX the portable family uses: cp.async, named barriers, ldmatrix, mma.sync, ex2
 // (and the sm_89+ FP8 mma.sync).
 #pragma once
 #include <cuda_bf16.h>
@@ -23,6 +23,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// bar.sync on named barrier `id` (1-15; 0 is __syncthreads') by `threads` threads, a multiple of 32:
+// a group of warps waits for its own members only.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -7,6 +7,13 @@
 // cp.async ring: a warp never waits for another until the end, where their partial softmax
 // states are merged through shared memory.
 //
+// Row groups: where a warp cannot hold the O accumulators of all kRows rows (32 rows at hdim 256),
+// the CTA's warps form kRowGroups groups of kWarpRows rows each, and the kRowGroups warps of one
+// key group (warps kg * kRowGroups + rg) share one ring: each copies a share of every tile, a named
+// barrier of those warps tells them the tile landed and that the slot before it is free, and each
+// computes its own rows against it. The keys are then read once per KV head for 32 rows, where two
+// 16-row CTAs read them twice.
+//
 // A head dim other than 64, 128 or 256 (any multiple of 8 from 32 to 256) is computed at the next
 // of those (kHeadDim): its rows in shared memory are zero beyond kDim, so the MMAs and the
 // swizzle are the built sizes' own, while global memory is read and written at kDim only (the
@@ -54,7 +61,10 @@ struct Traits {
   static constexpr bool kCausal = kCausal_;  // bottom-right aligned, per packed row's position
 
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = kRows / 16;        // m16 MMA tiles, every warp all of them
+  static constexpr int kWarpRows = kHeadDim > 128 ? 16 : kRows;  // rows a warp computes: 16 at hdim 256
+  static constexpr int kRowGroups = kRows / kWarpRows;  // warps sharing each key group's ring
+  static constexpr int kKeyGroups = kWarps / kRowGroups;  // rings: warp w walks key group w / kRowGroups
+  static constexpr int kMTiles = kWarpRows / 16;    // m16 MMA tiles of a warp
   static constexpr int kSTiles = kBlockN / 8;       // n8 tiles of S per m tile
   static constexpr int kOTiles = kHeadDim / 8;      // n8 tiles of O per m tile
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks of a row
@@ -71,12 +81,12 @@ struct Traits {
   static constexpr int kKvTileBytes = kBlockN * kKvRowBytes;        // one as the cache holds it
   static constexpr int kWarpRingBytes = kStages * 2 * kKvTileBytes;  // K and V per stage
   static constexpr int kWarpStagingBytes = kKvFp8 ? 2 * kTileBytes : 0;  // FP8: the step's K, V in 16 bits
-  static constexpr int kRingBytes = kWarps * (kWarpRingBytes + kWarpStagingBytes);
-  // The merge: each warp's O (fp32, rows padded by 8 floats against bank conflicts) over the idle
-  // ring, then the rows' maxima and sums per warp after it.
+  static constexpr int kRingBytes = kKeyGroups * kWarpRingBytes + kWarps * kWarpStagingBytes;
+  // The merge: each warp's O of its rows (fp32, rows padded by 8 floats against bank conflicts)
+  // over the idle rings, then the rows' maxima and sums per warp after it.
   static constexpr int kMergeRowFloats = kHeadDim + 8;
-  static constexpr int kMergeOBytes = kWarps * kRows * kMergeRowFloats * 4;
-  static constexpr int kMergeStatBytes = 2 * kWarps * kRows * 4;
+  static constexpr int kMergeOBytes = kWarps * kWarpRows * kMergeRowFloats * 4;
+  static constexpr int kMergeStatBytes = 2 * kWarps * kWarpRows * 4;
   static constexpr int kAfterQ = kRingBytes > kMergeOBytes ? kRingBytes : kMergeOBytes;
   static constexpr int kSmemBytes = kQBytes + kAfterQ + kMergeStatBytes;
 
@@ -89,6 +99,8 @@ struct Traits {
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps");
   static_assert((kBlockN * kKvChunksPerRow) % 32 == 0, "a warp loads its tiles in whole passes");
   static_assert(kMTiles * (kHeadDim + kBlockN) / 2 <= 192, "O and S accumulators fit in registers");
+  static_assert(kWarps % kRowGroups == 0, "whole key groups of kRowGroups warps");
+  static_assert(kRowGroups == 1 || !kKvFp8, "row groups read 16-bit caches (an e4m3 cache's staging is per warp)");
 };
 
 }  // namespace decode

@@ -1,6 +1,7 @@
 // The producer side of the decode kernel: where a sequence's key rows live (contiguous cache,
 // pages of whole tiles, or pages gathered row by row through the block table, read a block ahead)
-// and one warp's cp.async copies of a [kBlockN][kHeadDim] K or V tile into its swizzled ring slot.
+// and one warp's cp.async copies of a [kBlockN][kHeadDim] K or V tile (or its share of one) into a
+// swizzled ring slot.
 // Waits on nothing and arrives at nothing: the caller commits and waits on the cp.async groups.
 #pragma once
 #include <stdint.h>
@@ -76,16 +77,20 @@ __device__ __forceinline__ uint32_t ring_chunk(uint32_t smem, int row, int chunk
 // One warp copies rows j0 .. j0+kBlockN-1 of `rows` into the tile at `smem` (ring_chunk's
 // layout); rows at or beyond `valid`, and columns at or beyond the head dim kDim, are zero-filled
 // (their source never read). Each lane keeps one 16-byte column chunk and walks rows
-// 32 / kKvChunksPerRow apart.
-template <class T>
+// 32 / kKvChunksPerRow apart. With kParts > 1 (a key group's warps sharing a ring), this warp
+// copies part `part` of kParts equal runs of the tile's rows.
+template <class T, int kParts = 1>
 __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::KvElem* base, const KvRows<T>& rows,
-                                             const BlockPages<T>& block, int j0, int valid, int lane) {
+                                             const BlockPages<T>& block, int j0, int valid, int lane, int part = 0) {
   constexpr int kChunks = T::kKvChunksPerRow;
   constexpr int kChunkElems = T::kKvChunkElems;
   constexpr int kRowsPerPass = 32 / kChunks > 0 ? 32 / kChunks : 1;
   constexpr int kLanesPerRow = kChunks < 32 ? kChunks : 32;
   constexpr int kChunksPerLane = kChunks / kLanesPerRow;  // 1: a row has at most 32 chunks (hdim 256, 16-bit)
   constexpr int kPasses = T::kBlockN / kRowsPerPass;
+  static_assert(kPasses % kParts == 0, "a key group's warps copy equal runs of a tile");
+  // Pass `pass` is this warp's (warp-uniform; the loops stay unrolled, so indices stay compile-time).
+  auto mine_pass = [&](int pass) { return kParts == 1 || pass / (kPasses / kParts) == part; };
   const int row0 = lane / kLanesPerRow;
   const int chunk0 = lane % kLanesPerRow;
   if constexpr (T::kPaging == Paging::kGather) {
@@ -99,6 +104,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Kv
     }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
+      if (!mine_pass(pass)) continue;
       const int row = row0 + pass * kRowsPerPass;
       // row / 32 is the pass's (row0 < kRowsPerPass, which divides 32): a compile-time index
       const int64_t src = __shfl_sync(0xffffffffu, mine[pass * kRowsPerPass / 32], row % 32);
@@ -116,6 +122,7 @@ __device__ __forceinline__ void load_kv_tile(uint32_t smem, const typename T::Kv
     const int row_stride = int(rows.row_stride);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
+      if (!mine_pass(pass)) continue;
       const int row = row0 + pass * kRowsPerPass;
       const bool row_ok = j0 + row < valid;
 #pragma unroll

@@ -3,7 +3,8 @@
 //   1. Q, gathered row by row from the heads of the group, into shared memory (all threads);
 //   2. each warp's mainloop over its own key blocks: a private cp.async ring of kStages K/V tiles
 //      (kv_loader.cuh), S = Q K^T on mma.sync, the online softmax in the exp2 domain, O += P V;
-//      the only synchronisation is the warp's own (cp.async groups, __syncwarp);
+//      the only synchronisation is the warp's own (cp.async groups, __syncwarp); with row groups
+//      (kernel_traits.cuh) a key group's warps share the ring and a named barrier;
 //   3. the merge: every warp's (max, sum, O) through shared memory after one __syncthreads, then
 //      the rows normalised and written: to o (and lse) with one split (output.cuh); with several,
 //      as fp32 partials and their LSE for the combine kernel (combine_kernel.cuh), or, when the
@@ -186,13 +187,15 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   if constexpr (kPdl) launch_dependents();
   using Elem = typename T::Elem;
   constexpr int D = T::kHeadDim, MT = T::kMTiles, W = T::kWarps, S = T::kStages;
+  constexpr int G = T::kRowGroups, KG = T::kKeyGroups, WR = T::kWarpRows;
   constexpr uint32_t kRowBytes = T::kRowBytes;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sQ = smem_addr(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint32_t sRing = sQ + T::kQBytes + warp * T::kWarpRingBytes;
-  // FP8: this warp's 16-bit K and V of the current step, after all the warps' rings
-  const uint32_t sStaging = sQ + T::kQBytes + W * T::kWarpRingBytes + warp * T::kWarpStagingBytes;
+  const int key_group = warp / G, row_group = warp % G;  // G == 1: every warp its own keys, all rows
+  const uint32_t sRing = sQ + T::kQBytes + key_group * T::kWarpRingBytes;
+  // FP8: this warp's 16-bit K and V of the current step, after all the rings
+  const uint32_t sStaging = sQ + T::kQBytes + KG * T::kWarpRingBytes + warp * T::kWarpStagingBytes;
 
   const Work w = schedule_work<T>(p);
   const int first_row = w.row_block * T::kRows;
@@ -210,9 +213,9 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   }
   cp_async_commit();
 
-  // ---- 2. This warp's keys: blocks block_begin + warp, + W, ...
-  const int first_block = w.block_begin + warp;
-  const int steps = first_block < w.block_end ? (w.block_end - first_block + W - 1) / W : 0;
+  // ---- 2. This warp's keys: its key group's blocks block_begin + key_group, + KG, ...
+  const int first_block = w.block_begin + key_group;
+  const int steps = first_block < w.block_end ? (w.block_end - first_block + KG - 1) / KG : 0;
   KvRows<T> k_rows, v_rows;
   const bool paged = T::kPaging != Paging::kContiguous;
   const int32_t* pages = paged ? p.block_table + int64_t(w.batch) * p.block_table_batch_stride : nullptr;
@@ -226,18 +229,18 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   using KvElem = typename T::KvElem;
   const KvElem* k = static_cast<const KvElem*>(p.k);
   const KvElem* v = static_cast<const KvElem*>(p.v);
-  auto block_j0 = [&](int step) { return (first_block + step * W) * T::kBlockN; };
+  auto block_j0 = [&](int step) { return (first_block + step * KG) * T::kBlockN; };
   // The pages of the block the next issue copies, read by the issue before it once its own copies
   // are out: the registers are overwritten in place, so nothing waits for the read until the next
   // issue uses it, a step of math later.
   BlockPages<T> block;
   if (paged && steps > 0) block.read(pages, p.page_size, block_j0(0), w.seqlen_k, lane);
-  auto issue = [&](int step) {  // K and V of the warp's step-th block into ring slot step % S: one group
+  auto issue = [&](int step) {  // K and V of the warp's step-th block (its share) into slot step % S: one group
     if (step < steps) {
       const int j0 = block_j0(step);
       const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
-      load_kv_tile<T>(slot, k, k_rows, block, j0, w.seqlen_k, lane);
-      load_kv_tile<T>(slot + T::kKvTileBytes, v, v_rows, block, j0, w.seqlen_k, lane);
+      load_kv_tile<T, G>(slot, k, k_rows, block, j0, w.seqlen_k, lane, row_group);
+      load_kv_tile<T, G>(slot + T::kKvTileBytes, v, v_rows, block, j0, w.seqlen_k, lane, row_group);
       if (paged && step + 1 < steps) block.read(pages, p.page_size, block_j0(step + 1), w.seqlen_k, lane);
     }
     cp_async_commit();
@@ -250,15 +253,17 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     scale_log2 *= p.k_descale[at], scale *= p.k_descale[at];
     out_scale = p.v_descale[at];
   }
+  // The ring's first blocks: all S with a warp's own ring; S - 1 with a shared one, whose slot S - 1
+  // is filled at the first step (below).
 #pragma unroll
-  for (int s = 0; s < S; ++s) issue(s);
+  for (int s = 0; s < (G == 1 ? S : S - 1); ++s) issue(s);
 
   // ldmatrix lane addresses (sm80/fwd_kernel.cuh explains the swizzle algebra).
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1, g = lane >> 2;
   uint32_t q_addr[4], k_lane[4], v_lane[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    q_addr[i] = sQ + (mid * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + hi, x) << 4);
+  for (int i = 0; i < 4; ++i) {  // this warp's rows start at row_group * WR (a multiple of 8: the swizzle's period)
+    q_addr[i] = sQ + (row_group * WR + mid * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + hi, x) << 4);
     k_lane[i] = (hi * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + mid, x) << 4);
     v_lane[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
   }
@@ -266,7 +271,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) row_pos[mt][r] = (first_row + mt * 16 + g + 8 * r) / p.head_ratio;
+    for (int r = 0; r < 2; ++r) row_pos[mt][r] = (first_row + row_group * WR + mt * 16 + g + 8 * r) / p.head_ratio;
   float alibi[MT][2];  // ALiBi: each row's slope in raw-score units, -slope / scale (its head's)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -274,7 +279,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     for (int r = 0; r < 2; ++r) {
       alibi[mt][r] = 0.f;
       if constexpr (T::kAlibi) {
-        const int head = w.kv_head * p.head_ratio + (first_row + mt * 16 + g + 8 * r) % p.head_ratio;
+        const int head = w.kv_head * p.head_ratio + (first_row + row_group * WR + mt * 16 + g + 8 * r) % p.head_ratio;
         alibi[mt][r] = scale > 0.f ? -p.alibi_slopes[w.batch * p.alibi_batch_stride + head] / scale : 0.f;
       }
     }
@@ -290,9 +295,21 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.f;
   }
 
-  cp_async_wait<S - 1>();  // Q (and this warp's first block) landed for this thread
+  cp_async_wait<S - 1>();  // Q landed for this thread (and, with its own ring, the warp's first block)
   __syncthreads();         // ... and Q for every thread
-  for (int step = 0; step < steps; ++step) {
+  if constexpr (G > 1) {
+    // A shared ring: each warp waits for its own share of the step's tile, then the key group's
+    // named barrier says every share landed and every warp of the group is done with the slot of
+    // the step before, which is refilled at once (FlashAttention-2's order: one barrier a step).
+    for (int step = 0; step < steps; ++step) {
+      cp_async_wait<S - 2>();
+      named_barrier_sync(1 + key_group, 32 * G);
+      issue(step + S - 1);
+      const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
+      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w, row_pos,
+                   scale_log2, alibi, lane);
+    }
+  } else for (int step = 0; step < steps; ++step) {
     cp_async_wait<S - 1>();  // the step's group landed for this thread
     __syncwarp();            // ... and for the warp
     const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
@@ -301,22 +318,23 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       fp8_tile_to_16bit<T>(sStaging + T::kTileBytes, slot + T::kKvTileBytes, lane);
       __syncwarp();     // the staging tiles written, the slot read: refill it while the MMAs run
       issue(step + S);
-      warp_step<T>(st, sStaging, sStaging + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w,
+      warp_step<T>(st, sStaging, sStaging + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w,
                    row_pos, scale_log2, alibi, lane);
     } else {
-      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * W, w, row_pos,
+      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w, row_pos,
                    scale_log2, alibi, lane);
       __syncwarp();  // every lane is done with the slot before it is refilled
       issue(step + S);
     }
   }
 
-  // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory.
+  // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory (each warp
+  // leaves its WR rows; a row's warps are those of its row group, one per key group).
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring, which the merge's O buffer overlays
   float* merge_o = reinterpret_cast<float*>(smem_raw + T::kQBytes);
   float* merge_max = reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAfterQ);
-  float* merge_sum = merge_max + W * T::kRows;
+  float* merge_sum = merge_max + W * WR;
   const int t = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -325,12 +343,12 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       float l = st.row_sum[mt][r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int row = mt * 16 + g + 8 * r;
+      const int row = mt * 16 + g + 8 * r;  // of this warp's rows
       if (t == 0) {
-        merge_max[warp * T::kRows + row] = st.row_max[mt][r];
-        merge_sum[warp * T::kRows + row] = l;
+        merge_max[warp * WR + row] = st.row_max[mt][r];
+        merge_sum[warp * WR + row] = l;
       }
-      float* dst = merge_o + (warp * T::kRows + row) * T::kMergeRowFloats + 2 * t;
+      float* dst = merge_o + (warp * WR + row) * T::kMergeRowFloats + 2 * t;
 #pragma unroll
       for (int dt = 0; dt < T::kOTiles; ++dt)
         *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(st.o[mt][dt][2 * r], st.o[mt][dt][2 * r + 1]);
@@ -350,18 +368,20 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     const int packed = first_row + row;
     kept_o[i] = make_float4(0.f, 0.f, 0.f, 0.f), kept_lse[i] = -INFINITY;
     if (c >= kCells || packed >= w.packed_rows || (T::kDim != D && col >= T::kDim)) continue;  // columns past kDim: zeros
+    // The row's entry in warp kg * G + (row / WR)'s rows, for key group kg.
+    auto at = [&](int kg) { return G == 1 ? kg * WR + row : (kg * G + row / WR) * WR + row % WR; };
     float m = -INFINITY;
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) m = fmaxf(m, merge_max[wi * T::kRows + row]);
+    for (int kg = 0; kg < KG; ++kg) m = fmaxf(m, merge_max[at(kg)]);
     float l = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int wi = 0; wi < W; ++wi) {
-      const float mi = merge_max[wi * T::kRows + row];
+    for (int kg = 0; kg < KG; ++kg) {
+      const float mi = merge_max[at(kg)];
       // A warp that saw no key of this row (max -inf) adds nothing.
       const float f = mi == -INFINITY ? 0.f : fast_exp2((mi - m) * scale_log2);
-      l += f * merge_sum[wi * T::kRows + row];
-      const float4 oi = *reinterpret_cast<const float4*>(merge_o + (wi * T::kRows + row) * T::kMergeRowFloats + col);
+      l += f * merge_sum[at(kg)];
+      const float4 oi = *reinterpret_cast<const float4*>(merge_o + at(kg) * T::kMergeRowFloats + col);
       o.x += f * oi.x, o.y += f * oi.y, o.z += f * oi.z, o.w += f * oi.w;
     }
     float inv = l > 0.f ? out_scale / l : 0.f;

@@ -144,6 +144,9 @@ def correctness_cases(profile) -> list[Problem]:
         for keys in (5000, 65536):
             cases.append(_problem(f"decode {dtype} d{hdim} MQA 32:1 1/{keys}", dtype, hdim, False, 1, keys,
                                   heads=32, heads_kv=1))
+        if 256 in profile.head_dims:  # ... at hdim 256 as two row groups of 16 sharing each ring (134 MB)
+            cases.append(_problem(f"decode {dtype} d256 MQA 32:1 1/65536", dtype, 256, False, 1, 65536,
+                                  heads=32, heads_kv=1))
         for hdim in (h for h in profile.head_dims if h in BWD_HEAD_DIMS):  # gradients, GQA 8:2, odd lengths
             for causal in (False, True):
                 c = "causal" if causal else "full"

@@ -29,13 +29,16 @@ REGISTER_BUDGET = 192  # O and S accumulators per thread (kernel_traits.cuh's st
 # to try in order, the first that fits the arch's shared memory. Decode is bound by the cache
 # read, so the ring is sized to keep 100-200 KB in flight per SM where the arch has the memory
 # (sm_90, sm_80), about half that on the 99 KB RTX parts; 32 packed rows double the O
-# accumulators, so they take 16 keys a step. A profile's `decode: {tiles: ...}` overrides them.
+# accumulators, so they take 16 keys a step. At hdim 256, 32 rows are two row groups of 16
+# (decode_row_groups): 8 warps keep as many keys in flight as 16 rows' 4. A profile's
+# `decode: {tiles: ...}` overrides them.
 DEFAULT_TILE_ORDER = {
     (64, 16): ((64, 4, 3), (32, 4, 3), (32, 4, 2), (16, 4, 2)),
     (128, 16): ((32, 4, 3), (32, 4, 2), (16, 4, 2), (16, 2, 2)),
     (256, 16): ((16, 4, 3), (16, 4, 2), (16, 2, 2)),
     (64, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2)),
     (128, 32): ((16, 4, 4), (16, 4, 3), (16, 4, 2), (16, 2, 2)),
+    (256, 32): ((16, 8, 3), (16, 8, 2), (16, 4, 2)),
 }
 
 
@@ -51,22 +54,30 @@ class DecodeTile:
         return f"m{self.rows}x{self.block_n}_w{self.warps}_s{self.stages}"
 
 
+def decode_row_groups(hdim: int, rows: int) -> int:
+    """kernel_traits.cuh's kRowGroups: the warps that share a key group's ring, each computing 16
+    of the rows, where a warp cannot hold all the rows' O (32 rows at hdim 256); else 1."""
+    return rows // 16 if (computed_head_dim(hdim) or hdim) > 128 else 1
+
+
 def decode_ring_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
-    """The K and V tiles every warp's cp.async ring holds (an FP8 cache's at 1 byte an element): the
-    bytes a CTA keeps in flight; rows at the built head dim the head dim is computed at."""
-    return tile.warps * tile.stages * 2 * tile.block_n * (computed_head_dim(hdim) or hdim) * (1 if kv_fp8 else 2)
+    """The K and V tiles every key group's cp.async ring holds (an FP8 cache's at 1 byte an
+    element): the bytes a CTA keeps in flight; rows at the built head dim the head dim is computed at."""
+    rings = tile.warps // decode_row_groups(hdim, tile.rows)
+    return rings * tile.stages * 2 * tile.block_n * (computed_head_dim(hdim) or hdim) * (1 if kv_fp8 else 2)
 
 
 def decode_smem_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
-    """kernel_traits.cuh's kSmemBytes: Q, the warps' rings (plus, for an FP8 cache, each warp's
-    16-bit staging K and V), or the merge's fp32 O over them, the merge's maxima and sums; rows at
-    the built head dim the head dim is computed at."""
+    """kernel_traits.cuh's kSmemBytes: Q, the rings (plus, for an FP8 cache, each warp's 16-bit
+    staging K and V), or the merge's fp32 O of each warp's rows over them, the merge's maxima and
+    sums; rows at the built head dim the head dim is computed at."""
     hdim = computed_head_dim(hdim) or hdim
     row_bytes = 2 * hdim
+    warp_rows = tile.rows // decode_row_groups(hdim, tile.rows)
     staging = tile.warps * 2 * tile.block_n * row_bytes if kv_fp8 else 0
     ring = decode_ring_bytes(hdim, tile, kv_fp8) + staging
-    merge_o = tile.warps * tile.rows * (hdim + 8) * 4
-    return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * tile.rows * 4
+    merge_o = tile.warps * warp_rows * (hdim + 8) * 4
+    return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * warp_rows * 4
 
 
 def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts, kv_fp8: bool = False) -> list[str]:
@@ -83,9 +94,19 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts, kv_fp8: b
                                  (tile.warps, DECODE_WARPS, "warps"), (tile.stages, DECODE_STAGES, "stages")):
         if value not in allowed:
             problems.append(f"{what} {value}; allowed: {', '.join(map(str, allowed))}")
-    if (tile.rows // 16) * (hdim + tile.block_n) // 2 > REGISTER_BUDGET:
+    groups = decode_row_groups(hdim, tile.rows)
+    if (tile.rows // groups // 16) * (hdim + tile.block_n) // 2 > REGISTER_BUDGET:
         problems.append(f"rows {tile.rows} x (hdim {hdim} + block_n {tile.block_n}) accumulators do not fit "
                         "in registers; use 16 rows")
+    if groups > 1:  # kernel_traits.cuh's and kv_loader.cuh's rules for a shared ring
+        if tile.warps % groups:
+            problems.append(f"{tile.rows} rows at hdim {hdim} are {groups} row groups sharing each ring: "
+                            f"warps must be a multiple of {groups}")
+        if kv_fp8:
+            problems.append(f"{tile.rows} rows at hdim {hdim} share rings between warps, which reads 16-bit caches "
+                            "only; an e4m3 cache takes 16 rows")
+        if (tile.block_n // max(1, 32 // (2 * hdim // 16))) % groups:
+            problems.append(f"block_n {tile.block_n}: {groups} warps copy equal runs of a tile's rows")
     smem = decode_smem_bytes(hdim, tile, kv_fp8)
     if smem + RESERVED_SMEM_PER_CTA > arch.max_smem_per_block:
         problems.append(f"{smem} bytes of shared memory; {arch.name} allows {arch.max_smem_per_block}")
@@ -97,14 +118,14 @@ def decode_tile_problems(hdim: int, tile: DecodeTile, arch: ArchFacts, kv_fp8: b
     return problems
 
 
-def decode_rows(seqlen_q: int, head_ratio: int, hdim: int, short: bool = False) -> int:
-    """Packed query rows per CTA: 32 when more than 16 rows share a KV head and the accumulators
-    fit (computed at hdim <= 128), else 16. A short call (runtime/decode_splits.py's short_call)
+def decode_rows(seqlen_q: int, head_ratio: int, hdim: int, short: bool = False, kv_fp8: bool = False) -> int:
+    """Packed query rows per CTA: 32 when more than 16 rows share a KV head (at hdim 256 as two
+    row groups, which an e4m3 cache lacks), else 16. A short call (runtime/decode_splits.py's short_call)
     whose 17-32 rows would fill one 32-row block takes two 16-row blocks instead: each CTA does half
     the math per key, the second read of a key mostly from L2 (MQA with one token on an H100: 9.2
     against 11.6 us at 1 x 1k keys, hdim 128; lab/results/2026-12-05_short-calls/mqa-rows.json)."""
     rows = seqlen_q * head_ratio
-    if rows <= 16 or (computed_head_dim(hdim) or hdim) > 128 or (short and rows <= 32):
+    if rows <= 16 or (kv_fp8 and decode_row_groups(hdim, 32) > 1) or (short and rows <= 32):
         return 16
     return 32
 
@@ -209,14 +230,19 @@ class DecodeSpec:
         return 32 * self.tile.warps
 
     @property
+    def key_groups(self) -> int:
+        """Warps (or groups of row-group warps sharing a ring) that walk keys of their own."""
+        return self.tile.warps // decode_row_groups(self.hdim, self.tile.rows)
+
+    @property
     def min_blocks_per_split(self) -> int:
-        """A split's fewest key blocks (runtime/decode_splits.py's most_splits): two per warp."""
-        return 2 * self.tile.warps
+        """A split's fewest key blocks (runtime/decode_splits.py's most_splits): two per key group."""
+        return 2 * self.key_groups
 
     def fewest_blocks_per_split(self, short: bool = False) -> int:
-        """... and in a short call (decode_splits.short_call), one per warp: there a CTA's latency,
-        not the memory, bounds the call."""
-        return self.tile.warps if short else self.min_blocks_per_split
+        """... and in a short call (decode_splits.short_call), one per key group: there a CTA's
+        latency, not the memory, bounds the call."""
+        return self.key_groups if short else self.min_blocks_per_split
 
     @property
     def smem_bytes(self) -> int:
@@ -303,7 +329,7 @@ def decode_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdim
         for dtype in dtypes or profile.dtypes:
             for hdim in hdims or profile.head_dims:
                 for rows in DECODE_ROWS:
-                    if (hdim, rows) not in DEFAULT_TILE_ORDER:
+                    if (hdim, rows) not in DEFAULT_TILE_ORDER or (kv_fp8 and decode_row_groups(hdim, rows) > 1):
                         continue
                     for causal in (False, True):
                         for paging in PAGINGS:

@@ -66,7 +66,7 @@ def decode_spec(profile: Profile, dtype: torch.dtype, hdim: int, causal: bool, s
                                 varlen_q)
     short = not cache and key_rows > 0 and short_call(profile.decode_split,
                                                       kv_bytes(1, 1, key_rows, hdim, 1 if kv_fp8 else 2), device_index)
-    rows = CACHE_ROWS if cache else decode_rows(seqlen_q, head_ratio, hdim, short)
+    rows = CACHE_ROWS if cache else decode_rows(seqlen_q, head_ratio, hdim, short, kv_fp8)
     key = (profile.arch.name, profile.nvcc_flags, profile.decode_tiles, dtype, hdim, bool(causal), rows, page_size,
            kv_fp8, variants, cache)
     spec = _decode_specs.get(key)
