@@ -1,7 +1,8 @@
 // The decode kernel's tile scheduler: what one CTA computes. Grid: x = row blocks * num_splits
 // (split fastest), y = KV head, z = sequence. The CTA's rows are the query rows of its KV head packed as
 // row = position * head_ratio + head in group; its keys are one split's share of the sequence's
-// key blocks (kBlockN each), which warp w walks as blocks w, w + kWarps, ...
+// key blocks (kBlockN each), which key group g (warp w alone, or the row groups' warps sharing a
+// ring: kernel_traits.cuh) walks as blocks g, g + kKeyGroups, ...
 // Reads only params (and the per-sequence int32 arrays); no barriers.
 #pragma once
 #include <stdint.h>
