@@ -29,6 +29,8 @@
 #   ab-short      bench --decode, MQA one-token calls (hdim 64/128, batch 1-128, 1k-128k keys), the release's beside
 #                 today's and SDPA's backends (a short call's 16-row tiles; release: make_release.sh 896fa82)
 #   ab-short-gqa  the same on 1k and 16k caches with 1, 8 and 32 KV heads, beside SDPA default and cuDNN (short calls' splits)
+#   ab-rowpair    bench --decode, MQA one-token calls at hdim 64/128/256 (two 16-row blocks a KV head at hdim 256 and
+#                 in short calls), the release's beside today's and SDPA flash and cuDNN (the row blocks' grid order)
 #   host-profile  lab/host_profile.py: host microseconds of one decode call (flashtune's paths, SDPA) and cProfile's top
 #                 functions (issue 34's per-call host time)
 #   ab-combine    bench --decode on the calls the combine kernel merges (MQA and 8 KV heads, 16k-128k keys, 1 and 4
@@ -117,6 +119,9 @@ for step in "$@"; do case $step in
   ab-short-gqa) run ab-short-gqa 230 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8,32 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_short_gqa.json" ;;
+  ab-rowpair) run ab-rowpair 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
+           --heads-kv 1 --batches 1,8,32 --caches 1024,131072 --seqlens-q 1 --pages 0 \
+           --backends flashtune,release,sdpa-flash,sdpa-cudnn --out "$OUT/ab_rowpair.json" ;;
   host-profile) run host-profile 120 python3 lab/host_profile.py h200 ;;
   ab-combine) run ab-combine 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1,4 --pages 0 \
