@@ -32,6 +32,8 @@
 #   ab-rowgroups  bench --decode, hdim 256 MQA one-token calls (16k-128k keys, contiguous and pages of 64), the
 #                 release's (two 16-row CTAs a KV head) beside today's (branch exp/row-groups: one CTA, two row
 #                 groups sharing each ring) and SDPA flash and cuDNN; release: make_release.sh main
+#   ab-rowpair    bench --decode, MQA one-token calls at hdim 64/128/256 (two 16-row blocks a KV head at hdim 256 and
+#                 in short calls), the release's beside today's and SDPA flash and cuDNN (the row blocks' grid order)
 #   host-profile  lab/host_profile.py: host microseconds of one decode call (flashtune's paths, SDPA) and cProfile's top
 #                 functions (issue 34's per-call host time)
 #   ab-combine    bench --decode on the calls the combine kernel merges (MQA and 8 KV heads, 16k-128k keys, 1 and 4
@@ -123,6 +125,9 @@ for step in "$@"; do case $step in
   ab-rowgroups) run ab-rowgroups 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 256 \
            --heads-kv 1 --batches 1,8,32 --caches 16384,65536,131072 --seqlens-q 1 --pages 0,64 \
            --backends flashtune,release,sdpa-flash,sdpa-cudnn --out "$OUT/ab_rowgroups.json" ;;
+  ab-rowpair) run ab-rowpair 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
+           --heads-kv 1 --batches 1,8,32 --caches 1024,131072 --seqlens-q 1 --pages 0 \
+           --backends flashtune,release,sdpa-flash,sdpa-cudnn --out "$OUT/ab_rowpair.json" ;;
   host-profile) run host-profile 120 python3 lab/host_profile.py h200 ;;
   ab-combine) run ab-combine 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1,4 --pages 0 \

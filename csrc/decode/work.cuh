@@ -1,5 +1,6 @@
 // The decode kernel's tile scheduler: what one CTA computes. Grid: x = row blocks * num_splits
-// (split fastest), y = KV head, z = sequence. The CTA's rows are the query rows of its KV head packed as
+// (row block fastest, or split fastest when the splits merge in a cluster), y = KV head,
+// z = sequence. The CTA's rows are the query rows of its KV head packed as
 // row = position * head_ratio + head in group; its keys are one split's share of the sequence's
 // key blocks (kBlockN each), which key group g (warp w alone, or the row groups' warps sharing a
 // ring: kernel_traits.cuh) walks as blocks g, g + kKeyGroups, ...
@@ -28,9 +29,14 @@ struct Work {
 template <class T>
 __device__ __forceinline__ Work schedule_work(const DecodeParams& p) {
   Work w;
-  // A row block's splits are neighbours in x: a cluster of num_splits along x is one row block.
-  w.split = blockIdx.x % p.num_splits;
-  w.row_block = blockIdx.x / p.num_splits;
+  if (p.cluster_merge) {  // a row block's splits are neighbours in x: a cluster along x is one row block
+    w.split = blockIdx.x % p.num_splits;
+    w.row_block = blockIdx.x / p.num_splits;
+  } else {  // the row blocks of one split are neighbours: they read the same keys at once, the later from L2
+    const int row_blocks = (p.seqlen_q * p.head_ratio + T::kRows - 1) / T::kRows;
+    w.row_block = blockIdx.x % row_blocks;
+    w.split = blockIdx.x / row_blocks;
+  }
   w.kv_head = blockIdx.y;
   w.batch = blockIdx.z;
   w.seqlen_q = p.seqlen_q;
