@@ -2,7 +2,8 @@
 # A device visit in named steps, each bounded by what is left of a total budget; logs under
 # $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
 # Usage: bash lab/visit.sh SECONDS STEP...   (from the repository root, on the device)
-#   build         kernels of h200 and h200-sm80 (16 parallel compiles); build-h200, build-sm80: one of them
+#   build         kernels of h200 and h200-sm80 (16 parallel compiles); build-h200, build-sm80: one of them;
+#                 build-bf16: h200's bf16 forward and decode kernels (what tools/sanitize_case.py calls)
 #   build-release the kernels of lab/release-src (lab/make_release.sh COMMIT made it)
 #   gpu-h200, gpu-sm80   every GPU test under that profile, 16 pytest-xdist workers (the kernels they JIT build in parallel)
 #   verify-h200   flashtune verify --profile h200
@@ -46,6 +47,9 @@
 #   decode-q4     bench --decode, hdim 64/128, MQA with 4 query tokens (128 packed rows: the KV-cache kernels), contiguous
 #   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
+#   fp8kv-quick   bench --decode, hdim 64/128, 8 KV heads, batch 1 and 32, 16k and 128k: flashtune on a 16-bit and on an
+#                 e4m3 cache beside cuDNN (a minute)
+#   kv-fp8-tests  tests/test_kv_fp8_gpu.py under h200, 16 workers
 #   ab-fp8kv      bench --decode, hdim 64/128/256, MQA and 8 KV heads, batch 1-32, 16k and 128k, contiguous and pages of
 #                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
@@ -75,6 +79,7 @@ for step in "$@"; do case $step in
   build) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16
          run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-h200) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16 ;;
+  build-bf16) run build-bf16 200 python3 -m flashtune build --profile h200 --dtypes bfloat16 --no-backward --jobs 16 ;;
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-release) run build-release 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
                    --profile h200 --jobs 16 ;;
@@ -155,6 +160,11 @@ for step in "$@"; do case $step in
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
+  fp8kv-quick) run bench-fp8kv-quick 200 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 \
+           --heads-kv 8 --batches 1,32 --caches 16384,131072 --seqlens-q 1 --pages 0 \
+           --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-fp8kv-quick.json" ;;
+  kv-fp8-tests) FLASHTUNE_PROFILE=h200 run kv-fp8-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_kv_fp8_gpu.py ;;
   ab-fp8kv) run ab-fp8kv 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
            --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
            --backends flashtune,flashtune-fp8kv,release-fp8kv,sdpa-cudnn --out "$OUT/ab_fp8kv.json" ;;
