@@ -4,7 +4,6 @@ causal alignment and padded batches through varlen - in real Llama/Qwen2/Mistral
 from __future__ import annotations
 
 import copy
-import re
 
 import pytest
 import torch

@@ -12,7 +12,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 import flashtune  # noqa: E402
-from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference  # noqa: E402
+from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
 from flashtune.runtime import ops  # noqa: E402
 
 DEV = "cuda"
