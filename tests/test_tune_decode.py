@@ -4,9 +4,9 @@ from rich.console import Console
 
 from flashtune.cli import cli
 from flashtune.commands import tune
-from flashtune.kernels.decode_spec import DecodeTile, decode_tile_problems
+from flashtune.kernels.decode_spec import DecodeTile, decode_tile_keys, decode_tile_problems
 from flashtune.kernels.profiles import find_profile, load_profile
-from flashtune.tuning.decode_search import DecodeCandidate, DecodeTuneResult, decode_candidates, decode_pairs
+from flashtune.tuning.decode_search import DecodeCandidate, DecodeTuneResult, decode_candidates
 from flashtune.tuning.split_fit import SplitFit
 from flashtune.tuning.writer import write_profile
 
@@ -14,12 +14,12 @@ from flashtune.tuning.writer import write_profile
 def test_candidates_start_with_the_profiles_tile_and_all_fit_the_arch():
     for name in ("h200", "rtx4090"):
         profile = find_profile(name)
-        for hdim, rows in decode_pairs(profile, profile.head_dims):
+        for hdim, rows in decode_tile_keys(profile.head_dims):
             tiles = decode_candidates(profile, hdim, rows)
             assert tiles[0] == profile.decode_tile(hdim, rows) and len(set(tiles)) == len(tiles)
             assert len(tiles) > 3 or (name, hdim) == ("rtx4090", 256)  # 99 KB: one hdim-256 tile fits
             assert all(t.rows == rows and not decode_tile_problems(hdim, t, profile.arch) for t in tiles)
-    assert decode_pairs(find_profile("h200"), (64, 256)) == [(64, 16), (64, 32), (256, 16), (256, 32)]
+    assert decode_tile_keys((64, 256)) == [(64, 16), (64, 32), (256, 16), (256, 32)]
 
 
 def fake_result(profile):

@@ -50,10 +50,6 @@ class DecodeTuneResult:
         return {key: tile for key, tile in self.winners.items() if start.get(key) != tile}
 
 
-def decode_pairs(profile: Profile, hdims) -> list[tuple[int, int]]:
-    return decode_tile_keys(hdims)
-
-
 def decode_candidates(profile: Profile, hdim: int, rows: int) -> list[DecodeTile]:
     """The starting tile first, then every other tile the kernels take on the profile's arch."""
     start = profile.decode_tile(hdim, rows)
@@ -123,7 +119,7 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
 
     dtype = getattr(torch, dtype_name)
     candidates, specs = [], {}
-    for hdim, rows in decode_pairs(profile, hdims):
+    for hdim, rows in decode_tile_keys(hdims):
         for i, tile in enumerate(decode_candidates(profile, hdim, rows)):
             spec = DecodeSpec(profile.arch.name, dtype_name, hdim, tile, rows == 32, "contiguous", profile.nvcc_flags)
             candidates.append(DecodeCandidate(hdim, rows, tile, spec.name, starting=i == 0))
@@ -140,7 +136,7 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
     spilled = {r.name: f"ptxas spills {r.spill_stores}/{r.spill_loads} bytes (store/load)" for r in results
                if max(r.spill_stores or 0, r.spill_loads or 0) > max_spill_bytes}
     winners = {}
-    pairs = decode_pairs(profile, hdims)
+    pairs = decode_tile_keys(hdims)
     for n, (hdim, rows) in enumerate(pairs):
         group = [c for c in candidates if (c.hdim, c.rows) == (hdim, rows)]
         for c in group:
