@@ -41,13 +41,12 @@ def unsupported_features(config) -> list[str]:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     missing = []
     if getattr(text, "v_head_dim", None) is not None and getattr(text, "qk_nope_head_dim", None) is not None:
-        qk_dim = text.qk_nope_head_dim + getattr(text, "qk_rope_head_dim", 0)  # MLA (DeepSeek)
-        if text.v_head_dim != qk_dim:
-            missing.append(f"a V head dim ({text.v_head_dim}) that differs from Q/K's ({qk_dim})")
+        head_dims = {text.qk_nope_head_dim + getattr(text, "qk_rope_head_dim", 0), text.v_head_dim}  # MLA (DeepSeek)
     else:
         heads = getattr(text, "num_attention_heads", None)
-        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
-        if head_dim is not None and computed_head_dim(head_dim) is None:
+        head_dims = {getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)}
+    for head_dim in sorted(d for d in head_dims if d is not None):
+        if computed_head_dim(head_dim) is None:
             missing.append(f"head dim {head_dim} (served: multiples of 8 from {MIN_HEAD_DIM} to {MAX_HEAD_DIM})")
     layer_types = set(getattr(text, "layer_types", None) or ())
     model_type = getattr(text, "model_type", "")
@@ -199,7 +198,8 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     kv_mask = kv_mask[:, -k.shape[1]:]
     if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
         k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
-    if q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None:
+    if (q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None
+            and v.shape[-1] == q.shape[-1]):  # a V head dim unlike Q/K's: the varlen call pads them
         positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
         end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
         first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)
@@ -219,7 +219,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     out_packed = ops.flash_attn_varlen_func(
         q[q_mask], k[kv_mask], v[kv_mask], cu_q, cu_k, int(lens_q.max()), int(lens_k.max()),
         softmax_scale=scaling, causal=causal, **extra)
-    out = q.new_zeros(batch, q_len, q.shape[2], q.shape[3])
+    out = q.new_zeros(batch, q_len, q.shape[2], v.shape[3])
     out[q_mask] = out_packed
     return out
 

@@ -115,10 +115,14 @@ def test_packed_sequences_match_each_sequence_run_alone():
     ("MistralConfig", dict(sliding_window=128)),
     ("Gemma2Config", dict(head_dim=128, sliding_window=128, attn_logit_softcapping=50.0)),
     ("GptOssConfig", dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128)),
+    # MLA: Q/K 192 (128 + 64 rotary), V 128, zero-padded to 256 in prefill and decode
+    ("DeepseekV3Config", dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, kv_lora_rank=128,
+                              q_lora_rank=192, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+                              n_group=1, topk_group=1)),
 ])
 def test_models_with_windows_softcap_and_sinks_generate_like_eager(config_name, fields):
     """Prefill through the profile's prefill kernels with the variants, each decode step through
-    the decode kernels' own."""
+    the decode kernels' own (MLA's V head dim: through the padded path)."""
     from flashtune import hf
     from flashtune.runtime import ops
 

@@ -40,6 +40,8 @@ def call(**overrides):
     (dict(q=torch.zeros(2, 1, 32, 24, dtype=BF16), k_cache=torch.zeros(2, 64, 8, 24, dtype=BF16),
           v_cache=torch.zeros(2, 64, 8, 24, dtype=BF16)), "multiples of 8 from 32 to 256"),
     (dict(q=torch.zeros(2, 1, 12, 128, dtype=BF16)), "multiple of the cache's 8 KV heads"),
+    (dict(v_cache=torch.zeros(2, 64, 8, 64, dtype=BF16)), "a V head dim \\(64\\) unlike K's \\(128\\) is served by "
+                                                          "flash_attn_func and flash_attn_varlen_func"),
     (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=torch.float16)), "in q's dtype or both in torch.float8_e4m3fn"),
     (dict(v_cache=torch.zeros(2, 64, 8, 128, dtype=E4M3)), "in q's dtype or both in torch.float8_e4m3fn"),
     (dict(q=torch.zeros(2, 1, 32, 128, dtype=E4M3)), "q has dtype torch.float8_e4m3fn; allowed: torch.float16"),

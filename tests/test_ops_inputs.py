@@ -37,6 +37,17 @@ def test_dtype_rank_shape_and_heads():
     _raises("must be a torch.Tensor", flash_attn_func, q.tolist(), k, v)
 
 
+def test_a_v_head_dim_unlike_qks_is_checked():
+    q, k, _ = _qkv(d=192)
+    v = torch.randn(2, 16, 4, 264, dtype=torch.bfloat16)
+    _raises(r"head dims q/k 192, v 264: each must be a multiple of 8 from 32 to 256", flash_attn_func, q, k, v)
+    _raises("k and v must have the same shape but for the head dim", flash_attn_func, q, k, v[:, :8])
+    q8, k8 = (t.to(torch.float8_e4m3fn) for t in (q, k))
+    _raises("FP8 q/k need v's head dim to be theirs, got 192 and 96", flash_attn_func, q8, k8, v[..., :96].clone())
+    v128 = torch.randn(2, 16, 4, 128, dtype=torch.bfloat16, requires_grad=True)
+    _raises(r"a V head dim \(128\) unlike Q/K's \(192\) is forward-only", flash_attn_func, q, k, v128)
+
+
 def test_strides_and_alignment():
     q, k, v = _qkv()
     _raises("contiguous last dimension", flash_attn_func, q.transpose(-1, -2), k, v)

@@ -17,7 +17,7 @@ from flashtune.runtime.selection import active_profile
 _specs: dict[tuple, BwdSpec] = {}
 
 
-def trainable_problems(q: torch.Tensor, k: torch.Tensor, fp8: bool, variants: bool) -> list[str]:
+def trainable_problems(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool, variants: bool) -> list[str]:
     """What keeps this call from having a backward (empty: it has one); checked at the forward, so a
     training step fails before its forward runs, not in its backward."""
     problems = []
@@ -25,6 +25,8 @@ def trainable_problems(q: torch.Tensor, k: torch.Tensor, fp8: bool, variants: bo
         problems.append("FP8 Q/K (qk_fp8 or e4m3 inputs) is forward-only")
     if variants:
         problems.append("the variants (window_size, softcap, sinks, alibi_slopes) are forward-only for now")
+    if v.shape[-1] != q.shape[-1]:
+        problems.append(f"a V head dim ({v.shape[-1]}) unlike Q/K's ({q.shape[-1]}) is forward-only")
     if q.shape[-1] not in BWD_HEAD_DIMS:
         problems.append(f"head dim {q.shape[-1]}: the backward kernel takes {', '.join(map(str, BWD_HEAD_DIMS))}")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
@@ -32,8 +34,9 @@ def trainable_problems(q: torch.Tensor, k: torch.Tensor, fp8: bool, variants: bo
     return problems
 
 
-def check_trainable(q: torch.Tensor, k: torch.Tensor, fp8: bool = False, variants: bool = False) -> None:
-    problems = trainable_problems(q, k, fp8, variants)
+def check_trainable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False,
+                    variants: bool = False) -> None:
+    problems = trainable_problems(q, k, v, fp8, variants)
     if problems:
         fail("this call needs a backward (an input requires grad), which flashtune does not have here: "
              + "; ".join(problems) + ". Run it under torch.no_grad(), or detach the inputs")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.kernels.variants import Variants
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -80,10 +81,16 @@ def check_tensors(q, k, v, varlen: bool) -> None:
             fail(f"FP8 attention needs both q and k in torch.float8_e4m3fn, got {q.dtype} and {k.dtype}")
     elif not (q.dtype == k.dtype == v.dtype):
         fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape != v.shape:
-        fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        fail(f"k and v must have the same shape but for the head dim, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
         fail(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if v.shape[-1] != k.shape[-1]:  # served by zero-padding (ops.py), at the next built head dim
+        if computed_head_dim(v.shape[-1]) is None or computed_head_dim(q.shape[-1]) is None:
+            fail(f"head dims q/k {q.shape[-1]}, v {v.shape[-1]}: each must be a multiple of 8 from {MIN_HEAD_DIM} "
+                 f"to {MAX_HEAD_DIM}")
+        if q.dtype == FP8:
+            fail(f"FP8 q/k need v's head dim to be theirs, got {q.shape[-1]} and {v.shape[-1]}; use 16-bit q/k")
     if not varlen and q.shape[0] != k.shape[0]:
         fail(f"q and k must share the batch size, got {q.shape[0]} and {k.shape[0]}")
     if not varlen and q.shape[0] > 65535:

@@ -47,6 +47,9 @@ def _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpa
     if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, FP8):
         fail(f"k_cache and v_cache must both be in q's dtype or both in torch.float8_e4m3fn, got q "
              f"{q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    if k_cache.shape[:-1] == v_cache.shape[:-1] and k_cache.shape[-1] != v_cache.shape[-1]:
+        fail(f"a V head dim ({v_cache.shape[-1]}) unlike K's ({k_cache.shape[-1]}) is served by flash_attn_func and "
+             "flash_attn_varlen_func (zero-padded to one head dim), not with a KV cache")
     if k_cache.shape != v_cache.shape:
         fail(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     hdim = q.shape[-1]

@@ -14,6 +14,7 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
+from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
@@ -44,7 +45,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
     `deterministic` is the backward's (autograd's formula below reads it from the inputs)."""
     if q.numel() == 0:
-        return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+        return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
+    if v.shape[-1] != q.shape[-1]:  # a V head dim unlike Q/K's: all three zero-padded to one head dim
+        width = computed_head_dim(max(q.shape[-1], v.shape[-1]))
+        out, lse = _attention_fwd(*(_zero_padded(t, width) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale, k_descale, with_lse,
+                                  softcap, window_left, window_right, sinks, alibi_slopes, deterministic)
+        return out[..., :v.shape[-1]].contiguous(), lse
     profile = active_profile(q.device)
     varlen = cu_seqlens_q is not None
     window = (window_left, window_right)
@@ -72,8 +79,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _zero_padded(t: torch.Tensor, hdim: int) -> torch.Tensor:
     """t with zero columns up to head dim `hdim`: zero q/k columns add nothing to q.k, zero v
     columns give output columns that are cut off. A copy of the inputs, which a kernel built for
-    the head dim would not need."""
-    return torch.nn.functional.pad(t, (0, hdim - t.shape[-1]))
+    the head dim would not need (t itself where it has that head dim already)."""
+    return t if t.shape[-1] == hdim else torch.nn.functional.pad(t, (0, hdim - t.shape[-1]))
 
 
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -82,7 +89,7 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
              sinks=None, alibi_slopes=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on validated inputs (the tuner times candidates through this); the
     variants' values go to a spec built with them."""
-    out, lse = _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+    out, lse = _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
     kernel = load_kernel(spec)
     load_binding()
     torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse if with_lse else None, cu_seqlens_q, cu_seqlens_k,
@@ -96,9 +103,10 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 poison_outputs = False
 
 
-def _empty_outputs(q: torch.Tensor, dtype: torch.dtype, varlen: bool,
+def _empty_outputs(q: torch.Tensor, v: torch.Tensor, varlen: bool,
                    with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    """The output (q's rows and heads, v's head dim and dtype) and the LSE, unwritten."""
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype, device=q.device)
     if not with_lse:  # a custom op returns tensors: an empty one stands for "not computed"
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
     elif varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
@@ -120,7 +128,7 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
       k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None, alibi_slopes=None,
       deterministic=False):
-    return _empty_outputs(q, v.dtype, cu_seqlens_q is not None, with_lse)
+    return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
 
 
 # The backward: its own custom op (what torch.compile traces), the forward op's autograd formula.
@@ -191,7 +199,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
     grad = needs_grad(q, k, v)
     if grad:
-        check_trainable(q, k, fp8=qk_fp8 or q.dtype == FP8, variants=any(var.variants))
+        check_trainable(q, k, v, fp8=qk_fp8 or q.dtype == FP8, variants=any(var.variants))
     check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=var.sinks, alibi_slopes=var.alibi)
     # Smoothing shifts every key score of a row by one constant: exact for the softmax, not under a
     # softcap (tanh of shifted scores) or beside a sink (whose logit does not move).
@@ -256,7 +264,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         fail("at most 65535 sequences per call")
     scale = scale_for(softmax_scale, q.shape[-1])
     if grad:
-        check_trainable(q, k, variants=any(var.variants))
+        check_trainable(q, k, v, variants=any(var.variants))
     check_devices(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=var.sinks,
                   alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
