@@ -326,6 +326,11 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, fp8, first_block + step * KG, w,
                    row_pos, scale_log2, alibi, lane);
     }
+    // Key groups' step counts differ by at most one; a group with one step fewer passes its barrier
+    // once more, so every warp has passed as many barriers at the __syncthreads below (racecheck
+    // orders shared accesses by barrier counts and reported hazards across it without this).
+    const int most_steps = (w.block_end - w.block_begin + KG - 1) / KG;
+    if (steps < most_steps) named_barrier_sync(1 + key_group, 32 * G);
   } else for (int step = 0; step < steps; ++step) {
     cp_async_wait<S - 1>();  // the step's group landed for this thread
     __syncwarp();            // ... and for the warp
