@@ -2,7 +2,8 @@
 # A device visit in named steps, each bounded by what is left of a total budget; logs under
 # $OUT/<step>.txt and a one-line summary each; a failing step never stops the next.
 # Usage: bash lab/visit.sh SECONDS STEP...   (from the repository root, on the device)
-#   build         kernels of h200 and h200-sm80 (16 parallel compiles); build-h200, build-sm80: one of them
+#   build         kernels of h200 and h200-sm80 (16 parallel compiles); build-h200, build-sm80: one of them;
+#                 build-bf16: h200's bf16 forward and decode kernels (what tools/sanitize_case.py calls)
 #   build-release the kernels of lab/release-src (lab/make_release.sh COMMIT made it)
 #   gpu-h200, gpu-sm80   every GPU test under that profile, 16 pytest-xdist workers (the kernels they JIT build in parallel)
 #   verify-h200   flashtune verify --profile h200
@@ -76,6 +77,7 @@ for step in "$@"; do case $step in
   build) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16
          run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-h200) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16 ;;
+  build-bf16) run build-bf16 200 python3 -m flashtune build --profile h200 --dtypes bfloat16 --no-backward --jobs 16 ;;
   build-sm80) run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
   build-release) run build-release 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
                    --profile h200 --jobs 16 ;;
