@@ -62,21 +62,21 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
     scores_fp8<T>(s, sK, q_addr, fp8);
   } else {
 #pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    uint32_t a[MT][4];
+    for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+      uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
-    for (int nt = 0; nt < T::kSTiles; nt += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, sK + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
+      for (int nt = 0; nt < T::kSTiles; nt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, sK + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<Elem>(s[mt][nt], a[mt], b[0], b[1]);
-        mma_16816<Elem>(s[mt][nt + 1], a[mt], b[2], b[3]);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(s[mt][nt], a[mt], b[0], b[1]);
+          mma_16816<Elem>(s[mt][nt + 1], a[mt], b[2], b[3]);
+        }
       }
     }
-  }
   }
 
   if constexpr (T::kSoftcap) {  // on the scaled scores, kept raw: s * scale = cap * tanh(s * scale / cap)
