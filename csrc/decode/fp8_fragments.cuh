@@ -52,8 +52,8 @@ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 }
 
 // Q of the CTA's rows into shared memory as f16, in sigma order, times 2^q_exp (returned,
-// CTA-uniform): the largest |q| of the tile scaled into [2^14, 2^15), so every 16-bit q is an f16
-// exactly (a bf16's 8 mantissa bits fit an f16's 11) unless it is 2^-24 or less of the largest.
+// CTA-uniform): the largest finite |q| of the tile scaled into [2^14, 2^15), so every 16-bit q is an
+// f16 exactly (a bf16's 8 mantissa bits fit an f16's 11) down to about 2^-31 of the largest.
 // Plain loads, not cp.async: the maximum is needed before anything is stored. `scratch`: kWarps
 // floats of shared memory no one else uses yet. Rows past the CTA's and dims past kDim are zero.
 template <class T>
@@ -78,7 +78,10 @@ __device__ __forceinline__ int load_q_fp8(const DecodeParams& p, const Work& w, 
     }
     const Elem* x = reinterpret_cast<const Elem*>(&raw[i]);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(float(x[e])));
+    for (int e = 0; e < 8; ++e) {
+      const float a = fabsf(float(x[e]));
+      amax = fmaxf(amax, a < INFINITY ? a : 0.f);  // inf and nan pass through the scaling as they are
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -89,8 +92,8 @@ __device__ __forceinline__ int load_q_fp8(const DecodeParams& p, const Work& w, 
   for (int i = 0; i < T::kWarps; ++i) amax = fmaxf(amax, scratch[i]);
   int amax_exp = 0;
   frexpf(amax, &amax_exp);  // amax < 2^amax_exp
-  // q with inf or nan: left as it is; a tile of all but zeros (2^-85 and less) not scaled all the way
-  const int q_exp = amax > 0.f && amax <= 3.0e38f ? min(15 - amax_exp, 100) : 0;
+  // a tile of all but zeros (2^-85 and less) is not scaled all the way
+  const int q_exp = amax > 0.f ? min(15 - amax_exp, 100) : 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int c = tid + i * T::kThreads, r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;

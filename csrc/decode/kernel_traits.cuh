@@ -82,9 +82,10 @@ struct Traits {
   static constexpr int kKvTileBytes = kBlockN * kKvRowBytes;        // one as the cache holds it
   static constexpr int kWarpRingBytes = kStages * 2 * kKvTileBytes;  // K and V per stage
   static constexpr int kRingBytes = kKeyGroups * kWarpRingBytes;
-  // The merge: each warp's O of its rows (fp32, rows padded by 8 floats against bank conflicts)
-  // over the idle rings, then the rows' maxima and sums per warp after it.
-  static constexpr int kMergeRowFloats = kHeadDim + 8;
+  // The merge: each warp's O of its rows (fp32, rows padded against bank conflicts: 8 floats for
+  // the 16-bit path's 8-byte stores, 4 for the FP8 path's 16-byte ones) over the idle rings, then
+  // the rows' maxima and sums per warp after it.
+  static constexpr int kMergeRowFloats = kHeadDim + (kKvFp8 ? 4 : 8);
   static constexpr int kMergeOBytes = kWarps * kWarpRows * kMergeRowFloats * 4;
   static constexpr int kMergeStatBytes = 2 * kWarps * kWarpRows * 4;
   static constexpr int kAfterQ = kRingBytes > kMergeOBytes ? kRingBytes : kMergeOBytes;

@@ -174,16 +174,16 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
     }
     if constexpr (T::kKvFp8) {
       accumulate_pv_fp8<T>(st.o, p, sV, kk, fp8);
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int dt = 0; dt < T::kOTiles; dt += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, sV + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+      for (int dt = 0; dt < T::kOTiles; dt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sV + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<Elem>(st.o[mt][dt], p[mt], b[0], b[1]);
-        mma_16816<Elem>(st.o[mt][dt + 1], p[mt], b[2], b[3]);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(st.o[mt][dt], p[mt], b[0], b[1]);
+          mma_16816<Elem>(st.o[mt][dt + 1], p[mt], b[2], b[3]);
+        }
       }
     }
   }
@@ -210,11 +210,9 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   const int first_row = w.row_block * T::kRows;
   if (first_row >= w.packed_rows) return;  // CTA-uniform: no barrier is skipped
 
-  // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio)
-  int q_exp = 0;  // FP8: Q's power-of-two scale (load_q_fp8)
-  if constexpr (T::kKvFp8) {
-    q_exp = load_q_fp8<T>(p, w, first_row, sQ, reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAfterQ), tid);
-  } else {
+  // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio);
+  // with an FP8 cache after the ring's first copies are out (load_q_fp8, below)
+  if constexpr (!T::kKvFp8) {
     const Elem* q = static_cast<const Elem*>(p.q) + w.q_offset;
     for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
       const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
@@ -224,8 +222,8 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       const int64_t src = ok ? int64_t(pos) * p.q_row_stride + int64_t(head) * p.q_head_stride + chunk * 8 : 0;
       cp_async_16(sQ + 2 * sm80::swizzled<D>(r, chunk * 8), q + src, ok);
     }
+    cp_async_commit();
   }
-  cp_async_commit();  // (empty with FP8: the groups are counted alike)
 
   // ---- 2. This warp's keys: its key group's blocks block_begin + key_group, + KG, ...
   const int first_block = w.block_begin + key_group;
@@ -259,20 +257,22 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     }
     cp_async_commit();
   };
+  // The ring's first blocks: all S with a warp's own ring; S - 1 with a shared one, whose slot S - 1
+  // is filled at the first step (below).
+#pragma unroll
+  for (int s = 0; s < (G == 1 ? S : S - 1); ++s) issue(s);
   // The scores' scale in the exp2 domain, and the output's: an FP8 cache's descales for this
   // sequence and KV head (k_descale, v_descale: (batch, heads_kv), contiguous), and Q's scale.
   float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale, out_scale = 1.f;
   if constexpr (T::kKvFp8) {
+    const int q_exp = load_q_fp8<T>(p, w, first_row, sQ, reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAfterQ),
+                                    tid);
     const int at = w.batch * p.heads_kv + w.kv_head;
     const float k_scale = ldexpf(p.k_descale[at], -q_exp);
     scale_log2 *= k_scale, scale *= k_scale;
     out_scale = p.v_descale[at];
     if constexpr (T::kSoftcap) w.softcap_in = ldexpf(w.softcap_in, -q_exp), w.softcap_out = ldexpf(w.softcap_out, q_exp);
   }
-  // The ring's first blocks: all S with a warp's own ring; S - 1 with a shared one, whose slot S - 1
-  // is filled at the first step (below).
-#pragma unroll
-  for (int s = 0; s < (G == 1 ? S : S - 1); ++s) issue(s);
 
   // ldmatrix lane addresses (sm80/fwd_kernel.cuh explains the swizzle algebra).
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1, g = lane >> 2;
@@ -312,7 +312,8 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.f;
   }
 
-  cp_async_wait<S - 1>();  // Q landed for this thread (and, with its own ring, the warp's first block)
+  cp_async_wait<S - 1>();  // Q landed for this thread (and, with its own ring, the warp's first block; FP8: Q is
+                           // stored, the first block landed)
   __syncthreads();         // ... and Q for every thread
   if constexpr (G > 1) {
     // A shared ring: each warp waits for its own share of the step's tile, then the key group's
@@ -323,7 +324,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       named_barrier_sync(1 + key_group, 32 * G);
       issue(step + S - 1);
       const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
-      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, fp8, first_block + step * KG, w,
+      warp_step<T>(st, slot, slot + T::kKvTileBytes, q_addr, k_lane, v_lane, fp8, first_block + step * KG, w,
                    row_pos, scale_log2, alibi, lane);
     }
     // Key groups' step counts differ by at most one; a group with one step fewer passes its barrier

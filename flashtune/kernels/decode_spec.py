@@ -74,7 +74,7 @@ def decode_smem_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
     row_bytes = 2 * hdim
     warp_rows = tile.rows // decode_row_groups(hdim, tile.rows)
     ring = decode_ring_bytes(hdim, tile, kv_fp8)
-    merge_o = tile.warps * warp_rows * (hdim + 8) * 4
+    merge_o = tile.warps * warp_rows * (hdim + (4 if kv_fp8 else 8)) * 4  # rows padded as kMergeRowFloats
     return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * warp_rows * 4
 
 
