@@ -50,6 +50,8 @@
 #   fp8kv-quick   bench --decode, hdim 64/128, 8 KV heads, batch 1 and 32, 16k and 128k: flashtune on a 16-bit and on an
 #                 e4m3 cache beside cuDNN (a minute)
 #   kv-fp8-tests  tests/test_kv_fp8_gpu.py under h200, 16 workers
+#   ab-fp8kv      bench --decode, hdim 64/128/256, MQA and 8 KV heads, batch 1-32, 16k and 128k, contiguous and pages of
+#                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
@@ -163,6 +165,9 @@ for step in "$@"; do case $step in
            --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-fp8kv-quick.json" ;;
   kv-fp8-tests) FLASHTUNE_PROFILE=h200 run kv-fp8-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kv_fp8_gpu.py ;;
+  ab-fp8kv) run ab-fp8kv 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
+           --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
+           --backends flashtune,flashtune-fp8kv,release-fp8kv,sdpa-cudnn --out "$OUT/ab_fp8kv.json" ;;
   decode-fp8kv) run bench-decode-fp8kv 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8,32 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
            --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-decode_fp8kv.json" ;;
