@@ -214,3 +214,13 @@ def test_head_dims_between_the_built_ones_are_computed_at_the_next():
     assert default_decode_tile(get_arch("sm_89"), 80, 16) == default_decode_tile(get_arch("sm_89"), 128, 16)
     with pytest.raises(SpecError, match="multiples of 8 from 32 to 256"):
         DecodeSpec("sm_90a", "bfloat16", 100, tile, False)
+
+
+def test_profiles_show_lists_a_decode_tile_for_every_rows_a_call_can_take():
+    """hdim 256 takes 32 packed rows too (two row groups of 8 warps), so `profiles show` lists it."""
+    from flashtune.commands.profiles import decode_details
+
+    tiles = {(t["hdim"], t["rows"]): t for t in decode_details(find_profile("h200"))["tiles"]}
+    assert sorted(tiles) == [(64, 16), (64, 32), (128, 16), (128, 32), (256, 16), (256, 32)]
+    assert tiles[256, 32]["warps"] == 8 and tiles[256, 32]["source"] == "default"
+

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashtune.commands.common import human_bytes
-from flashtune.kernels.decode_spec import decode_smem_bytes
+from flashtune.kernels.decode_spec import decode_smem_bytes, decode_tile_keys
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.schedule import suffix_words
 from flashtune.kernels.spec import spec_for
@@ -71,12 +71,11 @@ def decode_details(profile: Profile) -> dict:
     policy."""
     own = {(hdim, rows) for hdim, rows, _ in profile.decode_tiles}
     tiles = []
-    for hdim in profile.head_dims:
-        for rows in ((16, 32) if hdim <= 128 else (16,)):
-            tile = profile.decode_tile(hdim, rows)
-            tiles.append({"hdim": hdim, "rows": rows, "block_n": tile.block_n, "warps": tile.warps,
-                          "stages": tile.stages, "smem_bytes": decode_smem_bytes(hdim, tile),
-                          "source": "profile" if (hdim, rows) in own else "default"})
+    for hdim, rows in decode_tile_keys(profile.head_dims):
+        tile = profile.decode_tile(hdim, rows)
+        tiles.append({"hdim": hdim, "rows": rows, "block_n": tile.block_n, "warps": tile.warps,
+                      "stages": tile.stages, "smem_bytes": decode_smem_bytes(hdim, tile),
+                      "source": "profile" if (hdim, rows) in own else "default"})
     return {"tiles": tiles, "split": asdict(profile.decode_split)}
 
 

@@ -42,6 +42,12 @@ DEFAULT_TILE_ORDER = {
 }
 
 
+def decode_tile_keys(hdims) -> list[tuple[int, int]]:
+    """The (head dim, packed rows) pairs a decode tile is chosen for: 16 and 32 rows at each built
+    head dim (at hdim 256, 32 rows are two row groups)."""
+    return [(hdim, rows) for hdim in hdims for rows in DECODE_ROWS if (hdim, rows) in DEFAULT_TILE_ORDER]
+
+
 @dataclass(frozen=True)
 class DecodeTile:
     rows: int      # packed query rows per CTA (heads of a KV group x positions): 16 or 32

@@ -16,8 +16,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flashtune.kernels.decode_spec import (DECODE_BLOCK_N, DECODE_STAGES, DECODE_WARPS, DEFAULT_TILE_ORDER,
-                                           DecodeSpec, DecodeTile, decode_tile_problems)
+from flashtune.kernels.decode_spec import (DECODE_BLOCK_N, DECODE_STAGES, DECODE_WARPS, DecodeSpec, DecodeTile,
+                                           decode_tile_keys, decode_tile_problems)
 from flashtune.kernels.profiles import Profile
 
 HEADS = 32
@@ -51,7 +51,7 @@ class DecodeTuneResult:
 
 
 def decode_pairs(profile: Profile, hdims) -> list[tuple[int, int]]:
-    return [(hdim, rows) for hdim in hdims for rows in (16, 32) if (hdim, rows) in DEFAULT_TILE_ORDER]
+    return decode_tile_keys(hdims)
 
 
 def decode_candidates(profile: Profile, hdim: int, rows: int) -> list[DecodeTile]:
