@@ -35,25 +35,7 @@ try:  # a release with the KV-cache functions: its block tables trusted, as benc
 except ImportError:
     pass
 
-
-def _release_fp8kv(inputs: dict, causal: bool, scale: float):
-    """The release on the same e4m3 cache as bench's flashtune-fp8kv (one descale per KV head)."""
-    from flashtune_release.runtime import kvcache
-    from flashtune_release.runtime.fp8 import FP8_MAX, quantise_kv
-
-    k, v, batch = inputs["k"], inputs["v"], inputs["q"].shape[0]
-    k_head, v_head = ((x.abs().amax(dim=(0, 1, 3)).float() / FP8_MAX).clamp_min(1e-12) for x in (k, v))
-    k8, v8 = (quantise_kv(x, d[None].expand(x.shape[0], -1)) for x, d in ((k, k_head), (v, v_head)))
-    k_descale, v_descale = (d[None].expand(batch, -1).contiguous() for d in (k_head, v_head))
-
-    def run():
-        return kvcache.flash_attn_with_kvcache(inputs["q"], k8, v8, block_table=inputs["block_table"],
-                                               softmax_scale=scale, causal=causal, k_descale=k_descale,
-                                               v_descale=v_descale)
-    run()
-    return run
-
-
-decode_backends.DECODE_BACKENDS["release-fp8kv"] = _release_fp8kv
+# the release on bench's e4m3 cache, beside flashtune-fp8kv
+decode_backends.DECODE_BACKENDS["release-fp8kv"] = decode_backends._flashtune_fp8kv("flashtune_release")
 sys.argv = [sys.argv[0], *sys.argv[2:]]
 main()

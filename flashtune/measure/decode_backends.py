@@ -26,28 +26,33 @@ def _flashtune(inputs: dict, causal: bool, scale: float) -> Runner:
     return run
 
 
-def _flashtune_fp8kv(inputs: dict, causal: bool, scale: float) -> Runner:
-    """flashtune on the same cache stored in e4m3 (quantised before timing with one descale per KV
-    head, as an engine's FP8 cache holds it): half the bytes read. Its GB/s counts the 16-bit
-    cache's bytes, the work every row does, so it can pass the copy bandwidth."""
-    from flashtune.runtime import kvcache
-    from flashtune.runtime.fp8 import FP8_MAX, quantise_kv
+def _flashtune_fp8kv(package: str = "flashtune") -> Callable[[dict, bool, float], Runner]:
+    """flashtune (or another copy of it, `package`: an A/B's release) on the same cache stored in
+    e4m3 (quantised before timing with one descale per KV head, as an engine's FP8 cache holds it):
+    half the bytes read. Its GB/s counts the 16-bit cache's bytes, the work every row does, so it
+    can pass the copy bandwidth."""
+    def make(inputs: dict, causal: bool, scale: float) -> Runner:
+        import importlib
 
-    k, v, batch = inputs["k"], inputs["v"], inputs["q"].shape[0]
-    k_head, v_head = ((x.abs().amax(dim=(0, 1, 3)).float() / FP8_MAX).clamp_min(1e-12) for x in (k, v))
-    k8, v8 = (quantise_kv(x, d[None].expand(x.shape[0], -1)) for x, d in ((k, k_head), (v, v_head)))
-    k_descale, v_descale = (d[None].expand(batch, -1).contiguous() for d in (k_head, v_head))
+        kvcache = importlib.import_module(f"{package}.runtime.kvcache")
+        fp8 = importlib.import_module(f"{package}.runtime.fp8")
+        k, v, batch = inputs["k"], inputs["v"], inputs["q"].shape[0]
+        k_head, v_head = ((x.abs().amax(dim=(0, 1, 3)).float() / fp8.FP8_MAX).clamp_min(1e-12) for x in (k, v))
+        k8, v8 = (fp8.quantise_kv(x, d[None].expand(x.shape[0], -1)) for x, d in ((k, k_head), (v, v_head)))
+        k_descale, v_descale = (d[None].expand(batch, -1).contiguous() for d in (k_head, v_head))
 
-    def run():
-        return kvcache.flash_attn_with_kvcache(inputs["q"], k8, v8, block_table=inputs["block_table"],
-                                               softmax_scale=scale, causal=causal, k_descale=k_descale,
-                                               v_descale=v_descale)
+        def run():
+            return kvcache.flash_attn_with_kvcache(inputs["q"], k8, v8, block_table=inputs["block_table"],
+                                                   softmax_scale=scale, causal=causal, k_descale=k_descale,
+                                                   v_descale=v_descale)
 
-    try:
-        run()
-    except ValueError as e:  # FlashtuneInputError, SpecError
-        raise Unavailable(str(e).splitlines()[0][:300]) from e
-    return run
+        try:
+            run()
+        except ValueError as e:  # FlashtuneInputError, SpecError
+            raise Unavailable(str(e).splitlines()[0][:300]) from e
+        return run
+
+    return make
 
 
 def _sdpa(backend_name: str | None) -> Callable[[dict, bool, float], Runner]:
@@ -117,5 +122,5 @@ DECODE_BACKENDS: dict[str, Callable[[dict, bool, float], Runner]] = {
     "flash-attn2": _flash_attn_kvcache("flash_attn"),
     "flash-attn3": _flash_attn_kvcache("flash_attn_interface"),
     "flash-attn4": _flash_attn4,
-    "flashtune-fp8kv": _flashtune_fp8kv,  # not in the default backends: an e4m3 cache
+    "flashtune-fp8kv": _flashtune_fp8kv(),  # not in the default backends: an e4m3 cache
 }
