@@ -523,6 +523,10 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @list_option("--caches", "--cache", "With --decode: keys per sequence (default 1024,16384,131072).")
 @list_option("--seqlens-q", "--seqlen-q", "With --decode: query tokens per sequence, causal above 1 (default 1,4).")
 @list_option("--pages", "--page", "With --decode: page sizes of a paged cache, 0 for contiguous (default 0).")
+@click.option("--kv-dtype", type=click.Choice(["e4m3"]),
+              help="With --decode: flashtune also reads each cache stored in e4m3 (one descale per KV head), its "
+                   "row (backend flashtune-fp8kv) beside its 16-bit one; the other backends read 16 bits. GB/s "
+                   "count the 16-bit bytes, so an e4m3 row can pass the copy bandwidth.")
 @click.option("--pass", "pass_name", type=click.Choice(["fwd", "bwd", "fwd+bwd"]), default="fwd", show_default=True,
               help="The prefill grid's pass: the forward, the backward alone (dq, dk, dv from a kept forward) or "
                    "both; TFLOPS count the backward as 2.5 forwards (FlashAttention's count); the error column "
@@ -536,7 +540,7 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="With --train: optimizer steps per run (two thirds at 1k tokens, a third at 4k).")
 def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
                   as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
-                  seqlens_q, pages, pass_name, train, train_steps) -> None:
+                  seqlens_q, pages, kv_dtype, pass_name, train, train_steps) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -547,6 +551,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         flashtune bench --hdims 128 --seqlens 1024,4096 --out out.json --plot out.png
         flashtune bench --hdims 128 --seqlens 4096 --heads 32 --heads-kv 8 --causal --csv -
         flashtune bench --decode --hdims 128 --heads-kv 8 --batches 1,32 --caches 16384 --pages 0,64
+        flashtune bench --decode --kv-dtype e4m3 --hdims 128 --heads-kv 8 --batches 8 --caches 131072
         flashtune bench --pass fwd+bwd --hdims 64,128 --causal
         flashtune bench --train --train-steps 300 --out train.json --plot train.png
 
@@ -584,6 +589,8 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         from flashtune.measure import decode_problem as grid
 
         names = bench.backend_names(backends)
+        if kv_dtype == "e4m3" and "flashtune-fp8kv" not in names:  # beside flashtune's 16-bit row
+            names.insert(names.index("flashtune") + 1 if "flashtune" in names else 0, "flashtune-fp8kv")
         problems, too_big = [], 0
         for dtype in dtypes or ["bfloat16"]:
             found, skipped = grid.decode_grid(hdims or grid.DECODE_HDIMS, heads_kv or grid.DECODE_HEADS_KV,
@@ -641,7 +648,7 @@ MODE_OPTIONS = {
              "pass_name": "--pass"},
     "decode": {"hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv", "batches": "--batches",
                "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
-               "csv_path": "--csv"},
+               "csv_path": "--csv", "kv_dtype": "--kv-dtype"},
     "model": {"layers": "--layers", "prefill": "--prefill", "decode_steps": "--decode-steps", "batches": "--batches"},
     "train": {"train_steps": "--train-steps"},
 }

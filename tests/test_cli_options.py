@@ -110,6 +110,8 @@ REFUSED = [
     (("--decode", "--pass", "bwd"), "--pass: not an option of bench --decode"),
     (("--decode", "--seqlens", "512", "--causal"), "--seqlens, --causal: not an option of bench --decode"),
     (("--decode", "--model", "llama3-8b-like"), "--model and --decode are different benches"),
+    (("--kv-dtype", "e4m3"), "--kv-dtype: not an option of the prefill grid (only of bench --decode)"),
+    (("--decode", "--kv-dtype", "e5m2"), "'e5m2' is not 'e4m3'"),
     (("--train", "--hdims", "64"), "--hdims: not an option of bench --train"),
     (("--train-steps", "50"), "--train-steps: not an option of the prefill grid (only of bench --train)"),
     (("--train", "--dtypes", "float16"), "--train trains in bf16 autocast"),
@@ -123,3 +125,25 @@ REFUSED = [
 def test_bench_refuses_options_of_the_other_mode(one_gpu, args, message):
     result = run("bench", *args)
     assert result.exit_code == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("backends,expected", [(None, ["flashtune", "flashtune-fp8kv"]),
+                                               ("sdpa-cudnn,flashtune", ["sdpa-cudnn", "flashtune", "flashtune-fp8kv"]),
+                                               ("sdpa-cudnn", ["flashtune-fp8kv", "sdpa-cudnn"])])
+def test_bench_decode_kv_dtype_e4m3_adds_flashtunes_e4m3_row(monkeypatch, one_gpu, backends, expected):
+    """`--kv-dtype e4m3`: flashtune on the e4m3 cache beside its 16-bit row (or first without one)."""
+    from flashtune.commands import bench_decode
+
+    seen = {}
+
+    def fake_run(problems, names, repeats, on_problem=None, checkpoint=None):
+        seen["names"] = names
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench_decode, "run_decode_bench", fake_run)
+    args = ["bench", "--decode", "--kv-dtype", "e4m3", "--hdims", "128", "--heads-kv", "8", "--batches", "1",
+            "--caches", "1024", "--seqlens-q", "1"] + (["--backends", backends] if backends else [])
+    run(*args)
+    names = seen["names"]
+    assert names[:len(expected)] == expected if backends is None else names == expected
+
