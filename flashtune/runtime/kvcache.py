@@ -295,7 +295,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # Keys the host knows for every sequence need no per-sequence array (nor the kernel's read of it).
     out, lse = run_decode(spec, q, k_cache, v_cache, seqused_k=seqused if keys_known is None else None,
                           cache_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad, block_table=block_table,
-                          max_seqlen_q=seqlen_q, seqlen_k=capacity if keys_known is None else keys_known,
+                          max_seqlen_q=seqlen_q, seqlen_k=keys,
                           softmax_scale=scale, num_splits=num_splits,
                           with_lse=return_softmax_lse, poison=ops.poison_outputs,
                           policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale,
