@@ -223,4 +223,7 @@ def test_profiles_show_lists_a_decode_tile_for_every_rows_a_call_can_take():
     tiles = {(t["hdim"], t["rows"]): t for t in decode_details(find_profile("h200"))["tiles"]}
     assert sorted(tiles) == [(64, 16), (64, 32), (128, 16), (128, 32), (256, 16), (256, 32)]
     assert tiles[256, 32]["warps"] == 8 and tiles[256, 32]["source"] == "default"
+    # h200 builds e4m3-cache twins: twice the stages, but not for row groups (an e4m3 cache takes 16 rows)
+    assert tiles[128, 16]["e4m3_stages"] == 2 * tiles[128, 16]["stages"] and tiles[256, 32]["e4m3_stages"] is None
+    assert all(t["e4m3_stages"] is None for t in decode_details(find_profile("rtx4090"))["tiles"])
 

@@ -10,7 +10,8 @@ import torch
 
 import flashtune
 from flashtune.kernels.arch import get_arch
-from flashtune.kernels.decode_spec import DecodeSpec, DecodeTile, decode_smem_bytes, decode_tile_problems
+from flashtune.kernels.decode_spec import (DecodeSpec, DecodeTile, decode_smem_bytes, decode_tile_problems,
+                                           e4m3_cache_tile)
 from flashtune.kernels.profiles import ProfileError, find_profile
 from flashtune.measure import fp8_floor
 from flashtune.measure.reference import attention_reference
@@ -73,9 +74,9 @@ def test_fp8_cache_decode_kernels_are_named_sized_and_refused_where_no_hardware_
     fp8 = DecodeSpec("sm_90a", "bfloat16", 128, tile, False, kv_fp8=True)
     assert fp8.name == plain.name.replace("_sm90a", "_e4m3kv_sm90a") and fp8.combine_name.endswith("_e4m3kv_sm90a_combine")
     assert re.search(r"false, true,\s+flashtune::Variants", fp8.source()) and fp8.source_hash() != plain.source_hash()
-    # the ring at one byte an element plus each warp's 16-bit staging K and V: less than 16-bit at 3 stages
-    assert fp8.smem_bytes == decode_smem_bytes(128, tile) - 4 * (3 * 2 * 32 * 128 - 2 * 32 * 256)
-    assert fp8.smem_bytes < plain.smem_bytes
+    # the ring at one byte an element (the fragments are converted in registers: no 16-bit copy)
+    assert fp8.smem_bytes == decode_smem_bytes(128, tile) - 4 * 3 * 2 * 32 * 128
+    assert fp8.ring_bytes * 2 == plain.ring_bytes
     assert any("FP8 conversions in hardware" in p for p in decode_tile_problems(128, tile, get_arch("sm_80"), True))
     assert not decode_tile_problems(128, DecodeTile(16, 16, 4, 2), get_arch("sm_89"), True)
 
@@ -86,9 +87,13 @@ def test_profiles_build_fp8_cache_kernels_only_when_asked(tmp_path):
     h200, rtx5090 = find_profile("h200"), find_profile("rtx5090")
     assert h200.fp8_kv and not rtx5090.fp8_kv
     specs = decode_specs_for_profile(h200)
-    twins = {dataclasses.replace(s, kv_fp8=False) for s in specs if s.kv_fp8}
+    # each e4m3 kernel beside its 16-bit twin, with twice its stages (the same ring bytes) ...
+    fp8 = {s for s in specs if s.kv_fp8}
+    twins = {s for s in specs if not s.kv_fp8 and not (s.hdim == 256 and s.tile.rows == 32)
+             and dataclasses.replace(s, tile=e4m3_cache_tile(s.tile), kv_fp8=True) in fp8}
     only_16bit = [s for s in specs if not s.kv_fp8 and s not in twins]
-    assert twins <= set(specs) and len(twins) > 20  # each e4m3 kernel beside its 16-bit twin ...
+    assert len(twins) == len(fp8) > 20 and all(s.ring_bytes == 2 * dataclasses.replace(s, kv_fp8=True).ring_bytes
+                                               for s in twins)
     assert only_16bit and all(s.hdim == 256 and s.tile.rows == 32 for s in only_16bit)  # ... but row groups'
     assert not any(s.kv_fp8 for s in decode_specs_for_profile(rtx5090))
     bad = tmp_path / "bad.yaml"
@@ -128,3 +133,17 @@ def test_k_smoothing_is_a_profile_option(tmp_path):
     bad.write_text(base.replace("  kv: e4m3", "  kv: e4m3\n  k_smoothing: maybe"))
     with pytest.raises(ProfileError, match="k_smoothing"):
         load_profile(bad)
+
+
+def test_an_e4m3_cache_keeps_the_16bit_tiles_bytes_in_flight():
+    """Twice the stages, 8 at most, on an allowed count: the ring's bytes are the 16-bit tile's."""
+    assert [e4m3_cache_tile(DecodeTile(16, 32, 4, s)).stages for s in (2, 3, 4, 6, 8)] == [4, 6, 8, 8, 8]
+    tile = DecodeTile(16, 32, 4, 3)
+    assert DecodeSpec("sm_90a", "bfloat16", 128, e4m3_cache_tile(tile), False, kv_fp8=True).ring_bytes == \
+        DecodeSpec("sm_90a", "bfloat16", 128, tile, False).ring_bytes
+    h200 = find_profile("h200")
+    from flashtune.kernels.decode_spec import decode_spec_for
+    for hdim, rows in ((64, 16), (128, 16), (128, 32), (256, 16)):
+        sixteen = decode_spec_for(h200, "bfloat16", hdim, rows, False, "contiguous")
+        e4m3 = decode_spec_for(h200, "bfloat16", hdim, rows, False, "contiguous", kv_fp8=True)
+        assert e4m3.tile == e4m3_cache_tile(sixteen.tile) and e4m3.ring_bytes * 2 >= sixteen.ring_bytes

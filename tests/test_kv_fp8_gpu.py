@@ -151,3 +151,41 @@ def test_fp8_cache_with_alibi_per_sequence_and_head():
         ref, _ = attention_reference(q[b:b + 1].float(), kd[b:b + 1], vd[b:b + 1], True, None, (-1, -1), 0.0, None,
                                      slopes[b])
         assert rel_l2(out[b:b + 1], ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_cache_with_a_window_and_sinks(splits):
+    """A window's edges fall inside key blocks, so every S column's key (S's columns are keys t, t+4,
+    t+8, t+12 of each 16 with an e4m3 cache) is masked by its own position; sinks join the sum."""
+    q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 4, 32, 8, 128, 901)
+    sinks = torch.randn(32, device=DEV, generator=torch.Generator(device=DEV).manual_seed(4))
+    out = flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale, causal=True,
+                                            window_size=(37, 0), sinks=sinks, num_splits=splits)
+    kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
+    ref, _ = attention_reference(q.float(), kd, vd, True, None, (37, 0), 0.0, sinks)
+    assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6
+
+
+@pytest.mark.parametrize("q_scale", [3e5, 1e-6])
+def test_fp8_cache_takes_q_of_any_16bit_magnitude(q_scale):
+    """q is stored as f16 times a power of two chosen from its tile's largest |q|: bf16 queries past
+    f16's range (65504) or far below its normal range read as exactly as ordinary ones."""
+    q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 1, 32, 8, 128, 600)
+    q = (q.float() * q_scale).to(BF16)
+    scale = 0.5 / (q_scale * math.sqrt(128))  # scores of ordinary size
+    out = flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale,
+                                            softmax_scale=scale)
+    kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
+    ref, _ = attention_reference(q.float(), kd, vd, False, scale)
+    assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6
+
+
+@pytest.mark.parametrize("hdim", [80, 96, 192])
+def test_fp8_cache_at_head_dims_between_the_built_ones(hdim):
+    """Computed at the next built head dim: Q, K and V zero past hdim (Q's permuted columns too)."""
+    q, k, v, k8, v8, k_descale, v_descale = fp8_case("normal", 2, 1, 16, 4, hdim, 777)
+    out = flashtune.flash_attn_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale)
+    kd, vd = fp8_floor.dequantised(k8, k_descale), fp8_floor.dequantised(v8, v_descale)
+    ref, _ = attention_reference(q.float(), kd, vd, False)
+    assert rel_l2(out, ref) <= 3 * rel_l2(ref.to(BF16).float(), ref) + 1e-6
+

@@ -9,6 +9,7 @@ import torch
 
 import flashtune
 from flashtune.runtime import ops
+from flashtune.runtime.fp8 import quantise_kv
 
 ops.use_profile(sys.argv[1] if len(sys.argv) > 1 else "h200-sm80")
 torch.manual_seed(0)
@@ -77,5 +78,22 @@ for hdim in (64, 128, 256):
         table = torch.randperm(batch * capacity // 16, device="cuda").to(torch.int32).view(batch, -1)
         flashtune.flash_attn_varlen_func(q.flatten(0, 1), kp, vp, cu_q, None, seqlen_q, capacity, causal=causal,
                                          seqused_k=seqlens + 2, block_table=table)
+# An e4m3 cache (fragments converted in registers): 16-row tiles at every head dim, one and four
+# causal query tokens, 1 and 3 splits and the heuristic's, contiguous and pages of 16.
+for hdim in (64, 128, 256):
+    for seqlen_q, causal in ((1, False), (4, True)):
+        batch, capacity, heads_kv = 3, 400, 4
+        q = torch.randn(batch, seqlen_q, 16, hdim, device="cuda", dtype=torch.bfloat16)
+        k16, v16 = (torch.randn(batch, capacity, heads_kv, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k_descale, v_descale = flashtune.kv_descales(k16, v16)
+        k8, v8 = quantise_kv(k16, k_descale), quantise_kv(v16, v_descale)
+        seqlens = torch.tensor([0, 133, capacity], dtype=torch.int32, device="cuda")
+        for splits in (1, 3, 0):
+            flashtune.flash_attn_with_kvcache(q, k8, v8, cache_seqlens=seqlens, causal=causal, num_splits=splits,
+                                              k_descale=k_descale, v_descale=v_descale)
+        table = torch.randperm(batch * capacity // 16, device="cuda").to(torch.int32).view(batch, -1)
+        flashtune.flash_attn_with_kvcache(q, k8.view(-1, 16, heads_kv, hdim), v8.view(-1, 16, heads_kv, hdim),
+                                          cache_seqlens=seqlens, block_table=table, causal=causal,
+                                          k_descale=k_descale, v_descale=v_descale)
 torch.cuda.synchronize()
 print("sanitize_case: done")

@@ -20,9 +20,9 @@
 // cache's bytes, which bound decode, are the head dim's).
 //
 // With kKvFp8 the cache holds e4m3 keys and values (one byte each, a descale per sequence and KV
-// head): the ring holds the bytes as they are in memory (half the bytes in flight per key), and
-// each warp converts a step's K and V to 16 bits into its own staging tiles, which the MMAs read
-// exactly as they read a 16-bit cache's tiles.
+// head): the ring holds the bytes as they are in memory, which the warps read into MMA fragments
+// and convert in registers (fp8_fragments.cuh); the MMAs run in f16 (MmaElem), Q converted once
+// (exactly, with a power-of-two scale), P in f16.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,6 +51,7 @@ struct Traits {
   using Elem = Elem_;  // q, o and what the MMAs take
   static constexpr bool kKvFp8 = kKvFp8_;
   using KvElem = std::conditional_t<kKvFp8, uint8_t, Elem>;  // the cache's element (e4m3 bytes)
+  using MmaElem = std::conditional_t<kKvFp8, __half, Elem>;   // Q, K, P and V as the MMAs take them
   static constexpr int kDim = kDim_;  // the head dim of q, the cache and o
   static constexpr int kHeadDim = kDim <= 64 ? 64 : kDim <= 128 ? 128 : 256;  // computed at
   static constexpr int kRows = kRows_;      // packed query rows per CTA (heads x positions)
@@ -80,11 +81,11 @@ struct Traits {
   static constexpr int kTileBytes = kBlockN * kRowBytes;            // one 16-bit K or V tile
   static constexpr int kKvTileBytes = kBlockN * kKvRowBytes;        // one as the cache holds it
   static constexpr int kWarpRingBytes = kStages * 2 * kKvTileBytes;  // K and V per stage
-  static constexpr int kWarpStagingBytes = kKvFp8 ? 2 * kTileBytes : 0;  // FP8: the step's K, V in 16 bits
-  static constexpr int kRingBytes = kKeyGroups * kWarpRingBytes + kWarps * kWarpStagingBytes;
-  // The merge: each warp's O of its rows (fp32, rows padded by 8 floats against bank conflicts)
-  // over the idle rings, then the rows' maxima and sums per warp after it.
-  static constexpr int kMergeRowFloats = kHeadDim + 8;
+  static constexpr int kRingBytes = kKeyGroups * kWarpRingBytes;
+  // The merge: each warp's O of its rows (fp32, rows padded against bank conflicts: 8 floats for
+  // the 16-bit path's 8-byte stores, 4 for the FP8 path's 16-byte ones) over the idle rings, then
+  // the rows' maxima and sums per warp after it.
+  static constexpr int kMergeRowFloats = kHeadDim + (kKvFp8 ? 4 : 8);
   static constexpr int kMergeOBytes = kWarps * kWarpRows * kMergeRowFloats * 4;
   static constexpr int kMergeStatBytes = 2 * kWarps * kWarpRows * 4;
   static constexpr int kAfterQ = kRingBytes > kMergeOBytes ? kRingBytes : kMergeOBytes;
@@ -100,7 +101,7 @@ struct Traits {
   static_assert((kBlockN * kKvChunksPerRow) % 32 == 0, "a warp loads its tiles in whole passes");
   static_assert(kMTiles * (kHeadDim + kBlockN) / 2 <= 192, "O and S accumulators fit in registers");
   static_assert(kWarps % kRowGroups == 0, "whole key groups of kRowGroups warps");
-  static_assert(kRowGroups == 1 || !kKvFp8, "row groups read 16-bit caches (an e4m3 cache's staging is per warp)");
+  static_assert(kRowGroups == 1 || !kKvFp8, "row groups read 16-bit caches (an e4m3 cache's 16 rows fit a warp)");
 };
 
 }  // namespace decode

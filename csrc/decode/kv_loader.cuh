@@ -60,15 +60,26 @@ struct KvRows {
   }
 };
 
+// The XOR on a 16-byte chunk of FP8 ring row `row` (low 3 bits of the chunk index). ldmatrix's 8
+// rows of one matrix (keys nt * 8 + {0, 4, 1, 5, 2, 6, 3, 7}) and each V read (4 rows t + 4i, 32
+// bytes each, for one i) must land in different banks: 128+ byte rows take row bits (1 0 2), so
+// rows t + 4i differ in the pair of chunks; 64-byte rows (two to a 128-byte line, the row's parity
+// picks the half) take (1 2).
+template <class T>
+__device__ __forceinline__ int fp8_chunk_swizzle(int row) {
+  if constexpr (T::kKvRowBytes >= 128) {
+    return ((row & 3) << 1) | ((row >> 2) & 1);
+  } else {
+    return (((row >> 1) & 1) << 1) | ((row >> 2) & 1);
+  }
+}
+
 // Where 16-byte chunk `chunk` of tile row `row` lands in a ring slot: 16-bit tiles swizzled for
-// ldmatrix; FP8 tiles swizzled so that the conversion (fp8_staging.cuh), whose 8-lane phases read
-// one chunk of 8 consecutive rows, hits 8 different bank groups: 128+ byte rows XOR the chunk with
-// (row & 7), 64-byte rows (hdim 64, two to a 128-byte line) with ((row >> 1) & 3).
+// ldmatrix; FP8 tiles for fp8_fragments.cuh's reads (fp8_chunk_swizzle).
 template <class T>
 __device__ __forceinline__ uint32_t ring_chunk(uint32_t smem, int row, int chunk) {
   if constexpr (T::kKvFp8) {
-    const int swizzled = T::kKvRowBytes >= 128 ? (chunk & ~7) | ((chunk & 7) ^ (row & 7)) : chunk ^ ((row >> 1) & 3);
-    return smem + row * T::kKvRowBytes + swizzled * 16;
+    return smem + row * T::kKvRowBytes + (((chunk & ~7) | ((chunk & 7) ^ fp8_chunk_swizzle<T>(row))) << 4);
   } else {
     return smem + 2 * sm80::swizzled<T::kHeadDim>(row, chunk * 8);
   }

@@ -9,9 +9,11 @@
 //      the rows normalised and written: to o (and lse) with one split (output.cuh); with several,
 //      as fp32 partials and their LSE for the combine kernel (combine_kernel.cuh), or, when the
 //      row block's splits are one cluster, merged in it (cluster_merge.cuh).
-// An FP8 cache (kKvFp8) adds one part to 2: each step's K and V bytes converted to 16 bits into the
-// warp's staging tiles (fp8_staging.cuh), its ring slot refilled at once; the (sequence, KV head)'s
-// K descale scales the scores (with the softmax scale), its V descale the output.
+// An FP8 cache (kKvFp8): Q is stored once in f16 with a power-of-two scale and the head dims in the
+// order the K fragments take (load_q_fp8), each step reads its e4m3 K and V from the ring into
+// fragments converted in registers (fp8_fragments.cuh), and the merge puts O's permuted columns back;
+// the (sequence, KV head)'s K descale and Q's scale scale the scores (with the softmax scale), its V
+// descale the output.
 #pragma once
 #include <math.h>
 
@@ -20,7 +22,7 @@
 #include "common/ptx_sm80.cuh"
 #include "common/row_lse.cuh"
 #include "decode/cluster_merge.cuh"
-#include "decode/fp8_staging.cuh"
+#include "decode/fp8_fragments.cuh"
 #include "decode/kernel_traits.cuh"
 #include "decode/kv_loader.cuh"
 #include "decode/output.cuh"
@@ -42,10 +44,11 @@ struct WarpState {
 // S = Q K^T, mask, online softmax, O += P V for one key block already in shared memory.
 template <class T>
 __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_t sV, const uint32_t (&q_addr)[4],
-                                          const uint32_t (&k_lane)[4], const uint32_t (&v_lane)[4], int block,
-                                          const Work& w, const int (&row_pos)[T::kMTiles][2], float scale_log2,
+                                          const uint32_t (&k_lane)[4], const uint32_t (&v_lane)[4],
+                                          const Fp8Lanes<T>& fp8, int block, const Work& w,
+                                          const int (&row_pos)[T::kMTiles][2], float scale_log2,
                                           const float (&alibi)[T::kMTiles][2], int lane) {
-  using Elem = typename T::Elem;
+  using Elem = typename T::MmaElem;
   constexpr int MT = T::kMTiles, BN = T::kBlockN;
   constexpr uint32_t kRowBytes = T::kRowBytes;
   float s[MT][T::kSTiles][4];
@@ -55,19 +58,23 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
     for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+  if constexpr (T::kKvFp8) {
+    scores_fp8<T>(s, sK, q_addr, fp8);
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
-    uint32_t a[MT][4];
+    for (int kk = 0; kk < T::kHeadDim / 16; ++kk) {
+      uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr[kk % 4] + mt * 16 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
-    for (int nt = 0; nt < T::kSTiles; nt += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, sK + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
+      for (int nt = 0; nt < T::kSTiles; nt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, sK + k_lane[kk % 4] + nt * 8 * kRowBytes + (kk / 4) * 128);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<Elem>(s[mt][nt], a[mt], b[0], b[1]);
-        mma_16816<Elem>(s[mt][nt + 1], a[mt], b[2], b[3]);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(s[mt][nt], a[mt], b[0], b[1]);
+          mma_16816<Elem>(s[mt][nt + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
@@ -89,7 +96,7 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
       for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          const int col = block * BN + key_col<T>(nt, t, e);
           s[mt][nt][e] += alibi[mt][e >> 1] * float(abs(row_pos[mt][e >> 1] + w.causal_shift - col));
         }
   }
@@ -106,7 +113,7 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
       for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          const int col = block * BN + key_col<T>(nt, t, e);
           const int diag = row_pos[mt][e >> 1] + w.causal_shift;  // the row's own key
           if (col >= w.seqlen_k || (T::kCausal && col > diag) || (w.window_left >= 0 && col < diag - w.window_left) ||
               (w.window_right >= 0 && col > diag + w.window_right))
@@ -119,7 +126,7 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
       for (int nt = 0; nt < T::kSTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int col = block * BN + nt * 8 + 2 * t + (e & 1);
+          const int col = block * BN + key_col<T>(nt, t, e);
           if (col >= w.seqlen_k || (T::kCausal && col > row_pos[mt][e >> 1] + w.causal_shift))
             s[mt][nt][e] = -INFINITY;
         }
@@ -165,14 +172,18 @@ __device__ __forceinline__ void warp_step(WarpState<T>& st, uint32_t sK, uint32_
       p[mt][2] = pack2<Elem>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
       p[mt][3] = pack2<Elem>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
+    if constexpr (T::kKvFp8) {
+      accumulate_pv_fp8<T>(st.o, p, sV, kk, fp8);
+    } else {
 #pragma unroll
-    for (int dt = 0; dt < T::kOTiles; dt += 2) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, sV + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+      for (int dt = 0; dt < T::kOTiles; dt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sV + v_lane[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<Elem>(st.o[mt][dt], p[mt], b[0], b[1]);
-        mma_16816<Elem>(st.o[mt][dt + 1], p[mt], b[2], b[3]);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<Elem>(st.o[mt][dt], p[mt], b[0], b[1]);
+          mma_16816<Elem>(st.o[mt][dt + 1], p[mt], b[2], b[3]);
+        }
       }
     }
   }
@@ -194,24 +205,25 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int key_group = warp / G, row_group = warp % G;  // G == 1: every warp its own keys, all rows
   const uint32_t sRing = sQ + T::kQBytes + key_group * T::kWarpRingBytes;
-  // FP8: this warp's 16-bit K and V of the current step, after all the rings
-  const uint32_t sStaging = sQ + T::kQBytes + KG * T::kWarpRingBytes + warp * T::kWarpStagingBytes;
 
-  const Work w = schedule_work<T>(p);
+  Work w = schedule_work<T>(p);
   const int first_row = w.row_block * T::kRows;
   if (first_row >= w.packed_rows) return;  // CTA-uniform: no barrier is skipped
 
-  // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio)
-  const Elem* q = static_cast<const Elem*>(p.q) + w.q_offset;
-  for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
-    const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
-    const int packed = first_row + r;
-    const bool ok = packed < w.packed_rows && (T::kDim == D || chunk < T::kDimChunks);  // zeros past kDim
-    const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
-    const int64_t src = ok ? int64_t(pos) * p.q_row_stride + int64_t(head) * p.q_head_stride + chunk * 8 : 0;
-    cp_async_16(sQ + 2 * sm80::swizzled<D>(r, chunk * 8), q + src, ok);
+  // ---- 1. Q: packed row r is position (first_row + r) / ratio of head kv_head * ratio + (.. % ratio);
+  // with an FP8 cache after the ring's first copies are out (load_q_fp8, below)
+  if constexpr (!T::kKvFp8) {
+    const Elem* q = static_cast<const Elem*>(p.q) + w.q_offset;
+    for (int c = tid; c < T::kRows * T::kChunksPerRow; c += T::kThreads) {
+      const int r = c / T::kChunksPerRow, chunk = c % T::kChunksPerRow;
+      const int packed = first_row + r;
+      const bool ok = packed < w.packed_rows && (T::kDim == D || chunk < T::kDimChunks);  // zeros past kDim
+      const int pos = packed / p.head_ratio, head = w.kv_head * p.head_ratio + packed % p.head_ratio;
+      const int64_t src = ok ? int64_t(pos) * p.q_row_stride + int64_t(head) * p.q_head_stride + chunk * 8 : 0;
+      cp_async_16(sQ + 2 * sm80::swizzled<D>(r, chunk * 8), q + src, ok);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 
   // ---- 2. This warp's keys: its key group's blocks block_begin + key_group, + KG, ...
   const int first_block = w.block_begin + key_group;
@@ -245,18 +257,22 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     }
     cp_async_commit();
   };
-  // The scores' scale in the exp2 domain, and the output's: an FP8 cache's descales for this
-  // sequence and KV head (k_descale, v_descale: (batch, heads_kv), contiguous).
-  float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale, out_scale = 1.f;
-  if constexpr (T::kKvFp8) {
-    const int at = w.batch * p.heads_kv + w.kv_head;
-    scale_log2 *= p.k_descale[at], scale *= p.k_descale[at];
-    out_scale = p.v_descale[at];
-  }
   // The ring's first blocks: all S with a warp's own ring; S - 1 with a shared one, whose slot S - 1
   // is filled at the first step (below).
 #pragma unroll
   for (int s = 0; s < (G == 1 ? S : S - 1); ++s) issue(s);
+  // The scores' scale in the exp2 domain, and the output's: an FP8 cache's descales for this
+  // sequence and KV head (k_descale, v_descale: (batch, heads_kv), contiguous), and Q's scale.
+  float scale_log2 = p.softmax_scale_log2, scale = p.softmax_scale, out_scale = 1.f;
+  if constexpr (T::kKvFp8) {
+    const int q_exp = load_q_fp8<T>(p, w, first_row, sQ, reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAfterQ),
+                                    tid);
+    const int at = w.batch * p.heads_kv + w.kv_head;
+    const float k_scale = ldexpf(p.k_descale[at], -q_exp);
+    scale_log2 *= k_scale, scale *= k_scale;
+    out_scale = p.v_descale[at];
+    if constexpr (T::kSoftcap) w.softcap_in = ldexpf(w.softcap_in, -q_exp), w.softcap_out = ldexpf(w.softcap_out, q_exp);
+  }
 
   // ldmatrix lane addresses (sm80/fwd_kernel.cuh explains the swizzle algebra).
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1, g = lane >> 2;
@@ -267,6 +283,7 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     k_lane[i] = (hi * 8 + x) * kRowBytes + (sm80::swizzle_chunk<D>(2 * i + mid, x) << 4);
     v_lane[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
   }
+  const Fp8Lanes<T> fp8(lane);  // FP8: where the lane's K and V fragments lie in a slot
   int row_pos[MT][2];  // the query position of this thread's rows (causal masks)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -295,7 +312,8 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.f;
   }
 
-  cp_async_wait<S - 1>();  // Q landed for this thread (and, with its own ring, the warp's first block)
+  cp_async_wait<S - 1>();  // Q landed for this thread (and, with its own ring, the warp's first block; FP8: Q is
+                           // stored, the first block landed)
   __syncthreads();         // ... and Q for every thread
   if constexpr (G > 1) {
     // A shared ring: each warp waits for its own share of the step's tile, then the key group's
@@ -306,8 +324,8 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
       named_barrier_sync(1 + key_group, 32 * G);
       issue(step + S - 1);
       const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
-      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w, row_pos,
-                   scale_log2, alibi, lane);
+      warp_step<T>(st, slot, slot + T::kKvTileBytes, q_addr, k_lane, v_lane, fp8, first_block + step * KG, w,
+                   row_pos, scale_log2, alibi, lane);
     }
     // Key groups' step counts differ by at most one; a group with one step fewer passes its barrier
     // once more, so every warp has passed as many barriers at the __syncthreads below (racecheck
@@ -318,19 +336,10 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
     cp_async_wait<S - 1>();  // the step's group landed for this thread
     __syncwarp();            // ... and for the warp
     const uint32_t slot = sRing + (step % S) * 2 * T::kKvTileBytes;
-    if constexpr (T::kKvFp8) {
-      fp8_tile_to_16bit<T>(sStaging, slot, lane);
-      fp8_tile_to_16bit<T>(sStaging + T::kTileBytes, slot + T::kKvTileBytes, lane);
-      __syncwarp();     // the staging tiles written, the slot read: refill it while the MMAs run
-      issue(step + S);
-      warp_step<T>(st, sStaging, sStaging + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w,
-                   row_pos, scale_log2, alibi, lane);
-    } else {
-      warp_step<T>(st, slot, slot + T::kTileBytes, q_addr, k_lane, v_lane, first_block + step * KG, w, row_pos,
-                   scale_log2, alibi, lane);
-      __syncwarp();  // every lane is done with the slot before it is refilled
-      issue(step + S);
-    }
+    warp_step<T>(st, slot, slot + T::kKvTileBytes, q_addr, k_lane, v_lane, fp8, first_block + step * KG, w,
+                 row_pos, scale_log2, alibi, lane);
+    __syncwarp();  // every lane is done with the slot before it is refilled
+    issue(step + S);
   }
 
   // ---- 3. Merge the warps' states: maxima and sums, then O, through shared memory (each warp
@@ -353,10 +362,21 @@ __device__ __forceinline__ void split_body(const DecodeParams& p) {
         merge_max[warp * WR + row] = st.row_max[mt][r];
         merge_sum[warp * WR + row] = l;
       }
-      float* dst = merge_o + (warp * WR + row) * T::kMergeRowFloats + 2 * t;
+      if constexpr (T::kKvFp8) {  // O's n-tile 4q + j, column 2t + e is dim 32q + 8t + 4e + j (fp8_fragments.cuh)
+        float* dst = merge_o + (warp * WR + row) * T::kMergeRowFloats + 8 * t;
 #pragma unroll
-      for (int dt = 0; dt < T::kOTiles; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(st.o[mt][dt][2 * r], st.o[mt][dt][2 * r + 1]);
+        for (int q4 = 0; q4 < T::kOTiles; q4 += 4)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            *reinterpret_cast<float4*>(dst + 8 * q4 + 4 * e) =
+                make_float4(st.o[mt][q4][2 * r + e], st.o[mt][q4 + 1][2 * r + e], st.o[mt][q4 + 2][2 * r + e],
+                            st.o[mt][q4 + 3][2 * r + e]);
+      } else {
+        float* dst = merge_o + (warp * WR + row) * T::kMergeRowFloats + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < T::kOTiles; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(st.o[mt][dt][2 * r], st.o[mt][dt][2 * r + 1]);
+      }
     }
   __syncthreads();
 

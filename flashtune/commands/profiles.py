@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashtune.commands.common import human_bytes
-from flashtune.kernels.decode_spec import decode_smem_bytes, decode_tile_keys
+from flashtune.kernels.decode_spec import decode_row_groups, decode_smem_bytes, decode_tile_keys, e4m3_cache_tile
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.schedule import suffix_words
 from flashtune.kernels.spec import spec_for
@@ -73,8 +73,11 @@ def decode_details(profile: Profile) -> dict:
     tiles = []
     for hdim, rows in decode_tile_keys(profile.head_dims):
         tile = profile.decode_tile(hdim, rows)
+        # an e4m3 cache's twin (the profile builds it): twice the stages; none for row groups
+        e4m3 = profile.fp8_kv and decode_row_groups(hdim, rows) == 1
         tiles.append({"hdim": hdim, "rows": rows, "block_n": tile.block_n, "warps": tile.warps,
                       "stages": tile.stages, "smem_bytes": decode_smem_bytes(hdim, tile),
+                      "e4m3_stages": e4m3_cache_tile(tile).stages if e4m3 else None,
                       "source": "profile" if (hdim, rows) in own else "default"})
     return {"tiles": tiles, "split": asdict(profile.decode_split)}
 
@@ -130,7 +133,8 @@ def fp8_recipes(profile: Profile) -> str:
     if profile.fp8_qk:
         recipes.append("Q and K in e4m3 (prefill twins: S = Q K^T on FP8 tensor cores, P V 16-bit)")
     if profile.fp8_kv:
-        recipes.append("an e4m3 KV cache (decode twins: K and V read as e4m3, computed in 16 bits)")
+        recipes.append("an e4m3 KV cache (decode twins: K and V read as e4m3 into MMA fragments, converted in "
+                       "registers, f16 MMAs; twice the 16-bit tile's stages)")
     return "; ".join(recipes) if recipes else "none"
 
 
@@ -164,11 +168,14 @@ def render_details(profile: Profile, console: Console) -> None:
         console.print(table)
     decode = Table(title="decode kernels (queries of at most 16 rows, and the KV-cache functions)",
                    title_justify="left")
-    for column in ("hdim", "packed rows", "keys/step", "warps", "stages", "smem", "from"):
+    e4m3 = profile.fp8_kv
+    for column in ("hdim", "packed rows", "keys/step", "warps", "stages", *(("e4m3 cache stages",) if e4m3 else ()),
+                   "smem", "from"):
         decode.add_column(column, no_wrap=True)
     for row in data["decode"]["tiles"]:
+        e4m3_stages = (str(row["e4m3_stages"] or "-"),) if e4m3 else ()
         decode.add_row(str(row["hdim"]), str(row["rows"]), str(row["block_n"]), str(row["warps"]),
-                       str(row["stages"]), f"{row['smem_bytes']} B", row["source"])
+                       str(row["stages"]), *e4m3_stages, f"{row['smem_bytes']} B", row["source"])
     console.print(decode)
     split = data["decode"]["split"]
     memory = "the device's peak" if split["memory_gbps"] is None else f"{split['memory_gbps']:g} GB/s"

@@ -74,15 +74,13 @@ def decode_ring_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
 
 
 def decode_smem_bytes(hdim: int, tile: DecodeTile, kv_fp8: bool = False) -> int:
-    """kernel_traits.cuh's kSmemBytes: Q, the rings (plus, for an FP8 cache, each warp's 16-bit
-    staging K and V), or the merge's fp32 O of each warp's rows over them, the merge's maxima and
-    sums; rows at the built head dim the head dim is computed at."""
+    """kernel_traits.cuh's kSmemBytes: Q, the rings, or the merge's fp32 O of each warp's rows
+    over them, the merge's maxima and sums; rows at the built head dim the head dim is computed at."""
     hdim = computed_head_dim(hdim) or hdim
     row_bytes = 2 * hdim
     warp_rows = tile.rows // decode_row_groups(hdim, tile.rows)
-    staging = tile.warps * 2 * tile.block_n * row_bytes if kv_fp8 else 0
-    ring = decode_ring_bytes(hdim, tile, kv_fp8) + staging
-    merge_o = tile.warps * warp_rows * (hdim + 8) * 4
+    ring = decode_ring_bytes(hdim, tile, kv_fp8)
+    merge_o = tile.warps * warp_rows * (hdim + (4 if kv_fp8 else 8)) * 4  # rows padded as kMergeRowFloats
     return tile.rows * row_bytes + max(ring, merge_o) + 2 * tile.warps * warp_rows * 4
 
 
@@ -136,10 +134,18 @@ def decode_rows(seqlen_q: int, head_ratio: int, hdim: int, short: bool = False, 
     return 32
 
 
+def e4m3_cache_tile(tile: DecodeTile) -> DecodeTile:
+    """An e4m3 cache's tile for a 16-bit cache's: twice the stages (8 at most), so its ring holds
+    the same bytes, twice the keys, in flight (decode is bound by the bytes in flight per SM: with
+    the 16-bit tile's ring an e4m3 cache read at the same keys a second, 1.01-1.08x slower)."""
+    stages = min(DECODE_STAGES[-1], 2 * tile.stages)
+    stages = max(s for s in DECODE_STAGES if s <= stages)
+    return DecodeTile(tile.rows, tile.block_n, tile.warps, stages)
+
+
 def default_decode_tile(arch: ArchFacts, hdim: int, rows: int) -> DecodeTile:
     """The family's first tile for the built head dim `hdim` is computed at that fits the arch
-    (with a 16-bit cache; an FP8 cache's ring and staging never take more shared memory than the
-    16-bit ring at 2 stages or more)."""
+    (with a 16-bit cache; an e4m3 cache takes e4m3_cache_tile of it, whose ring is the same size)."""
     hdim = computed_head_dim(hdim) or hdim
     for block_n, warps, stages in DEFAULT_TILE_ORDER[hdim, rows]:
         tile = DecodeTile(rows, block_n, warps, stages)
@@ -320,9 +326,10 @@ def decode_spec_for(profile, dtype: str, hdim: int, rows: int, causal: bool, pag
     takes the family's default tile for that arch): the one place a profile becomes a DecodeSpec
     (the runtime and `flashtune build` both ask here)."""
     if arch is None or arch == profile.arch.name:  # tiles are the built head dim's, e.g. 128's for 96
-        return DecodeSpec(profile.arch.name, dtype, hdim, profile.decode_tile(computed_head_dim(hdim) or hdim, rows),
-                          causal, paging, profile.nvcc_flags, kv_fp8, Variants(*variants))
-    return DecodeSpec(arch, dtype, hdim, default_decode_tile(get_arch(arch), hdim, rows), causal, paging,
+        arch, tile = profile.arch.name, profile.decode_tile(computed_head_dim(hdim) or hdim, rows)
+    else:
+        tile = default_decode_tile(get_arch(arch), hdim, rows)
+    return DecodeSpec(arch, dtype, hdim, e4m3_cache_tile(tile) if kv_fp8 else tile, causal, paging,
                       profile.nvcc_flags, kv_fp8, Variants(*variants))
 
 
