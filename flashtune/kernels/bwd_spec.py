@@ -1,11 +1,15 @@
-"""BwdSpec: one specialisation of the backward kernel (csrc/backward/), FlashAttention-2's
-algorithm on mma.sync, for every arch from sm_80 (the H100/H200 run it too, as they run the sm80
-forward family).
+"""BwdSpec: one specialisation of a backward kernel. Two kernels, FlashAttention-2's algorithm in
+both:
+* mma.sync (csrc/backward/), for every arch from sm_80: the sm80 family's profiles (the A100, the
+  RTX cards, and the H100/H200 under h200-sm80), and deterministic=True on every profile;
+* wgmma and TMA (csrc/sm90_bwd/), sm_90a: the sm90 family's profiles.
 
 Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
 `flashtune_bwd_bf16_h128_64x64_w4_c_sm90a` (dtype, head dim, keys x queries per step, warps,
-causal, arch) names the dK/dV kernel, which adds dQ by atomics; with `_det` (deterministic=True,
-FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a fixed order.
+causal, arch) names an mma.sync dK/dV kernel, which adds dQ by atomics; with `_det`
+(deterministic=True, FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a
+fixed order. `flashtune_bwd_bf16_h128_128x64_wg2_c_sm90a` (keys x queries, two consumer warpgroups)
+names a wgmma kernel, which adds dQ by atomics too.
 """
 from __future__ import annotations
 
@@ -14,13 +18,26 @@ from dataclasses import dataclass
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inputs_hash, source_files
 
-BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the kernel includes
+BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the mma.sync kernel includes
+WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma kernel
 BWD_HEAD_DIMS = (64, 128)
 BWD_WARPS = (4, 2)  # the default first: 64 keys x 64 queries; 2 warps: 32 x 32
+WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
+WGMMA_BWD_STAGES = 2
 
 
-def bwd_smem_bytes(hdim: int, warps: int) -> int:
-    """csrc/backward/kernel_traits.cuh's kSmemBytes: K, V, Q, dO, dS^T and two rows of statistics."""
+def wgmma_bwd_queries(hdim: int) -> int:
+    """csrc/sm90_bwd/kernel_traits.cuh's kBlockM: queries per step."""
+    return 128 if hdim == 64 else 64
+
+
+def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
+    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, Q, dO, dS^T and two rows of
+    statistics; wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics, two dS^T and the
+    1024-byte alignment's slack."""
+    if wgmma:
+        keys, queries, stages = WGMMA_BWD_KEYS, wgmma_bwd_queries(hdim), WGMMA_BWD_STAGES
+        return 2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2 + 1024
     block = 16 * warps
     return 4 * block * 2 * hdim + block * block * 2 + 2 * block * 4
 
@@ -34,6 +51,7 @@ class BwdSpec:
     causal: bool
     deterministic: bool = False  # dQ bit-reproducible: a dQ kernel of its own, no atomics
     nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
+    wgmma: bool = False  # the Hopper kernel (csrc/sm90_bwd/); `warps` is then 8 (two warpgroups)
 
     family = "backward"
     fp8 = False  # no FP8 backward (verify's SASS check asks)
@@ -44,7 +62,15 @@ class BwdSpec:
         if self.hdim not in BWD_HEAD_DIMS:
             raise SpecError(f"the backward kernel takes head dims {', '.join(map(str, BWD_HEAD_DIMS))}, "
                             f"not {self.hdim}")
-        if self.warps not in BWD_WARPS:
+        if self.wgmma:
+            if self.arch != "sm_90a":
+                raise SpecError(f"the wgmma backward kernel needs sm_90a, not {self.arch}")
+            if self.deterministic:
+                raise SpecError("the wgmma backward kernel adds dQ by atomics; deterministic=True is the "
+                                "mma.sync kernel's")
+            if self.warps != 8:
+                raise SpecError(f"the wgmma backward kernel has 8 consumer warps, not {self.warps}")
+        elif self.warps not in BWD_WARPS:
             raise SpecError(f"warps {self.warps}; allowed: {', '.join(map(str, BWD_WARPS))}")
         limit = self.arch_facts.max_smem_per_block
         if self.smem_bytes > limit:
@@ -57,12 +83,18 @@ class BwdSpec:
 
     @property
     def block(self) -> int:
-        return 16 * self.warps
+        """Keys per CTA."""
+        return WGMMA_BWD_KEYS if self.wgmma else 16 * self.warps
+
+    @property
+    def block_m(self) -> int:
+        """Queries per step of a CTA's loop."""
+        return wgmma_bwd_queries(self.hdim) if self.wgmma else 16 * self.warps
 
     @property
     def name(self) -> str:
-        parts = ["flashtune_bwd", DTYPES[self.dtype][0], f"h{self.hdim}", f"{self.block}x{self.block}",
-                 f"w{self.warps}"]
+        workers = f"wg{self.warps // 4}" if self.wgmma else f"w{self.warps}"
+        parts = ["flashtune_bwd", DTYPES[self.dtype][0], f"h{self.hdim}", f"{self.block}x{self.block_m}", workers]
         if self.causal:
             parts.append("c")
         if self.deterministic:
@@ -76,13 +108,15 @@ class BwdSpec:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return 32 * self.warps + (128 if self.wgmma else 0)  # + the wgmma kernel's producer warpgroup
 
     @property
     def smem_bytes(self) -> int:
-        return bwd_smem_bytes(self.hdim, self.warps)
+        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma)
 
     def source(self) -> str:
+        if self.wgmma:
+            return self._wgmma_source()
         elem = DTYPES[self.dtype][1]
         flags = ", ".join("true" if on else "false" for on in (self.causal, self.deterministic))
         dq = f"{self.name}_dq" if self.deterministic else None
@@ -109,16 +143,39 @@ extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* 
 }}
 """
 
+    def _wgmma_source(self) -> str:
+        elem = DTYPES[self.dtype][1]
+        return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
+#include "sm90_bwd/launch.cuh"
+
+namespace {{
+using Cfg = flashtune::sm90_bwd::Traits<{elem}, {self.hdim}, {"true" if self.causal else "false"}>;
+}}
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
+{self.name}(const __grid_constant__ flashtune::BwdParams params,
+{" " * len(self.name)} const __grid_constant__ flashtune::sm90_bwd::BwdTmaMaps maps) {{
+  flashtune::sm90_bwd::bwd_body<Cfg>(params, maps);
+}}
+
+extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* stream) {{
+  return flashtune::sm90_bwd::launch<Cfg>({self.name}, *params, stream);
+}}
+"""
+
     def nvcc_flags_all(self) -> list[str]:
         return [*BASE_NVCC_FLAGS, *self.nvcc_flags]
 
     def source_hash(self) -> str:
-        return build_inputs_hash(self, source_files(BWD_SOURCES))
+        return build_inputs_hash(self, source_files(WGMMA_BWD_SOURCES if self.wgmma else BWD_SOURCES))
 
 
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,
-                     nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
-    """The first warp count whose shared memory fits the arch."""
+                     nvcc_flags: tuple[str, ...] = (), wgmma: bool = False) -> BwdSpec:
+    """The wgmma kernel where asked for (it has one shape per head dim), else the first warp count
+    whose shared memory fits the arch."""
+    if wgmma:
+        return BwdSpec(arch, dtype, hdim, 8, causal, deterministic, nvcc_flags, wgmma=True)
     problem = None
     for warps in BWD_WARPS:
         try:
@@ -128,10 +185,17 @@ def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, determinist
     raise problem
 
 
+def uses_wgmma_bwd(profile, deterministic: bool = False) -> bool:
+    """The sm90 family's profiles take the wgmma kernel, except for deterministic=True (its dQ is
+    summed by atomics), which takes the mma.sync kernel's fixed-order dQ."""
+    return profile.family == "sm90" and not deterministic
+
+
 def bwd_spec_for_profile(profile, dtype: str, hdim: int, causal: bool, deterministic: bool = False) -> BwdSpec:
     """The backward kernel a profile's calls launch: the one place a profile becomes a BwdSpec, for
     the runtime, `flashtune verify` and `flashtune build`."""
-    return default_bwd_spec(profile.arch.name, dtype, hdim, causal, deterministic, profile.nvcc_flags)
+    return default_bwd_spec(profile.arch.name, dtype, hdim, causal, deterministic, profile.nvcc_flags,
+                            uses_wgmma_bwd(profile, deterministic))
 
 
 def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[BwdSpec]:
@@ -139,6 +203,7 @@ def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=N
     each dtype and head dim the kernel takes, causal and not (the deterministic ones are built on
     first use)."""
     target = arch or profile.arch.name
-    return [default_bwd_spec(target, dtype, hdim, causal, nvcc_flags=profile.nvcc_flags)
+    return [default_bwd_spec(target, dtype, hdim, causal, nvcc_flags=profile.nvcc_flags,
+                             wgmma=uses_wgmma_bwd(profile))
             for dtype in dtypes or profile.dtypes for hdim in hdims or profile.head_dims if hdim in BWD_HEAD_DIMS
             for causal in (False, True)]
