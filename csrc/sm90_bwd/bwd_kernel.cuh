@@ -62,7 +62,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& 
               (bp.fwd.cu_seqlens_q == nullptr ? int64_t(w.batch) * bp.dq_batch_stride
                                               : int64_t(w.q_row0) * bp.dq_row_stride) +
               int64_t(w.head) * bp.dq_head_stride;
-  ml.run(bp, w, dq);
+  ml.run(bp, maps, w, dq);
   store_dkdv<T>(bp, w, ml);
 }
 

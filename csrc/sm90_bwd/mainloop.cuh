@@ -10,7 +10,8 @@
 //                                         (both MN-major); added to the fp32 sum in global memory
 // Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
 // are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
-// shared memory. dS^T has two buffers: a warpgroup writes block m+1's only after passing block m's
+// shared memory; with kDqTma each warpgroup's threads meet at named barrier 2 + cw (128 threads)
+// before they write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers: a warpgroup writes block m+1's only after passing block m's
 // barrier, which the other passed only after its dQ of block m-1 (the same buffer) was complete.
 #pragma once
 #include "common/convert.cuh"
@@ -150,8 +151,45 @@ struct Mainloop {
     }
   }
 
+  // kDqTma: the piece through the warpgroup's staging tile (two boxes of 32 columns, 16-byte chunk c
+  // of row r at c ^ (r % 8)) and one thread's TMA reduce-adds. Rows past a sequence's end are 0
+  // (their P is) or outside the tensor map: adding them changes nothing.
+  __device__ __forceinline__ void reduce_dq(const BwdTmaMaps& maps, const Work<T>& w, int q0, bool first) const {
+    const int barrier = 2 + cw;
+    const bool leader = warp == 0 && lane == 0;
+    unsigned char* stage = smem.dq(cw);
+    if (!first) {
+      if (leader) bulk_wait_group_read0();  // the last piece's reduces have read the tile
+      named_barrier_sync(barrier, 128);
+    }
+    // Rows 16 warp + g (+8): row % 8 is g. The base is made here, opaque: else ptxas keeps the
+    // 16 stores' addresses live through the main loop, and spills at hdim 64.
+    const uint32_t base = opaque(smem_u32(stage) + acc_row(0) * 128 + 8 * (t & 1));
+    const uint32_t swizzle = uint32_t(g) << 4;
+#pragma unroll
+    for (int i = 0; i < T::kDqRegs; i += 4) {  // n8 group i / 4: rows +0 and +8, columns 8 (i / 4) + 2 t
+      const int col = acc_col(i), box = col / 32, chunk = (col % 32) / 4;
+      const uint32_t at = base + box * T::kDqBoxBytes + ((uint32_t(chunk) << 4) ^ swizzle);
+      st_shared_f32x2(at, acc_dq[i], acc_dq[i + 1]);
+      st_shared_f32x2(at + 8 * 128, acc_dq[i + 2], acc_dq[i + 3]);
+    }
+    fence_proxy_async_smem();  // the stores, seen by the TMA
+    named_barrier_sync(barrier, 128);
+    if (leader) {
+      const int row = w.q_row0 + q0 + dq_query_panel() * 64;
+      for (int box = 0; box < 2; ++box)
+        tma_reduce_add_4d(&maps.dq, stage + box * T::kDqBoxBytes, dq_dim_panel() * 64 + 32 * box, row, w.head,
+                          w.tma_batch);
+      bulk_commit_group();
+    }
+  }
+  // The last reduces complete before the CTA exits (their source is its shared memory).
+  __device__ __forceinline__ void drain_dq() const {
+    if (T::kDqTma && warp == 0 && lane == 0) bulk_wait_group0();
+  }
+
   // Every query block of the CTA's range; dK and dV accumulate in registers.
-  __device__ __forceinline__ void run(const BwdParams& bp, const Work<T>& w, float* dq) {
+  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w, float* dq) {
     Barriers<T>& bars = Barriers<T>::shared();
 #pragma unroll
     for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
@@ -194,8 +232,10 @@ struct Mainloop {
       fence_operands(acc_dk);
       fence_operands(acc_dq);
       mbarrier_arrive(&bars.empty[stage]);  // Q, dO and the statistics of this slot are read
-      add_dq(dq, bp.dq_row_stride, q0, w.seqlen_q);
+      if constexpr (T::kDqTma) reduce_dq(maps, w, q0, it == 0);
+      else add_dq(dq, bp.dq_row_stride, q0, w.seqlen_q);
     }
+    drain_dq();
   }
 };
 

@@ -20,9 +20,9 @@ using sm90::mbarrier_wait;
 using sm90::tma_load_4d;
 
 // The tensor maps, 4-D (dim, rows, heads, batch) as the forward's (sm90/producer.cuh); varlen
-// tensors are one batch entry of total rows.
+// tensors are one batch entry of total rows. dq: the fp32 dQ sum (kDqTma kernels only).
 struct BwdTmaMaps {
-  CUtensorMap q, k, v, dout;
+  CUtensorMap q, k, v, dout, dq;
 };
 
 template <class T>
@@ -57,6 +57,7 @@ struct SmemTiles {
     return base + T::kdOOffset + stage * T::kQBytes;
   }
   __device__ __forceinline__ unsigned char* ds(int buf) const { return base + T::kDsOffset + buf * T::kDsBytes; }
+  __device__ __forceinline__ unsigned char* dq(int cw) const { return base + T::kDqOffset + cw * T::kDqStageBytes; }
   __device__ __forceinline__ float* lse(int stage) const {
     return reinterpret_cast<float*>(base + T::kStatsOffset + stage * T::kStatsBytes);
   }
