@@ -1,12 +1,15 @@
 """A/B of the backward kernels in one process (lab, not shipped): the wgmma kernel with dQ by TMA
-reduce-adds, the same with float2 atomics (`_dqatomic`), the mma.sync kernel (what h200 ran before),
-and cuDNN's backward through SDPA. Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd
+reduce-adds, the same with float2 atomics (`_dqatomic`), today's mma.sync kernel, the release's
+(lab/release-src, lab/make_release.sh: its h200 profile's backward, where present) and cuDNN's
+backward through SDPA. Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd
 on a small slice of the same shapes) and the median time of the backward alone (the rowsum pre-pass,
 the dQ conversion and the GQA sums included for ours, as attention_bwd runs them), TFLOPS counting
 2.5 forwards. Usage: python3 lab/bwd_ab.py OUT.json"""
 import json
+import os
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,14 @@ from flashtune.measure.timing import time_interleaved
 from flashtune.runtime import backward, ops
 
 ops.use_profile("h200")
+RELEASE = Path(__file__).resolve().parent / "release-src"
+release = None
+if RELEASE.is_dir():
+    sys.path.insert(0, str(RELEASE))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(RELEASE), os.environ.get("PYTHONPATH", "")])
+    import flashtune_release as release
+
+    release.use_profile("h200")
 DT = torch.bfloat16
 VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
@@ -34,7 +45,9 @@ def with_spec(make):
 
 def grads_of(name, q, k, v, dout, causal):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if name == "sdpa-cudnn":
+    if name == "release":
+        out = release.flash_attn_func(*leaves, causal=causal)
+    elif name == "sdpa-cudnn":
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=causal,
                                                  enable_gqa=True).transpose(1, 2)
@@ -57,7 +70,7 @@ for hdim in (64, 128):
             ref = [t.float().requires_grad_() for t in small[:3]]
             attention_reference(*ref, causal)[0].backward(small[3].float())
             timed, errors = {}, {}
-            for name in (*VARIANTS, "sdpa-cudnn"):
+            for name in (*VARIANTS, *(["release"] if release else []), "sdpa-cudnn"):
                 o, leaves = grads_of(name, *small[:3], small[3], causal)
                 o.backward(small[3])
                 errors[name] = [rel_l2(a.grad.float(), b.grad) for a, b in zip(leaves, ref)]

@@ -188,20 +188,63 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
+  // A query block's Q and dO (cp.async) and statistics (thread i < BM: row i; rows past the end
+  // P = exp2(. - inf) = 0): the first before the loop, each next one once every warp is done with
+  // the block before, under that block's dQ; its statistics are read into registers there and
+  // stored at the iteration's end.
+  static_assert(BM <= T::kThreads, "a thread per statistics row");
   constexpr float kLog2e = 1.4426950408889634f;
-  for (int m = m_begin; m < m_end; ++m) {
-    const int q0 = m * BM;
-    __syncthreads();  // every warp is done with the last block's Q, dO, dS^T and statistics
+  float next_lse = INFINITY, next_dsum = 0.f;
+  auto load_block = [&](int q0) {
     load_rows_async<T, BM>(sQ, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
     load_rows_async<T, BM>(sdO, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride, seqlen_q - q0, tid);
     cp_async_commit();
-    for (int i = tid; i < BM; i += T::kThreads) {  // rows past the end: P = exp2(. - inf) = 0
-      const bool valid = q0 + i < seqlen_q;
-      lse_tile[i] = valid ? gLse[q0 + i] * kLog2e : INFINITY;
-      dsum_tile[i] = valid ? gDsum[q0 + i] : 0.f;
+    if (tid < BM && q0 + tid < seqlen_q) next_lse = gLse[q0 + tid] * kLog2e, next_dsum = gDsum[q0 + tid];
+    else next_lse = INFINITY, next_dsum = 0.f;
+  };
+  auto store_stats = [&] {
+    if (tid < BM) lse_tile[tid] = next_lse, dsum_tile[tid] = next_dsum;
+  };
+  auto add_dq_of_block = [&](int q0) {
+    // ---- dQ (the warp's 16 query rows of the block at q0) += dS K, added to the fp32 sum in global memory
+    float acc_dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
+#pragma unroll
+      for (int dt = 0; dt < DT; dt += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sK + bt_rows[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+        mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
+        mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
+      }
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + warp * 16 + g + 8 * r;
+      if (row < seqlen_q) {
+        float* out = gdQ + int64_t(row) * bp.dq_row_stride + 2 * t;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
+          atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
+        }
+      }
+    }
+  };
+  if (m_begin < m_end) {
+    load_block(m_begin * BM);
+    store_stats();
+  }
+  for (int m = m_begin; m < m_end; ++m) {
+    const int q0 = m * BM;
     cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // the block's Q, dO and statistics are in, and every warp is done with the last dQ
 
     // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
     float acc_s[QT][4];
@@ -242,40 +285,13 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
     frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
 
-    if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
-    __syncthreads();  // dS^T complete
-    // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
-    float acc_dq[DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
-#pragma unroll
-      for (int dt = 0; dt < DT; dt += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, sK + bt_rows[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
-        mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
-        mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + warp * 16 + g + 8 * r;
-      if (row < seqlen_q) {
-        float* out = gdQ + int64_t(row) * bp.dq_row_stride + 2 * t;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
-          atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
-        }
-      }
-    }
+    __syncthreads();  // dS^T complete; every warp is done with this block's Q, dO and statistics
+    const bool more = m + 1 < m_end;
+    if (more) load_block(q0 + BM);  // under this block's dQ
+    if constexpr (!T::kDeterministic) add_dq_of_block(q0);  // else dQ is the dQ kernel's
+    if (more) store_stats();
   }
-
+  cp_async_wait<0>();  // a CTA whose keys no query sees has loaded K and V all the same
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
   Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
   Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
