@@ -178,32 +178,71 @@ extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* 
         return build_inputs_hash(self, source_files(WGMMA_BWD_SOURCES if self.wgmma else BWD_SOURCES))
 
 
+@dataclass(frozen=True)
+class BwdTile:
+    """A profile's backward kernel for one head dim (`backward: {tiles: [...]}`): the wgmma kernel
+    (sm_90a; dq "tma": TMA reduce-adds, "atomic": float2 atomics) or the mma.sync kernel with 4 or 2
+    warps (64 or 32 keys a CTA; dQ by atomics)."""
+    kernel: str  # "wgmma" or "mma_sync"
+    warps: int = 4  # mma_sync: 4 or 2; wgmma: 8 (two consumer warpgroups)
+    dq: str = "atomic"  # wgmma: "tma" or "atomic"
+
+    def label(self) -> str:
+        return f"wgmma, dq {self.dq}" if self.kernel == "wgmma" else f"mma.sync, {self.warps} warps"
+
+
+WGMMA_TILES = (BwdTile("wgmma", 8, "tma"), BwdTile("wgmma", 8, "atomic"))
+MMA_SYNC_TILES = tuple(BwdTile("mma_sync", w) for w in BWD_WARPS)
+
+
+def bwd_spec_of_tile(arch: str, dtype: str, hdim: int, causal: bool, tile: BwdTile, deterministic: bool = False,
+                     nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
+    """The spec of a tile. deterministic=True takes the mma.sync kernel (its fixed-order dQ kernel):
+    with the tile's warps, or the default's for the arch where the tile is the wgmma kernel's."""
+    if tile.kernel == "wgmma" and deterministic:
+        tile = default_bwd_tile("sm80", get_arch(arch), hdim)
+    if tile.kernel == "wgmma":
+        return BwdSpec(arch, dtype, hdim, 8, causal, False, nvcc_flags, wgmma=True, dq_tma=tile.dq == "tma")
+    return BwdSpec(arch, dtype, hdim, tile.warps, causal, deterministic, nvcc_flags)
+
+
+def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
+    """Why a backward tile cannot run at this head dim on this arch (empty: it can)."""
+    if hdim not in BWD_HEAD_DIMS:
+        return [f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}, not {hdim}"]
+    if tile not in (*WGMMA_TILES, *MMA_SYNC_TILES):
+        return [f"{tile}: not a backward tile; allowed: kernel wgmma with dq tma or atomic, or kernel mma_sync "
+                f"with warps {' or '.join(map(str, BWD_WARPS))}"]
+    try:
+        bwd_spec_of_tile(arch.name, "bfloat16", hdim, False, tile)
+    except SpecError as err:
+        return [str(err)]
+    return []
+
+
+def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
+    """The sm90 family's: the wgmma kernel with dQ by TMA reduce-adds; every other: the mma.sync kernel
+    with the most warps whose shared memory fits the arch."""
+    if family == "sm90" and not bwd_tile_problems(hdim, WGMMA_TILES[0], arch):
+        return WGMMA_TILES[0]
+    for tile in MMA_SYNC_TILES:
+        if not bwd_tile_problems(hdim, tile, arch):
+            return tile
+    return MMA_SYNC_TILES[-1]  # its spec says why it does not fit
+
+
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,
-                     nvcc_flags: tuple[str, ...] = (), wgmma: bool = False) -> BwdSpec:
-    """The wgmma kernel where asked for (it has one shape per head dim), else the first warp count
-    whose shared memory fits the arch."""
-    if wgmma:
-        return BwdSpec(arch, dtype, hdim, 8, causal, deterministic, nvcc_flags, wgmma=True)
-    problem = None
-    for warps in BWD_WARPS:
-        try:
-            return BwdSpec(arch, dtype, hdim, warps, causal, deterministic, nvcc_flags)
-        except SpecError as err:
-            problem = err
-    raise problem
-
-
-def uses_wgmma_bwd(profile, deterministic: bool = False) -> bool:
-    """The sm90 family's profiles take the wgmma kernel, except for deterministic=True (its dQ is
-    summed by atomics), which takes the mma.sync kernel's fixed-order dQ."""
-    return profile.family == "sm90" and not deterministic
+                     nvcc_flags: tuple[str, ...] = (), family: str = "sm80") -> BwdSpec:
+    """The family's default tile's spec (default_bwd_tile)."""
+    tile = default_bwd_tile(family, get_arch(arch), hdim) if hdim in BWD_HEAD_DIMS else MMA_SYNC_TILES[0]
+    return bwd_spec_of_tile(arch, dtype, hdim, causal, tile, deterministic, nvcc_flags)
 
 
 def bwd_spec_for_profile(profile, dtype: str, hdim: int, causal: bool, deterministic: bool = False) -> BwdSpec:
-    """The backward kernel a profile's calls launch: the one place a profile becomes a BwdSpec, for
-    the runtime, `flashtune verify` and `flashtune build`."""
-    return default_bwd_spec(profile.arch.name, dtype, hdim, causal, deterministic, profile.nvcc_flags,
-                            uses_wgmma_bwd(profile, deterministic))
+    """The backward kernel a profile's calls launch (its tile for the head dim: profile.backward_tile):
+    the one place a profile becomes a BwdSpec, for the runtime, `flashtune verify` and `flashtune build`."""
+    return bwd_spec_of_tile(profile.arch.name, dtype, hdim, causal, profile.backward_tile(hdim), deterministic,
+                            profile.nvcc_flags)
 
 
 def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[BwdSpec]:
@@ -211,7 +250,6 @@ def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=N
     each dtype and head dim the kernel takes, causal and not (the deterministic ones are built on
     first use)."""
     target = arch or profile.arch.name
-    return [default_bwd_spec(target, dtype, hdim, causal, nvcc_flags=profile.nvcc_flags,
-                             wgmma=uses_wgmma_bwd(profile))
+    return [bwd_spec_of_tile(target, dtype, hdim, causal, profile.backward_tile(hdim), nvcc_flags=profile.nvcc_flags)
             for dtype in dtypes or profile.dtypes for hdim in hdims or profile.head_dims if hdim in BWD_HEAD_DIMS
             for causal in (False, True)]
