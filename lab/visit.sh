@@ -58,6 +58,7 @@
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward (dQ by TMA reduce-adds, and by atomics), the mma.sync one and
 #                 cuDNN's, bf16, hdim 64/128, 1k-16k, correctness and time in one process, JSON in $OUT
+#   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
 #   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each
 #   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
 #   bench-bwd-ab  bench --pass bwd, hdim 64/128, under h200 (wgmma) and h200-sm80 (mma.sync), beside cuDNN and SDPA flash
@@ -186,6 +187,7 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
   bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
   bwd-ab) run bwd-ab 300 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
+  tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
              tests/test_backward_gpu.py
