@@ -242,13 +242,17 @@ def render_backward(result, console: Console) -> None:
                 (" (written)" if c.tile == result.winners[hdim] else "")
             table.add_row(str(hdim), label, f"{c.vs_starting:.3f}x", ", ".join(f"{v:.0f}" for v in c.us.values()))
     console.print(table)
-    rejected = [c for c in result.candidates if c.status != "ok"]
-    if rejected:
+    render_rejected([(", ".join(c.specs), c.status) for c in result.candidates if c.status != "ok"], console)
+
+
+def render_rejected(rows: list[tuple[str, str]], console: Console) -> None:
+    """The candidates a tune rejected: (kernel names, reason)."""
+    if rows:
         bad = Table(title="rejected candidates")
-        bad.add_column("kernels")
+        bad.add_column("kernel")
         bad.add_column("reason")
-        for c in rejected:
-            bad.add_row(", ".join(c.specs), c.status)
+        for row in rows:
+            bad.add_row(*row)
         console.print(bad)
 
 
@@ -282,11 +286,4 @@ def render_decode(result, console: Console, top: int = 3) -> None:
             table.add_row(str(hdim), str(rows), str(i + 1), label, f"{c.vs_starting:.3f}x",
                           ", ".join(f"{v:.1f}" for v in c.us.values()))
     console.print(table)
-    rejected = [c for c in result.candidates if c.status != "ok"]
-    if rejected:
-        bad = Table(title="rejected candidates")
-        bad.add_column("kernel")
-        bad.add_column("reason")
-        for c in rejected:
-            bad.add_row(c.spec, c.status)
-        console.print(bad)
+    render_rejected([(c.spec, c.status) for c in result.candidates if c.status != "ok"], console)

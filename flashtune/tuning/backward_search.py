@@ -19,9 +19,9 @@ from typing import Callable
 from flashtune.kernels.bwd_spec import (BWD_HEAD_DIMS, MMA_SYNC_TILES, WGMMA_TILES, BwdSpec, BwdTile,
                                         bwd_spec_of_tile, bwd_tile_problems)
 from flashtune.kernels.profiles import Profile
+from flashtune.tuning.screen import pick_fastest, screen_builds
 
 CELLS = ((4, 2048, False), (4, 2048, True), (1, 8192, False), (1, 8192, True))  # (batch, seqlen, causal)
-MIN_GAIN = 0.98  # a winner must be at least 2% faster than the starting tile in geomean
 MAX_REL_ERR = 2e-2  # dq, dk and dv against fp32 autograd (16-bit inputs: a few 1e-3 when right)
 
 
@@ -116,10 +116,8 @@ def run_backward_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 2
                       ) -> BackwardTuneResult:
     import torch
 
-    from flashtune.kernels.build import build_specs
     from flashtune.measure.timing import time_interleaved
     from flashtune.runtime.selection import use_profile
-    from flashtune.tuning.search import default_jobs
 
     use_profile(profile)  # the forward that makes each cell's out and lse
     dtype = getattr(torch, dtype_name)
@@ -130,24 +128,14 @@ def run_backward_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 2
                                              nvcc_flags=profile.nvcc_flags) for causal in (False, True)}
             candidates.append(BackwardCandidate(hdim, tile, (pair[False].name, pair[True].name), starting=i == 0))
             specs.update({s.name: s for s in pair.values()})
-    done = [0]
-
-    def built(spec, result):
-        done[0] += 1
-        if on_event:
-            on_event("compiling", done[0], len(specs))
-
-    results, failures = build_specs(list(specs.values()), jobs=jobs or default_jobs(), on_done=built)
-    failed = {spec.name: str(err).splitlines()[0][:160] for spec, err in failures}
-    spilled = {r.name: f"ptxas spills {r.spill_stores}/{r.spill_loads} bytes (store/load)" for r in results
-               if max(r.spill_stores or 0, r.spill_loads or 0) > max_spill_bytes}
+    rejected = screen_builds(list(specs.values()), jobs, max_spill_bytes, on_event)
     winners = {}
     tuned = backward_hdims(profile, hdims)
     for n, hdim in enumerate(tuned):
         group = [c for c in candidates if c.hdim == hdim]
         for c in group:
-            c.status = next((failed.get(s) or spilled.get(s) for s in c.specs if failed.get(s) or spilled.get(s)),
-                            None) or _check({False: specs[c.specs[0]], True: specs[c.specs[1]]}, hdim, dtype) or "ok"
+            c.status = next((rejected[s] for s in c.specs if s in rejected), None) or \
+                _check({False: specs[c.specs[0]], True: specs[c.specs[1]]}, hdim, dtype) or "ok"
         alive = [c for c in group if c.status == "ok"]
         for cell in CELLS:
             sets = backward_inputs(cell, hdim, dtype, seed=0)
@@ -157,16 +145,7 @@ def run_backward_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 2
                 c.us[cell_label(cell)] = statistics.median(times[c.specs[cell[2]]]) * 1e3
             del sets, timed
             torch.cuda.empty_cache()
-        start = next(c for c in group if c.starting)
-        best = start
-        if start.status == "ok":
-            for c in alive:
-                c.vs_starting = math.exp(statistics.fmean(math.log(c.us[k] / start.us[k]) for k in start.us))
-            fastest = min(alive, key=lambda c: c.vs_starting)
-            if fastest.vs_starting < MIN_GAIN:
-                best = fastest
-        elif alive:  # the starting tile itself failed here: the fastest that works
-            best = min(alive, key=lambda c: statistics.fmean(c.us.values()))
+        best = pick_fastest(group)
         winners[hdim] = best.tile
         if on_event:
             on_event("timing", n + 1, len(tuned))
