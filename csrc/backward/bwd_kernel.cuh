@@ -130,7 +130,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset,
                  sdS = sK + T::kdSOffset;
   Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
-  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // log2 units
+  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // natural log
   float* dsum_tile = lse_tile + BM;
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -188,22 +188,22 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
-  // A query block's Q and dO (cp.async) and statistics (thread i < BM: row i; rows past the end
-  // P = exp2(. - inf) = 0): the first before the loop, each next one once every warp is done with
-  // the block before, under that block's dQ; its statistics are read into registers there and
-  // stored at the iteration's end.
+  // A query block's Q, dO and statistics, all by cp.async (thread i < BM: statistics row i): the
+  // first before the loop, each next one once every warp is done with the block before, under
+  // that block's dQ (no registers held through it). Rows past the end arrive as zeros: Q's and
+  // dO's make S = 0 and dO = 0 there, so P is finite and P^T dO and dS = P (V dO^T - 0) are 0.
+  // The LSE stays in natural-log units here (+inf for rows that see no key: P = 0).
   static_assert(BM <= T::kThreads, "a thread per statistics row");
   constexpr float kLog2e = 1.4426950408889634f;
-  float next_lse = INFINITY, next_dsum = 0.f;
   auto load_block = [&](int q0) {
     load_rows_async<T, BM>(sQ, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
     load_rows_async<T, BM>(sdO, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride, seqlen_q - q0, tid);
+    if (tid < BM) {
+      const bool valid = q0 + tid < seqlen_q;
+      cp_async_4(smem_addr(lse_tile + tid), gLse + (valid ? q0 + tid : 0), valid);
+      cp_async_4(smem_addr(dsum_tile + tid), gDsum + (valid ? q0 + tid : 0), valid);
+    }
     cp_async_commit();
-    if (tid < BM && q0 + tid < seqlen_q) next_lse = gLse[q0 + tid] * kLog2e, next_dsum = gDsum[q0 + tid];
-    else next_lse = INFINITY, next_dsum = 0.f;
-  };
-  auto store_stats = [&] {
-    if (tid < BM) lse_tile[tid] = next_lse, dsum_tile[tid] = next_dsum;
   };
   auto add_dq_of_block = [&](int q0) {
     // ---- dQ (the warp's 16 query rows of the block at q0) += dS K, added to the fp32 sum in global memory
@@ -237,10 +237,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
       }
     }
   };
-  if (m_begin < m_end) {
-    load_block(m_begin * BM);
-    store_stats();
-  }
+  if (m_begin < m_end) load_block(m_begin * BM);
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
     cp_async_wait<0>();
@@ -256,7 +253,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
         const int key = key0 + warp * 16 + g + 8 * (e >> 1);
         const int col = nt * 8 + 2 * t + (e & 1);
         const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
-        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col]));
+        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col] * kLog2e));
       }
 
     // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
@@ -289,7 +286,6 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     const bool more = m + 1 < m_end;
     if (more) load_block(q0 + BM);  // under this block's dQ
     if constexpr (!T::kDeterministic) add_dq_of_block(q0);  // else dQ is the dQ kernel's
-    if (more) store_stats();
   }
   cp_async_wait<0>();  // a CTA whose keys no query sees has loaded K and V all the same
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
