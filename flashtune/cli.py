@@ -358,9 +358,13 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
               help="Tune the decode kernels instead: their tiles (per head dim and packed rows, on decode cells), "
                    "then the split policy (every split count timed on 10 cells per head dim, the cost model's "
                    "constants fitted); the written profile keeps the prefill tiles and gets a decode: section.")
+@click.option("--backward", is_flag=True,
+              help="Tune the backward kernel instead: per head dim (64, 128), every backward kernel the arch takes "
+                   "(wgmma with dQ by TMA or by atomics on sm_90a, mma.sync with 4 or 2 warps) timed on the backward "
+                   "alone; the written profile keeps everything else and gets a backward: section.")
 @json_option
 def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time_budget, max_spill_bytes, repeats,
-                 final_round, jobs, gpus, fp8, cache_path, name, out, decode, as_json) -> None:
+                 final_round, jobs, gpus, fp8, cache_path, name, out, decode, backward, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
@@ -373,13 +377,16 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
         flashtune tune --profile h200-sm80 --hdims 128 --out my-h200.yaml
         flashtune tune --profile h200 --hdims 64,128 --tiles 128x128,128x176
         flashtune tune --decode --hdims 128
+        flashtune tune --backward --profile h200
 
     Exit codes: 0 written, 1 nothing could be measured, 2 bad input, 3 no GPU visible, 130 interrupted.
     """
     from flashtune.commands import tune
     from flashtune.tuning import search
 
-    if decode:
+    if decode and backward:
+        raise click.UsageError("--decode and --backward: one at a time (each writes its own section)")
+    if decode or backward:
         prefill_only = {"causal": "--causal", "max_candidates": "--max-candidates", "tiles": "--tiles",
                         "time_budget": "--time-budget", "final_round": "--final-round", "gpus": "--gpus",
                         "fp8": "--fp8", "cache_path": "--cache"}
@@ -387,9 +394,35 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
         given = [flag for key, flag in prefill_only.items()
                  if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE]
         if given:
-            raise click.UsageError(f"{', '.join(given)}: not an option of tune --decode (it times every decode "
+            which = "decode" if decode else "backward"
+            raise click.UsageError(f"{', '.join(given)}: not an option of tune --{which} (it times every {which} "
                                    "tile the arch takes, side by side)")
     gpus_seen = require_gpu("tune")
+    if backward:
+        from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS
+        from flashtune.tuning.backward_search import run_backward_tune
+
+        profile, _ = resolve_profile(profile_name)
+        unknown = sorted(set(hdims or ()) - set(profile.head_dims))
+        if unknown:
+            raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
+        chosen = [h for h in hdims or profile.head_dims if h in BWD_HEAD_DIMS]
+        if not chosen:
+            raise click.BadParameter(f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}",
+                                     param_hint="--hdims")
+        console = make_console(stderr=as_json)
+        with progress_bar("tune --backward", console) as bar:
+            result = run_backward_tune(profile, dtype, tuple(chosen), repeats, jobs, max_spill_bytes,
+                                       on_event=lambda stage, done, total: bar.update(done, total, stage))
+        name = name or f"{profile.name}-tuned"
+        written, prov = tune.write_backward_tuned(profile, result, dtype, gpus_seen[0].name, name,
+                                                  out or f"{name}.yaml")
+        if as_json:
+            print_json({"profile": str(written.path), "backward_tune": prov["backward_tune"]})
+        else:
+            tune.render_backward(result, console)
+            console.print(f"wrote [bold]{written.path}[/] (profile {written.name}; validated)")
+        return
     if decode:
         from flashtune.tuning.decode_search import run_decode_tune
 

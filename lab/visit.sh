@@ -55,6 +55,13 @@
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
+#   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
+#   bwd-ab        lab/bwd_ab.py: the wgmma backward (dQ by TMA reduce-adds, and by atomics), the mma.sync one and
+#                 cuDNN's, bf16, hdim 64/128, 1k-16k, correctness and time in one process, JSON in $OUT
+#   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
+#   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each
+#   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
+#   bench-bwd-ab  bench --pass bwd, hdim 64/128, under h200 (wgmma) and h200-sm80 (mma.sync), beside cuDNN and SDPA flash
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
 #   train         bench --train: the recall model trained 300 steps with SDPA (twice), flashtune and cuDNN (issue 37's training check)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
@@ -178,6 +185,20 @@ for step in "$@"; do case $step in
          run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
+  bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
+  bwd-ab) run bwd-ab 300 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
+  tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
+  bwd-tests) for prof in h200 h200-sm80; do
+           FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+             tests/test_backward_gpu.py
+         done ;;
+  bwd-sanitize) for tool in memcheck racecheck synccheck; do
+              run bwd-$tool 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200 --backward
+            done ;;
+  bench-bwd-ab) for prof in h200 h200-sm80; do
+           run bench-bwd-$prof 200 python3 -m flashtune bench --profile $prof --pass bwd --hdims 64,128 \
+             --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_$prof.json"
+         done ;;
   bench-bwd) for pass in bwd fwd+bwd; do
            run bench-${pass/+/-} 300 python3 -m flashtune bench --profile h200 --pass $pass --hdims 64,128 \
              --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-${pass/+/-}.json"

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
 import flashtune  # noqa: E402
 from flashtune.measure.gradients import GRAD_NAMES, gradient_errors, gradients, same_dtype_attention  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
+from flashtune.kernels.bwd_spec import bwd_spec_of_tile  # noqa: E402
+from flashtune.runtime import backward, ops  # noqa: E402
 
 DEV = "cuda"
 
@@ -121,7 +122,32 @@ def test_the_backward_kernel_is_the_one_that_runs():
     q, k, v = (randn(1, 256, 4, 128, seed=s, dtype=torch.bfloat16).requires_grad_() for s in (11, 12, 13))
     out = flashtune.flash_attn_func(q, k, v, causal=True)
     names = kernel_names(lambda: out.backward(torch.ones_like(out)))
-    assert any(n.startswith("flashtune_bwd_bf16_h128_") and "_c_" in n for n in names), names
+    expected = backward.bwd_spec_for(q.device, torch.bfloat16, 128, True).name  # the profile's tile
+    assert expected in names and expected.startswith("flashtune_bwd_bf16_h128_") and "_c_" in expected, names
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_every_backward_tile_the_arch_takes_is_right(hdim):
+    """What `tune --backward` may write: each tile the active profile's arch takes (on sm_90a the wgmma
+    kernel with dQ by TMA and by atomics, and mma.sync with 4 and 2 warps), causal and not, GQA."""
+    from flashtune.runtime.selection import active_profile
+    from flashtune.tuning.backward_search import backward_candidates
+
+    profile = active_profile(torch.device(DEV))
+    dtype = torch.bfloat16
+    for i, tile in enumerate(backward_candidates(profile, hdim)):
+        for causal in (False, True):
+            seed = 100 * i + hdim + causal
+            q, dout = (randn(2, 333, 6, hdim, seed=seed + s, dtype=dtype) for s in (0, 1))
+            k, v = (randn(2, 290, 2, hdim, seed=seed + s, dtype=dtype) for s in (2, 3))
+            spec = bwd_spec_of_tile(profile.arch.name, "bfloat16", hdim, causal, tile, nvcc_flags=profile.nvcc_flags)
+            out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+            ours = backward.run_bwd_spec(spec, dout, q, k, v, out, lse, None, None, None, 333, 290, hdim ** -0.5,
+                                         poison=True)
+            ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
+                            dout.float())
+            lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+            assert_close_grads(list(ours), ref, lowp)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,7 +1,8 @@
 """Small attention calls for compute-sanitizer (memcheck, racecheck): every kernel path once,
 prefill and decode.
 
-Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE]
+Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE] [--backward]
+(--backward: the backward's calls alone)
 """
 import sys
 
@@ -11,8 +12,32 @@ import flashtune
 from flashtune.runtime import ops
 from flashtune.runtime.fp8 import quantise_kv
 
-ops.use_profile(sys.argv[1] if len(sys.argv) > 1 else "h200-sm80")
+
+def backward_calls():
+    """The backward (the profile's kernel): odd lengths, GQA, causal with more queries than keys and
+    fewer, several query blocks per key block (the Q/dO ring wraps), varlen with an empty sequence."""
+    for hdim in (64, 128):
+        for causal in (False, True):
+            for seqlen_q, seqlen_k in ((77, 130), (300, 200), (520, 260)):
+                q = torch.randn(2, seqlen_q, 4, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k = torch.randn(2, seqlen_k, 2, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                v = torch.randn_like(k, requires_grad=True)
+                flashtune.flash_attn_func(q, k, v, causal=causal).sum().backward()
+    cu_q = torch.tensor([0, 50, 50, 250], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 70, 71, 200], dtype=torch.int32, device="cuda")
+    q = torch.randn(250, 4, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+    k = torch.randn(200, 4, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    flashtune.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 129, causal=True).sum().backward()
+
+
+ops.use_profile(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "h200-sm80")
 torch.manual_seed(0)
+if "--backward" in sys.argv:
+    backward_calls()
+    torch.cuda.synchronize()
+    print("sanitize_case: done (backward)")
+    sys.exit(0)
 for hdim in (64, 128, 256):
     for causal in (False, True):
         q = torch.randn(1, 77, 4, hdim, device="cuda", dtype=torch.bfloat16)
@@ -95,5 +120,6 @@ for hdim in (64, 128, 256):
         flashtune.flash_attn_with_kvcache(q, k8.view(-1, 16, heads_kv, hdim), v8.view(-1, 16, heads_kv, hdim),
                                           cache_seqlens=seqlens, block_table=table, causal=causal,
                                           k_descale=k_descale, v_descale=v_descale)
+backward_calls()
 torch.cuda.synchronize()
 print("sanitize_case: done")

@@ -19,6 +19,17 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   }
 }
 
+// Half `hi` (0: low, 1: high) of a register pack2 made, as a float.
+template <typename Elem>
+__device__ __forceinline__ float unpack_half(uint32_t packed, int hi) {
+  const uint32_t bits = hi ? packed >> 16 : packed & 0xFFFF;
+  if constexpr (std::is_same_v<Elem, __nv_bfloat16>) {
+    return __uint_as_float(bits << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  }
+}
+
 // tanh with the hardware approximation (sm_75+; the logit softcap's, as FlashAttention's).
 __device__ __forceinline__ float fast_tanh(float x) {
   float y;

@@ -40,7 +40,8 @@ inline int encode_bf16_2d(CUtensorMap* map, const void* base, uint64_t rows, uin
 // A (batch, rows, heads, dim) tensor with arbitrary strides (in elements; 16-byte multiples),
 // read in boxes of box_cols columns x box_rows rows of one head and batch entry, swizzled for
 // wgmma: 128B when a box row is 128 bytes, 64B when it is 64. 16-bit (`type` BFLOAT16 or
-// FLOAT16) or 1-byte (UINT8: FP8 e4m3) elements. Returns a CUresult.
+// FLOAT16), 1-byte (UINT8: FP8 e4m3) or 4-byte (FLOAT32: the backward's dQ sum) elements.
+// Returns a CUresult.
 inline int encode_4d(CUtensorMap* map, const void* base, CUtensorMapDataType type, uint64_t batch, uint64_t rows,
                      uint64_t heads, uint64_t dim, uint64_t batch_stride, uint64_t row_stride, uint64_t head_stride,
                      uint32_t box_cols, uint32_t box_rows) {
@@ -48,7 +49,7 @@ inline int encode_4d(CUtensorMap* map, const void* base, CUtensorMapDataType typ
   if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
   // A dimension may not be empty (seqlen_k = 0: no block is ever loaded, any size will do), and
   // a size-1 dimension's stride (0 for varlen's batch) is never stepped over: make it dense.
-  const uint64_t elem = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : 2;
+  const uint64_t elem = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : (type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2);
   const cuuint64_t dims[4] = {dim, rows ? rows : 1, heads, batch};
   const cuuint64_t strides[3] = {row_stride * elem, (heads == 1 ? dim : head_stride) * elem,
                                  (batch == 1 ? dim : batch_stride) * elem};

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashtune.commands.common import human_bytes
+from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, bwd_spec_for_profile
 from flashtune.kernels.decode_spec import decode_row_groups, decode_smem_bytes, decode_tile_keys, e4m3_cache_tile
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.schedule import suffix_words
@@ -63,7 +64,22 @@ def details(profile: Profile) -> dict:
     return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags),
             "configs": [_config_row(profile, e, False) for e in profile.configs],
             "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs],
-            "decode": decode_details(profile)}
+            "decode": decode_details(profile), "backward": backward_details(profile)}
+
+
+def backward_details(profile: Profile) -> list[dict]:
+    """The backward kernel per head dim it takes, its kernel name (causal, bf16) and where it comes from."""
+    own = {hdim for hdim, _ in profile.backward_tiles}
+    rows = []
+    for hdim in profile.head_dims:
+        if hdim not in BWD_HEAD_DIMS:
+            continue
+        tile = profile.backward_tile(hdim)
+        spec = bwd_spec_for_profile(profile, "bfloat16", hdim, True)
+        rows.append({"hdim": hdim, "kernel": tile.kernel, "warps": tile.warps,
+                     "dq": tile.dq, "name": spec.name, "smem_bytes": spec.smem_bytes,
+                     "source": "profile" if hdim in own else "default"})
+    return rows
 
 
 def decode_details(profile: Profile) -> dict:
@@ -177,6 +193,15 @@ def render_details(profile: Profile, console: Console) -> None:
         decode.add_row(str(row["hdim"]), str(row["rows"]), str(row["block_n"]), str(row["warps"]),
                        str(row["stages"]), *e4m3_stages, f"{row['smem_bytes']} B", row["source"])
     console.print(decode)
+    backward = Table(title="backward kernels (inputs that require grad; deterministic=True: mma.sync)",
+                     title_justify="left")
+    for column in ("hdim", "kernel", "dq", "name (bf16, causal)", "smem", "from"):
+        backward.add_column(column, no_wrap=True)
+    for row in data["backward"]:
+        kernel = "wgmma" if row["kernel"] == "wgmma" else f"mma.sync, {row['warps']} warps"
+        backward.add_row(str(row["hdim"]), kernel, "TMA reduce-add" if row["dq"] == "tma" else "atomics",
+                         row["name"], f"{row['smem_bytes']} B", row["source"])
+    console.print(backward)
     split = data["decode"]["split"]
     memory = "the device's peak" if split["memory_gbps"] is None else f"{split['memory_gbps']:g} GB/s"
     console.print(f"decode splits: the count a cost model predicts fastest, at most {split['max_splits']} (a CTA "

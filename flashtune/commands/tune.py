@@ -198,6 +198,64 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
     return load_profile(path), prov
 
 
+# ---------------------------------------------------------------------------- tune --backward
+
+def write_backward_tuned(profile: Profile, result, dtype: str, gpu_name: str, name: str,
+                         out: str) -> tuple[Profile, dict]:
+    """The base profile with its backward tiles replaced by the tune's winners, everything else as it
+    was; the provenance says what each head dim's candidates measured."""
+    import torch
+
+    from flashtune import __version__
+    from flashtune.tuning.backward_search import CELLS, cell_label
+
+    per_hdim = []
+    for hdim, tile in sorted(result.winners.items()):
+        group = [c for c in result.candidates if c.hdim == hdim]
+        start = next(c for c in group if c.starting)
+        per_hdim.append({"hdim": hdim, "tile": tile.label(), "starting_tile": start.tile.label(),
+                         "us": {c.tile.label(): {k: round(v, 1) for k, v in c.us.items()} for c in group if c.us},
+                         "failed": {c.tile.label(): c.status for c in group if c.status != "ok"}})
+    date = datetime.date.today().isoformat()
+    prov = {**(profile.provenance or {}),
+            "backward_tune": {"tool": "flashtune tune --backward", "base_profile": profile.name, "gpu": gpu_name,
+                              "torch": torch.__version__, "cuda": torch.version.cuda, "flashtune": __version__,
+                              "date": date, "dtype": dtype, "cells": [cell_label(c) for c in CELLS],
+                              "hdims": per_hdim}}
+    first = profile.description.strip().split(". ")[0].rstrip(".")
+    description = f"{first}. Backward tiles tuned by `flashtune tune --backward` on {gpu_name} ({date}) from " \
+                  f"profile {profile.name}."
+    path = write_profile(profile, name, description, {}, prov, out, backward_tiles=result.winners)
+    return load_profile(path), prov
+
+
+def render_backward(result, console: Console) -> None:
+    """Per head dim: every candidate against the starting tile, and every rejection."""
+    table = Table(title="flashtune tune --backward: the backward alone, geomean over the cells")
+    for column in ("hdim", "tile", "vs starting", "us per cell"):
+        table.add_column(column, justify="left" if column in ("tile", "us per cell") else "right")
+    for hdim in sorted(result.winners):
+        group = sorted((c for c in result.candidates if c.hdim == hdim and c.vs_starting is not None),
+                       key=lambda c: c.vs_starting)
+        for c in group:
+            label = c.tile.label() + (" (starting)" if c.starting else "") + \
+                (" (written)" if c.tile == result.winners[hdim] else "")
+            table.add_row(str(hdim), label, f"{c.vs_starting:.3f}x", ", ".join(f"{v:.0f}" for v in c.us.values()))
+    console.print(table)
+    render_rejected([(", ".join(c.specs), c.status) for c in result.candidates if c.status != "ok"], console)
+
+
+def render_rejected(rows: list[tuple[str, str]], console: Console) -> None:
+    """The candidates a tune rejected: (kernel names, reason)."""
+    if rows:
+        bad = Table(title="rejected candidates")
+        bad.add_column("kernel")
+        bad.add_column("reason")
+        for row in rows:
+            bad.add_row(*row)
+        console.print(bad)
+
+
 def render_split_fit(split, console: Console) -> None:
     """The split policy's fit: how far the counts each policy picks are from the fastest measured."""
     from flashtune.tuning.split_fit import GRID
@@ -228,11 +286,4 @@ def render_decode(result, console: Console, top: int = 3) -> None:
             table.add_row(str(hdim), str(rows), str(i + 1), label, f"{c.vs_starting:.3f}x",
                           ", ".join(f"{v:.1f}" for v in c.us.values()))
     console.print(table)
-    rejected = [c for c in result.candidates if c.status != "ok"]
-    if rejected:
-        bad = Table(title="rejected candidates")
-        bad.add_column("kernel")
-        bad.add_column("reason")
-        for c in rejected:
-            bad.add_row(c.spec, c.status)
-        console.print(bad)
+    render_rejected([(c.spec, c.status) for c in result.candidates if c.status != "ok"], console)

@@ -1,11 +1,15 @@
-"""BwdSpec: one specialisation of the backward kernel (csrc/backward/), FlashAttention-2's
-algorithm on mma.sync, for every arch from sm_80 (the H100/H200 run it too, as they run the sm80
-forward family).
+"""BwdSpec: one specialisation of a backward kernel. Two kernels, FlashAttention-2's algorithm in
+both:
+* mma.sync (csrc/backward/), for every arch from sm_80: the sm80 family's profiles (the A100, the
+  RTX cards, and the H100/H200 under h200-sm80), and deterministic=True on every profile;
+* wgmma and TMA (csrc/sm90_bwd/), sm_90a: the sm90 family's profiles.
 
 Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
 `flashtune_bwd_bf16_h128_64x64_w4_c_sm90a` (dtype, head dim, keys x queries per step, warps,
-causal, arch) names the dK/dV kernel, which adds dQ by atomics; with `_det` (deterministic=True,
-FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a fixed order.
+causal, arch) names an mma.sync dK/dV kernel, which adds dQ by atomics; with `_det`
+(deterministic=True, FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a
+fixed order. `flashtune_bwd_bf16_h128_128x64_wg2_c_sm90a` (keys x queries, two consumer warpgroups)
+names a wgmma kernel, which adds dQ by TMA reduce-adds (`_dqatomic`: by atomics).
 """
 from __future__ import annotations
 
@@ -14,13 +18,28 @@ from dataclasses import dataclass
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inputs_hash, source_files
 
-BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the kernel includes
+BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the mma.sync kernel includes
+WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma kernel
 BWD_HEAD_DIMS = (64, 128)
 BWD_WARPS = (4, 2)  # the default first: 64 keys x 64 queries; 2 warps: 32 x 32
+WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
+WGMMA_BWD_STAGES = 2
 
 
-def bwd_smem_bytes(hdim: int, warps: int) -> int:
-    """csrc/backward/kernel_traits.cuh's kSmemBytes: K, V, Q, dO, dS^T and two rows of statistics."""
+def wgmma_bwd_queries(hdim: int) -> int:
+    """csrc/sm90_bwd/kernel_traits.cuh's kBlockM: queries per step."""
+    return 128 if hdim == 64 else 64
+
+
+def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, dq_tma: bool = True) -> int:
+    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, Q, dO, dS^T and two rows of
+    statistics; wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics, two dS^T, the two
+    consumer warpgroups' 64 x 64 fp32 dQ staging tiles (dq_tma) and the 1024-byte alignment's slack."""
+    if wgmma:
+        keys, queries, stages = WGMMA_BWD_KEYS, wgmma_bwd_queries(hdim), WGMMA_BWD_STAGES
+        dq_staging = 2 * 64 * 64 * 4 if dq_tma else 0
+        return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
+                + dq_staging + 1024)
     block = 16 * warps
     return 4 * block * 2 * hdim + block * block * 2 + 2 * block * 4
 
@@ -34,6 +53,8 @@ class BwdSpec:
     causal: bool
     deterministic: bool = False  # dQ bit-reproducible: a dQ kernel of its own, no atomics
     nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
+    wgmma: bool = False  # the Hopper kernel (csrc/sm90_bwd/); `warps` is then 8 (two warpgroups)
+    dq_tma: bool = True  # wgmma kernel: dQ added by TMA reduce-adds; False: by atomics (`_dqatomic`)
 
     family = "backward"
     fp8 = False  # no FP8 backward (verify's SASS check asks)
@@ -44,7 +65,17 @@ class BwdSpec:
         if self.hdim not in BWD_HEAD_DIMS:
             raise SpecError(f"the backward kernel takes head dims {', '.join(map(str, BWD_HEAD_DIMS))}, "
                             f"not {self.hdim}")
-        if self.warps not in BWD_WARPS:
+        if not self.dq_tma and not self.wgmma:
+            raise SpecError("dq_tma=False is a choice of the wgmma kernel's")
+        if self.wgmma:
+            if self.arch != "sm_90a":
+                raise SpecError(f"the wgmma backward kernel needs sm_90a, not {self.arch}")
+            if self.deterministic:
+                raise SpecError("the wgmma backward kernel adds dQ by atomics; deterministic=True is the "
+                                "mma.sync kernel's")
+            if self.warps != 8:
+                raise SpecError(f"the wgmma backward kernel has 8 consumer warps, not {self.warps}")
+        elif self.warps not in BWD_WARPS:
             raise SpecError(f"warps {self.warps}; allowed: {', '.join(map(str, BWD_WARPS))}")
         limit = self.arch_facts.max_smem_per_block
         if self.smem_bytes > limit:
@@ -57,16 +88,24 @@ class BwdSpec:
 
     @property
     def block(self) -> int:
-        return 16 * self.warps
+        """Keys per CTA."""
+        return WGMMA_BWD_KEYS if self.wgmma else 16 * self.warps
+
+    @property
+    def block_m(self) -> int:
+        """Queries per step of a CTA's loop."""
+        return wgmma_bwd_queries(self.hdim) if self.wgmma else 16 * self.warps
 
     @property
     def name(self) -> str:
-        parts = ["flashtune_bwd", DTYPES[self.dtype][0], f"h{self.hdim}", f"{self.block}x{self.block}",
-                 f"w{self.warps}"]
+        workers = f"wg{self.warps // 4}" if self.wgmma else f"w{self.warps}"
+        parts = ["flashtune_bwd", DTYPES[self.dtype][0], f"h{self.hdim}", f"{self.block}x{self.block_m}", workers]
         if self.causal:
             parts.append("c")
         if self.deterministic:
             parts.append("det")
+        if not self.dq_tma:
+            parts.append("dqatomic")
         parts.append(self.arch.replace("_", ""))
         return "_".join(parts)
 
@@ -76,13 +115,15 @@ class BwdSpec:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return 32 * self.warps + (128 if self.wgmma else 0)  # + the wgmma kernel's producer warpgroup
 
     @property
     def smem_bytes(self) -> int:
-        return bwd_smem_bytes(self.hdim, self.warps)
+        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma, self.dq_tma)
 
     def source(self) -> str:
+        if self.wgmma:
+            return self._wgmma_source()
         elem = DTYPES[self.dtype][1]
         flags = ", ".join("true" if on else "false" for on in (self.causal, self.deterministic))
         dq = f"{self.name}_dq" if self.deterministic else None
@@ -109,29 +150,99 @@ extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* 
 }}
 """
 
+    def _wgmma_source(self) -> str:
+        elem = DTYPES[self.dtype][1]
+        flags = ", ".join("true" if on else "false" for on in (self.causal, self.dq_tma))
+        return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
+#include "sm90_bwd/launch.cuh"
+
+namespace {{
+using Cfg = flashtune::sm90_bwd::Traits<{elem}, {self.hdim}, {flags}>;
+}}
+
+extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
+{self.name}(const __grid_constant__ flashtune::BwdParams params,
+{" " * len(self.name)} const __grid_constant__ flashtune::sm90_bwd::BwdTmaMaps maps) {{
+  flashtune::sm90_bwd::bwd_body<Cfg>(params, maps);
+}}
+
+extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* stream) {{
+  return flashtune::sm90_bwd::launch<Cfg>({self.name}, *params, stream);
+}}
+"""
+
     def nvcc_flags_all(self) -> list[str]:
         return [*BASE_NVCC_FLAGS, *self.nvcc_flags]
 
     def source_hash(self) -> str:
-        return build_inputs_hash(self, source_files(BWD_SOURCES))
+        return build_inputs_hash(self, source_files(WGMMA_BWD_SOURCES if self.wgmma else BWD_SOURCES))
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    """A profile's backward kernel for one head dim (`backward: {tiles: [...]}`): the wgmma kernel
+    (sm_90a; dq "tma": TMA reduce-adds, "atomic": float2 atomics) or the mma.sync kernel with 4 or 2
+    warps (64 or 32 keys a CTA; dQ by atomics)."""
+    kernel: str  # "wgmma" or "mma_sync"
+    warps: int = 4  # mma_sync: 4 or 2; wgmma: 8 (two consumer warpgroups)
+    dq: str = "atomic"  # wgmma: "tma" or "atomic"
+
+    def label(self) -> str:
+        return f"wgmma, dq {self.dq}" if self.kernel == "wgmma" else f"mma.sync, {self.warps} warps"
+
+
+WGMMA_TILES = (BwdTile("wgmma", 8, "tma"), BwdTile("wgmma", 8, "atomic"))
+MMA_SYNC_TILES = tuple(BwdTile("mma_sync", w) for w in BWD_WARPS)
+
+
+def bwd_spec_of_tile(arch: str, dtype: str, hdim: int, causal: bool, tile: BwdTile, deterministic: bool = False,
+                     nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
+    """The spec of a tile. deterministic=True takes the mma.sync kernel (its fixed-order dQ kernel):
+    with the tile's warps, or the default's for the arch where the tile is the wgmma kernel's."""
+    if tile.kernel == "wgmma" and deterministic:
+        tile = default_bwd_tile("sm80", get_arch(arch), hdim)
+    if tile.kernel == "wgmma":
+        return BwdSpec(arch, dtype, hdim, 8, causal, False, nvcc_flags, wgmma=True, dq_tma=tile.dq == "tma")
+    return BwdSpec(arch, dtype, hdim, tile.warps, causal, deterministic, nvcc_flags)
+
+
+def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
+    """Why a backward tile cannot run at this head dim on this arch (empty: it can)."""
+    if hdim not in BWD_HEAD_DIMS:
+        return [f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}, not {hdim}"]
+    if tile not in (*WGMMA_TILES, *MMA_SYNC_TILES):
+        return [f"{tile}: not a backward tile; allowed: kernel wgmma with dq tma or atomic, or kernel mma_sync "
+                f"with warps {' or '.join(map(str, BWD_WARPS))}"]
+    try:
+        bwd_spec_of_tile(arch.name, "bfloat16", hdim, False, tile)
+    except SpecError as err:
+        return [str(err)]
+    return []
+
+
+def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
+    """The sm90 family's: the wgmma kernel with dQ by TMA reduce-adds; every other: the mma.sync kernel
+    with the most warps whose shared memory fits the arch."""
+    if family == "sm90" and not bwd_tile_problems(hdim, WGMMA_TILES[0], arch):
+        return WGMMA_TILES[0]
+    for tile in MMA_SYNC_TILES:
+        if not bwd_tile_problems(hdim, tile, arch):
+            return tile
+    return MMA_SYNC_TILES[-1]  # its spec says why it does not fit
 
 
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,
-                     nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
-    """The first warp count whose shared memory fits the arch."""
-    problem = None
-    for warps in BWD_WARPS:
-        try:
-            return BwdSpec(arch, dtype, hdim, warps, causal, deterministic, nvcc_flags)
-        except SpecError as err:
-            problem = err
-    raise problem
+                     nvcc_flags: tuple[str, ...] = (), family: str = "sm80") -> BwdSpec:
+    """The family's default tile's spec (default_bwd_tile)."""
+    tile = default_bwd_tile(family, get_arch(arch), hdim) if hdim in BWD_HEAD_DIMS else MMA_SYNC_TILES[0]
+    return bwd_spec_of_tile(arch, dtype, hdim, causal, tile, deterministic, nvcc_flags)
 
 
 def bwd_spec_for_profile(profile, dtype: str, hdim: int, causal: bool, deterministic: bool = False) -> BwdSpec:
-    """The backward kernel a profile's calls launch: the one place a profile becomes a BwdSpec, for
-    the runtime, `flashtune verify` and `flashtune build`."""
-    return default_bwd_spec(profile.arch.name, dtype, hdim, causal, deterministic, profile.nvcc_flags)
+    """The backward kernel a profile's calls launch (its tile for the head dim: profile.backward_tile):
+    the one place a profile becomes a BwdSpec, for the runtime, `flashtune verify` and `flashtune build`."""
+    return bwd_spec_of_tile(profile.arch.name, dtype, hdim, causal, profile.backward_tile(hdim), deterministic,
+                            profile.nvcc_flags)
 
 
 def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None) -> list[BwdSpec]:
@@ -139,6 +250,6 @@ def bwd_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=N
     each dtype and head dim the kernel takes, causal and not (the deterministic ones are built on
     first use)."""
     target = arch or profile.arch.name
-    return [default_bwd_spec(target, dtype, hdim, causal, nvcc_flags=profile.nvcc_flags)
+    return [bwd_spec_of_tile(target, dtype, hdim, causal, profile.backward_tile(hdim), nvcc_flags=profile.nvcc_flags)
             for dtype in dtypes or profile.dtypes for hdim in hdims or profile.head_dims if hdim in BWD_HEAD_DIMS
             for causal in (False, True)]

@@ -17,6 +17,7 @@ import yaml
 from flashtune.kernels.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on, get_arch, known_arch_names
 from flashtune.kernels.decode_spec import (CLUSTER_SPLITS, DecodeSplitPolicy, DecodeTile, decode_tile_problems,
                                            default_decode_tile)
+from flashtune.kernels.bwd_spec import BwdTile, bwd_tile_problems, default_bwd_tile
 from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
@@ -37,10 +38,11 @@ def how_to_write() -> str:
 _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arch": str,
              "dtypes": list, "head_dims": list, "fp8": (dict, type(None)),
              "nvcc_flags": list, "schedule": dict, "configs": list, "configs_from": str,
-             "configs_replace": list, "provenance": dict, "decode": dict}
+             "configs_replace": list, "provenance": dict, "decode": dict, "backward": dict}
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _DECODE_TILE_KEYS = ("hdim", "rows", "block_n", "warps", "stages")
+_BACKWARD_TILE_KEYS = ("hdim", "kernel", "warps", "dq")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
                 "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", *SCHEDULE_KEYS)}
 _REQUIRED_CONFIG = {"sm80": ("hdim", "block_m", "block_n", "num_warps", "stages"),
@@ -97,6 +99,16 @@ class Profile:
     # the family's defaults for the arch, and the split policy.
     decode_tiles: tuple[tuple[int, int, DecodeTile], ...] = ()
     decode_split: DecodeSplitPolicy = DecodeSplitPolicy()
+    # `backward: {tiles: [...]}`: the backward kernel per head dim, over the family's default.
+    backward_tiles: tuple[tuple[int, BwdTile], ...] = ()
+
+    def backward_tile(self, hdim: int) -> BwdTile:
+        """The backward kernel for this head dim: the profile's, else the family's default for its
+        arch (kernels/bwd_spec.py: the sm90 family's wgmma kernel, else mma.sync)."""
+        for entry_hdim, tile in self.backward_tiles:
+            if entry_hdim == hdim:
+                return tile
+        return default_bwd_tile(self.family, self.arch, hdim)
 
     def decode_tile(self, hdim: int, rows: int) -> DecodeTile:
         """The decode kernel's tile for this head dim and packed rows: the profile's, else the
@@ -232,7 +244,8 @@ class _Validator:
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
                        nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
-                       provenance=data.get("provenance"), **self.decode(data.get("decode"), arch, head_dims))
+                       provenance=data.get("provenance"), **self.decode(data.get("decode"), arch, head_dims),
+                       backward_tiles=self.backward(data.get("backward"), arch, head_dims))
 
     def decode(self, value: dict | None, arch: ArchFacts, head_dims: tuple[int, ...]) -> dict:
         """The `decode:` section: tiles per (hdim, rows) and the split policy, each checked against the
@@ -278,6 +291,42 @@ class _Validator:
                                 "0 or a positive number" if floor == 0 else "a positive number")
         policy = DecodeSplitPolicy(**split)
         return {"decode_tiles": tuple(tiles), "decode_split": policy}
+
+    def backward(self, value: dict | None, arch: ArchFacts, head_dims: tuple[int, ...]) -> tuple:
+        """The `backward:` section: a tile per head dim, each checked against the backward kernels'
+        rules for this arch."""
+        if not value:
+            return ()
+        self.check_keys(value, "backward", ("tiles",))
+        tiles, seen = [], set()
+        entries = self.expect(value.get("tiles", []), list, "backward.tiles", "a list of backward tiles")
+        for i, entry in enumerate(entries):
+            key = f"backward.tiles[{i}]"
+            self.expect(entry, dict, key, "{hdim, kernel: wgmma, dq: tma|atomic} or {hdim, kernel: mma_sync, warps}")
+            self.check_keys(entry, key, _BACKWARD_TILE_KEYS, ("hdim", "kernel"))
+            self.expect(entry["hdim"], int, f"{key}.hdim", "an integer")
+            if entry["hdim"] not in head_dims:
+                raise self.fail(f"{key}.hdim", f"head dim {entry['hdim']} is not in head_dims",
+                                ", ".join(map(str, head_dims)))
+            kernel = entry["kernel"]
+            if kernel == "wgmma":
+                if "warps" in entry:
+                    raise self.fail(f"{key}.warps", "the wgmma kernel has two consumer warpgroups", "no warps key")
+                tile = BwdTile("wgmma", 8, entry.get("dq", "tma"))
+            elif kernel == "mma_sync":
+                if "dq" in entry:
+                    raise self.fail(f"{key}.dq", "the mma.sync kernel adds dQ by atomics", "no dq key")
+                tile = BwdTile("mma_sync", entry.get("warps", 4))
+            else:
+                raise self.fail(f"{key}.kernel", f"{kernel!r}", "wgmma or mma_sync")
+            problems = bwd_tile_problems(entry["hdim"], tile, arch)
+            if problems:
+                raise self.fail(key, "; ".join(problems), "a tile the backward kernels take on " + arch.name)
+            if entry["hdim"] in seen:
+                raise self.fail(key, f"a second tile for hdim {entry['hdim']}", "one tile per head dim")
+            seen.add(entry["hdim"])
+            tiles.append((entry["hdim"], tile))
+        return tuple(tiles)
 
     def nvcc_flags(self, value: Any) -> tuple[str, ...]:
         flags = self.str_list(value, "nvcc_flags", "a list of strings")

@@ -45,7 +45,8 @@ def check_trainable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool
 def bwd_spec_for(device: torch.device, dtype: torch.dtype, hdim: int, causal: bool,
                  deterministic: bool = False) -> BwdSpec:
     profile = active_profile(device)
-    key = (profile.arch.name, profile.nvcc_flags, dtype, hdim, bool(causal), bool(deterministic))
+    key = (profile.arch.name, profile.nvcc_flags, profile.backward_tile(hdim), dtype, hdim, bool(causal),
+           bool(deterministic))
     spec = _specs.get(key)
     if spec is None:
         dtype_name = str(dtype).removeprefix("torch.")
@@ -62,6 +63,17 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's, k's and v's shapes and dtype; `deterministic`: the same bits for the same
     inputs (dQ summed by a kernel of its own in a fixed order, not by atomic adds)."""
+    spec = bwd_spec_for(q.device, q.dtype, q.shape[-1], causal, deterministic)
+    return run_bwd_spec(spec, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, poison)
+
+
+def run_bwd_spec(spec: BwdSpec, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
+                 cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                 poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch exactly `spec` on a validated call (the tuner times candidates through this)."""
+    deterministic = spec.deterministic
     varlen = cu_seqlens_q is not None
     # the kernel reads dO in 16-byte chunks: rows at multiples of 8 elements, a 16-byte aligned start
     aligned = dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in dout.stride()[:-1])
@@ -86,7 +98,6 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
             dv.fill_(float("nan"))
         if deterministic:
             dq_accum.fill_(float("nan"))
-    spec = bwd_spec_for(q.device, q.dtype, q.shape[-1], causal, deterministic)
     kernel = load_kernel(spec)
     load_binding()
     torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dsum, dq_accum, dk, dv, cu_seqlens_q,

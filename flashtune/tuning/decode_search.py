@@ -19,12 +19,12 @@ from typing import Callable
 from flashtune.kernels.decode_spec import (DECODE_BLOCK_N, DECODE_STAGES, DECODE_WARPS, DecodeSpec, DecodeTile,
                                            decode_tile_keys, decode_tile_problems)
 from flashtune.kernels.profiles import Profile
+from flashtune.tuning.screen import pick_fastest, screen_builds
 
 HEADS = 32
 # (batch, cache, seqlen_q, heads per KV head) per packed-row count: 1 x 4 = 4 rows and 4 x 8 = 32 rows
 CELLS = {16: ((1, 32768, 1, 4), (8, 8192, 1, 4), (64, 4096, 1, 4)),
          32: ((1, 32768, 4, 8), (8, 8192, 4, 8), (64, 4096, 4, 8))}
-MIN_GAIN = 0.98  # a winner must be at least 2% faster than the starting tile in geomean
 MAX_REL_ERR = 1e-2
 
 
@@ -113,9 +113,7 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
                     ) -> DecodeTuneResult:
     import torch
 
-    from flashtune.kernels.build import build_specs
     from flashtune.measure.timing import time_interleaved
-    from flashtune.tuning.search import default_jobs
 
     dtype = getattr(torch, dtype_name)
     candidates, specs = [], {}
@@ -124,23 +122,13 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
             spec = DecodeSpec(profile.arch.name, dtype_name, hdim, tile, rows == 32, "contiguous", profile.nvcc_flags)
             candidates.append(DecodeCandidate(hdim, rows, tile, spec.name, starting=i == 0))
             specs[spec.name] = spec
-    done = [0]
-
-    def built(spec, result):
-        done[0] += 1
-        if on_event:
-            on_event("compiling", done[0], len(specs))
-
-    results, failures = build_specs(list(specs.values()), jobs=jobs or default_jobs(), on_done=built)
-    failed = {spec.name: str(err).splitlines()[0][:160] for spec, err in failures}
-    spilled = {r.name: f"ptxas spills {r.spill_stores}/{r.spill_loads} bytes (store/load)" for r in results
-               if max(r.spill_stores or 0, r.spill_loads or 0) > max_spill_bytes}
+    rejected = screen_builds(list(specs.values()), jobs, max_spill_bytes, on_event)
     winners = {}
     pairs = decode_tile_keys(hdims)
     for n, (hdim, rows) in enumerate(pairs):
         group = [c for c in candidates if (c.hdim, c.rows) == (hdim, rows)]
         for c in group:
-            c.status = failed.get(c.spec) or spilled.get(c.spec) or "ok"
+            c.status = rejected.get(c.spec, "ok")
             if c.status == "ok":
                 c.status = _check(specs[c.spec], profile, CELLS[rows][0], hdim, dtype) or "ok"
         alive = [c for c in group if c.status == "ok"]
@@ -152,16 +140,7 @@ def run_decode_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 20,
                 c.us[_cell_label(cell)] = statistics.median(times[c.spec]) * 1e3
             del sets, timed
             torch.cuda.empty_cache()
-        start = next(c for c in group if c.starting)
-        best = start
-        if start.status == "ok":
-            for c in alive:
-                c.vs_starting = math.exp(statistics.fmean(math.log(c.us[k] / start.us[k]) for k in start.us))
-            fastest = min(alive, key=lambda c: c.vs_starting)
-            if fastest.vs_starting < MIN_GAIN:
-                best = fastest
-        elif alive:  # the starting tile itself failed here: the fastest that works
-            best = min(alive, key=lambda c: statistics.fmean(c.us.values()))
+        best = pick_fastest(group)
         winners[(hdim, rows)] = best.tile
         if on_event:
             on_event("timing", n + 1, len(pairs))

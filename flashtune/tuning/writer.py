@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from flashtune.kernels.bwd_spec import BwdTile
 from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile
 from flashtune.kernels.profiles import Profile
 from flashtune.kernels.tiles import TileConfig
@@ -70,14 +71,27 @@ def decode_lines(base: Profile, tuned: dict[tuple[int, int], DecodeTile] | None 
     return ["decode:", *lines] if lines else []
 
 
+def backward_lines(base: Profile, tuned: dict[int, BwdTile] | None = None) -> list[str]:
+    """The `backward:` section: the base's tiles with the tuned ones in their place; none at all when
+    there are none."""
+    tiles = dict(base.backward_tiles)
+    tiles.update(tuned or {})
+    lines = []
+    for hdim, t in sorted(tiles.items()):
+        extra = f"dq: {t.dq}" if t.kernel == "wgmma" else f"warps: {t.warps}"
+        lines.append(f"    - {{hdim: {hdim}, kernel: {t.kernel}, {extra}}}")
+    return ["backward:", "  tiles:", *lines] if lines else []
+
+
 def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles, provenance: dict,
                   path: str | Path, fp8: bool = False,
-                  decode_tiles: dict[tuple[int, int], DecodeTile] | None = None) -> Path:
+                  decode_tiles: dict[tuple[int, int], DecodeTile] | None = None,
+                  backward_tiles: dict[int, BwdTile] | None = None) -> Path:
     """Write the tuned profile; the caller validates it by loading it back. `fp8`: the tiles
     are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were. Each tuned
     (hdim, causal) must cover every sequence length: buckets from 0 up, each starting where the
-    last ended, the last open. `decode_tiles`: tuned decode tiles per (hdim, rows); the base's
-    decode section is kept either way."""
+    last ended, the last open. `decode_tiles`: tuned decode tiles per (hdim, rows), `backward_tiles`:
+    tuned backward tiles per hdim; the base's decode and backward sections are kept either way."""
     for per_bucket in tiles.values():
         assert per_bucket[0][0] == 0 and per_bucket[-1][1] is None and all(
             prev[1] == nxt[0] for prev, nxt in zip(per_bucket, per_bucket[1:])), per_bucket
@@ -109,9 +123,9 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
     else:
         text += "fp8: null\n"
     text += "configs:\n" + "\n".join(config_lines) + "\n"
-    decode = decode_lines(base, decode_tiles)
-    if decode:
-        text += "\n".join(decode) + "\n"
+    for section in (decode_lines(base, decode_tiles), backward_lines(base, backward_tiles)):
+        if section:
+            text += "\n".join(section) + "\n"
     # A JSON round trip turns str subclasses (torch's TorchVersion) into plain YAML-safe values.
     text += yaml.safe_dump({"provenance": json.loads(json.dumps(provenance))}, sort_keys=False, width=100)
     path = Path(path)

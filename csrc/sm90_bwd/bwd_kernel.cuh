@@ -1,0 +1,70 @@
+// The Hopper backward (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, in the layout of
+// FlashAttention-3's: a CTA per key block of one (batch, query head), a producer warpgroup
+// (producer.cuh: K and V once, each query block's Q, dO and statistics onto a ring) and two
+// consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
+// the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller
+// sums a KV head's group), stored straight from the accumulators. dQ is added in fp32 by the
+// mainloop; the caller scales and converts it.
+#pragma once
+#include "backward/params.h"
+#include "common/convert.cuh"
+#include "sm90/ptx_sm90.cuh"
+#include "sm90_bwd/kernel_traits.cuh"
+#include "sm90_bwd/mainloop.cuh"
+#include "sm90_bwd/producer.cuh"
+#include "sm90_bwd/work.cuh"
+
+namespace flashtune {
+namespace sm90_bwd {
+
+// Accumulator i of the 64 x D tiles: key row acc_row(i), head-dim column acc_col(i); pairs of
+// columns are one 4-byte store.
+template <class T>
+__device__ __forceinline__ void store_dkdv(const BwdParams& bp, const Work<T>& w, const Mainloop<T>& ml) {
+  using Elem = typename T::Elem;
+  const int64_t offset = (bp.fwd.cu_seqlens_q == nullptr ? int64_t(w.batch) * bp.dkv_batch_stride
+                                                          : int64_t(w.k_row0) * bp.dkv_row_stride) +
+                         int64_t(w.head) * bp.dkv_head_stride;
+  Elem* dk = static_cast<Elem*>(bp.dk) + offset;
+  Elem* dv = static_cast<Elem*>(bp.dv) + offset;
+  const float scale = bp.fwd.softmax_scale;
+#pragma unroll
+  for (int i = 0; i < T::kDRegs; i += 2) {
+    const int key = w.key0() + ml.cw * 64 + ml.acc_row(i);
+    if (key < w.seqlen_k) {
+      const int64_t at = int64_t(key) * bp.dkv_row_stride + ml.acc_col(i);
+      *reinterpret_cast<uint32_t*>(dk + at) = pack2<Elem>(ml.acc_dk[i] * scale, ml.acc_dk[i + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + at) = pack2<Elem>(ml.acc_dv[i], ml.acc_dv[i + 1]);
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& maps) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const SmemTiles<T> smem(smem_raw);
+  const Work<T> w(bp);
+  if (!w.has_keys()) return;  // varlen: a sequence shorter than this key block (uniform over the CTA)
+  if (threadIdx.x == 0) Barriers<T>::shared().init();
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) load_tiles<T>(maps, smem, w);
+    else if (warp == 1) load_stats<T>(bp, smem, w, threadIdx.x % 32);
+    return;
+  }
+  setmaxnreg_inc<T::kConsumerRegs>();
+  Mainloop<T> ml(smem, warpgroup - 1, threadIdx.x % 128);
+  float* dq = bp.dq_accum +
+              (bp.fwd.cu_seqlens_q == nullptr ? int64_t(w.batch) * bp.dq_batch_stride
+                                              : int64_t(w.q_row0) * bp.dq_row_stride) +
+              int64_t(w.head) * bp.dq_head_stride;
+  ml.run(bp, maps, w, dq);
+  store_dkdv<T>(bp, w, ml);
+}
+
+}  // namespace sm90_bwd
+}  // namespace flashtune

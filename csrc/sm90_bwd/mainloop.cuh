@@ -1,0 +1,243 @@
+// One consumer warpgroup of the Hopper backward: its 64 keys' GEMMs over every query block that
+// sees them. The forward kept only O and the LSE; per query block (FlashAttention-2's algorithm,
+// with keys as the rows of every accumulator, as FlashAttention-3 does on Hopper):
+//   S^T  = K Q^T, dP^T = V dO^T          issued together, A and B from shared memory (K-major)
+//   P^T  = exp2(scale_log2 S^T - LSE)     while dP^T runs
+//   dV  += P^T dO                         P^T's accumulators are the A fragments (registers)
+//   dS^T = P^T (dP^T - rowsum(dO O))
+//   dK  += dS^T Q                         likewise
+//   dQ   = dS K                           one 64 x 64 piece per warpgroup from dS^T in shared memory
+//                                         (both MN-major); added to the fp32 sum in global memory
+// Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
+// are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
+// shared memory; with kDqTma each warpgroup's threads meet at named barrier 2 + cw (128 threads)
+// before they write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers: a warpgroup writes block m+1's only after passing block m's
+// barrier, which the other passed only after its dQ of block m-1 (the same buffer) was complete.
+#pragma once
+#include "common/convert.cuh"
+#include "sm90/ptx_sm90.cuh"
+#include "sm90/wgmma.cuh"
+#include "sm90_bwd/kernel_traits.cuh"
+#include "sm90_bwd/producer.cuh"
+#include "sm90_bwd/work.cuh"
+
+namespace flashtune {
+namespace sm90_bwd {
+
+using namespace sm90;
+
+template <class T>
+struct Mainloop {
+  using Elem = typename T::Elem;
+  static constexpr int BM = T::kBlockM, D = T::kHeadDim;
+  static constexpr int kDsBarrier = 1;
+
+  const SmemTiles<T>& smem;
+  const int cw, warp, g, t, lane;
+  float acc_s[T::kSRegs], acc_dp[T::kSRegs];
+  float acc_dk[T::kDRegs], acc_dv[T::kDRegs], acc_dq[T::kDqRegs];
+  uint32_t frag_p[T::kMSteps][4], frag_ds[T::kMSteps][4];
+
+  __device__ __forceinline__ Mainloop(const SmemTiles<T>& smem_, int cw_, int tid)
+      : smem(smem_), cw(cw_), warp(tid / 32), g((tid % 32) >> 2), t(tid & 3), lane(tid % 32) {}
+
+  // This warpgroup's 64 rows of a K or V tile (K-major A operand), k step kk of the head dim.
+  __device__ __forceinline__ uint64_t key_rows_desc(const unsigned char* tile, int kk) const {
+    return kmajor_desc<128>(smem_u32(tile) + cw * 64 * 128 + (kk / 4) * T::kPanelBytesK + 32 * (kk % 4));
+  }
+  // A query block's Q or dO as the K-major B operand of S^T / dP^T, k step kk of the head dim.
+  __device__ __forceinline__ uint64_t query_rows_desc(const unsigned char* tile, int kk) const {
+    return kmajor_desc<128>(smem_u32(tile) + (kk / 4) * T::kPanelBytesQ + 32 * (kk % 4));
+  }
+
+  // acc (64 keys x BM queries) = rows of `a` (K or V) times the query block's `b` (Q or dO) transposed.
+  __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[T::kSRegs], const unsigned char* a,
+                                                        const unsigned char* b) {
+#pragma unroll
+    for (int kk = 0; kk < T::kKSteps; ++kk)
+      Wgmma<Elem, BM>::ss(acc, key_rows_desc(a, kk), query_rows_desc(b, kk), kk > 0);
+    wgmma_commit();
+  }
+  // acc (64 keys x D) += frag (64 keys x BM queries, A fragments) times `b` (Q or dO: MN-major B).
+  __device__ __forceinline__ void issue_frag_by_rows(float (&acc)[T::kDRegs], const uint32_t (&frag)[T::kMSteps][4],
+                                                     const unsigned char* b) {
+    const uint64_t desc = mnmajor_sw128_desc(smem_u32(b), T::kPanelBytesQ);
+#pragma unroll
+    for (int s = 0; s < T::kMSteps; ++s) Wgmma<Elem, D>::rs(acc, frag[s], desc_advance(desc, 2048 * s));
+    wgmma_commit();
+  }
+  // dQ's piece of this warpgroup: query panel qp, head-dim panel dp; dS^T's panel qp (keys x 64
+  // queries) as the MN-major A operand, K's panel dp (keys x 64 dims) as the MN-major B.
+  __device__ __forceinline__ int dq_query_panel() const { return T::kQPanels > 1 ? cw : 0; }
+  __device__ __forceinline__ int dq_dim_panel() const { return T::kPanels > 1 ? cw : 0; }
+  __device__ __forceinline__ void issue_dq(const unsigned char* ds) {
+    const uint64_t desc_a = mnmajor_sw128_desc(smem_u32(ds) + dq_query_panel() * T::kPanelBytesDs, T::kPanelBytesDs);
+    const uint64_t desc_b = mnmajor_sw128_desc(smem_u32(smem.k()) + dq_dim_panel() * T::kPanelBytesK, T::kPanelBytesK);
+#pragma unroll
+    for (int s = 0; s < T::kBlockN / 16; ++s)
+      Wgmma<Elem, 64>::ss_mn(acc_dq, desc_advance(desc_a, 2048 * s), desc_advance(desc_b, 2048 * s), s > 0);
+    wgmma_commit();
+  }
+
+  // Registers a wgmma overwrites (its first k step does not accumulate) hold no value the compiler
+  // must keep: the wrappers' "+f" operands would otherwise keep the last block's S^T, dP^T and dQ
+  // live through this one's GEMMs.
+  template <int N>
+  __device__ __forceinline__ static void forget(float (&acc)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "=f"(acc[i]));
+  }
+
+  // Accumulator i of a 64 x N wgmma: row 16 warp + g + 8 ((i >> 1) & 1), column 8 (i / 4) + 2 t + (i & 1).
+  __device__ __forceinline__ int acc_row(int i) const { return 16 * warp + g + 8 * ((i >> 1) & 1); }
+  __device__ __forceinline__ int acc_col(int i) const { return 8 * (i / 4) + 2 * t + (i & 1); }
+
+  // P^T from S^T: exp2(scale_log2 S - LSE of the query), 0 where masked (mask: keys past the end,
+  // or causal keys a query does not see).
+  __device__ __forceinline__ void softmax_p(const Work<T>& w, const float* lse, float scale_log2, int q0,
+                                            bool mask) {
+    const int key_base = w.key0() + cw * 64;
+#pragma unroll
+    for (int i = 0; i < T::kSRegs; ++i) {
+      const float p = fast_exp2(fmaf(acc_s[i], scale_log2, -lse[acc_col(i)]));
+      if (mask) {
+        const int key = key_base + acc_row(i), query = q0 + acc_col(i);
+        const bool hidden = key >= w.seqlen_k || (T::kCausal && key > query + w.causal_shift());
+        acc_s[i] = hidden ? 0.f : p;
+      } else {
+        acc_s[i] = p;
+      }
+    }
+  }
+  // dS^T = P^T (dP^T - rowsum(dO O)) into acc_dp. With 128 queries a step (hdim 64) P is read back
+  // from its 16-bit fragments: S^T's 64 fp32 registers would otherwise stay live beside dP^T's, and
+  // spill; P is rounded to 16 bits for dV anyway.
+  __device__ __forceinline__ void softmax_ds(const float* dsum) {
+#pragma unroll
+    for (int i = 0; i < T::kSRegs; ++i) {
+      const float p = T::kDsFromPackedP ? unpack_half<Elem>(frag_p[i / 8][(i % 8) / 2], i & 1) : acc_s[i];
+      acc_dp[i] = p * (acc_dp[i] - dsum[acc_col(i)]);
+    }
+  }
+  // Accumulators as wgmma A fragments: k slice s is accumulators 8s .. 8s+7 (two n8 column groups).
+  __device__ __forceinline__ static void pack(uint32_t (&frag)[T::kMSteps][4], const float (&acc)[T::kSRegs]) {
+#pragma unroll
+    for (int s = 0; s < T::kMSteps; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) frag[s][e] = pack2<Elem>(acc[8 * s + 2 * e], acc[8 * s + 2 * e + 1]);
+  }
+  // dS^T into shared memory, [keys][queries] in 64-query panels of 128B-swizzled rows (16-byte
+  // chunk c of row r at c ^ (r % 8)): fragment s is four 8 x 8 matrices (m: keys +8 (m & 1),
+  // queries 16 s + 8 (m >> 1)); lane l gives row l % 8 of matrix l / 8.
+  __device__ __forceinline__ void store_ds(unsigned char* ds) const {
+    const int m = lane / 8, key = cw * 64 + 16 * warp + 8 * (m & 1) + lane % 8;
+#pragma unroll
+    for (int s = 0; s < T::kMSteps; ++s) {
+      const int query = 16 * s + 8 * (m >> 1);
+      const uint32_t addr = smem_u32(ds) + (query / 64) * T::kPanelBytesDs + key * 128 +
+                            ((((query % 64) / 8) ^ (key % 8)) * 16);
+      stmatrix_x4(addr, frag_ds[s][0], frag_ds[s][1], frag_ds[s][2], frag_ds[s][3]);
+    }
+  }
+  // The warpgroup's dQ piece added to the fp32 sum (dq_accum, unscaled) for the block's valid rows.
+  __device__ __forceinline__ void add_dq(float* dq, int64_t row_stride, int q0, int seqlen_q) const {
+    const int row0 = q0 + dq_query_panel() * 64, col0 = dq_dim_panel() * 64;
+#pragma unroll
+    for (int i = 0; i < T::kDqRegs; i += 2) {
+      const int row = row0 + acc_row(i);
+      if (row < seqlen_q)
+        atomicAdd(reinterpret_cast<float2*>(dq + int64_t(row) * row_stride + col0 + acc_col(i)),
+                  make_float2(acc_dq[i], acc_dq[i + 1]));
+    }
+  }
+
+  // kDqTma: the piece through the warpgroup's staging tile (two boxes of 32 columns, 16-byte chunk c
+  // of row r at c ^ (r % 8)) and one thread's TMA reduce-adds. Rows past a sequence's end are 0
+  // (their P is) or outside the tensor map: adding them changes nothing.
+  __device__ __forceinline__ void reduce_dq(const BwdTmaMaps& maps, const Work<T>& w, int q0, bool first) const {
+    const int barrier = 2 + cw;
+    const bool leader = warp == 0 && lane == 0;
+    unsigned char* stage = smem.dq(cw);
+    if (!first) {
+      if (leader) bulk_wait_group_read0();  // the last piece's reduces have read the tile
+      named_barrier_sync(barrier, 128);
+    }
+    // Rows 16 warp + g (+8): row % 8 is g. The base is made here, opaque: else ptxas keeps the
+    // 16 stores' addresses live through the main loop, and spills at hdim 64.
+    const uint32_t base = opaque(smem_u32(stage) + acc_row(0) * 128 + 8 * (t & 1));
+    const uint32_t swizzle = uint32_t(g) << 4;
+#pragma unroll
+    for (int i = 0; i < T::kDqRegs; i += 4) {  // n8 group i / 4: rows +0 and +8, columns 8 (i / 4) + 2 t
+      const int col = acc_col(i), box = col / 32, chunk = (col % 32) / 4;
+      const uint32_t at = base + box * T::kDqBoxBytes + ((uint32_t(chunk) << 4) ^ swizzle);
+      st_shared_f32x2(at, acc_dq[i], acc_dq[i + 1]);
+      st_shared_f32x2(at + 8 * 128, acc_dq[i + 2], acc_dq[i + 3]);
+    }
+    fence_proxy_async_smem();  // the stores, seen by the TMA
+    named_barrier_sync(barrier, 128);
+    if (leader) {
+      const int row = w.q_row0 + q0 + dq_query_panel() * 64;
+      for (int box = 0; box < 2; ++box)
+        tma_reduce_add_4d(&maps.dq, stage + box * T::kDqBoxBytes, dq_dim_panel() * 64 + 32 * box, row, w.head,
+                          w.tma_batch);
+      bulk_commit_group();
+    }
+  }
+  // The last reduces complete before the CTA exits (their source is its shared memory).
+  __device__ __forceinline__ void drain_dq() const {
+    if (T::kDqTma && warp == 0 && lane == 0) bulk_wait_group0();
+  }
+
+  // Every query block of the CTA's range; dK and dV accumulate in registers.
+  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w, float* dq) {
+    Barriers<T>& bars = Barriers<T>::shared();
+#pragma unroll
+    for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    mbarrier_wait(&bars.bar_kv, 0);
+    for (int m = w.m_begin, it = 0; m < w.m_end; ++m, ++it) {
+      const int stage = it % T::kStages, q0 = m * BM;
+      mbarrier_wait(&bars.full[stage], (it / T::kStages) & 1);
+      const unsigned char* q = smem.q(stage);
+      const unsigned char* dout = smem.dout(stage);
+      unsigned char* ds = smem.ds(it & 1);
+
+      forget(acc_s);
+      forget(acc_dp);
+      wgmma_fence();
+      issue_keys_by_queries(acc_s, smem.k(), q);
+      issue_keys_by_queries(acc_dp, smem.v(), dout);
+      wgmma_wait<1>();  // S^T
+      fence_operands(acc_s);
+      softmax_p(w, smem.lse(stage), bp.fwd.softmax_scale_log2, q0, w.needs_mask(q0));
+      pack(frag_p, acc_s);
+      fence_operands(acc_dv);
+      fence_operands(frag_p);
+      wgmma_fence();
+      issue_frag_by_rows(acc_dv, frag_p, dout);  // dV += P^T dO, under dS's arithmetic
+      wgmma_wait<1>();  // dP^T
+      fence_operands(acc_dp);
+      softmax_ds(smem.dsum(stage));
+      pack(frag_ds, acc_dp);
+      store_ds(ds);
+      fence_proxy_async_smem();  // dS^T's stores, seen by the wgmma's reads
+      named_barrier_sync(kDsBarrier, 128 * T::kConsumers);
+      fence_operands(acc_dk);
+      fence_operands(frag_ds);
+      forget(acc_dq);
+      wgmma_fence();
+      issue_frag_by_rows(acc_dk, frag_ds, q);  // dK += dS^T Q
+      issue_dq(ds);
+      wgmma_wait<0>();
+      fence_operands(acc_dv);
+      fence_operands(acc_dk);
+      fence_operands(acc_dq);
+      mbarrier_arrive(&bars.empty[stage]);  // Q, dO and the statistics of this slot are read
+      if constexpr (T::kDqTma) reduce_dq(maps, w, q0, it == 0);
+      else add_dq(dq, bp.dq_row_stride, q0, w.seqlen_q);
+    }
+    drain_dq();
+  }
+};
+
+}  // namespace sm90_bwd
+}  // namespace flashtune

@@ -1,0 +1,115 @@
+// The Hopper backward's loads and the barriers the CTA shares. The producer warpgroup's warp 0
+// (one thread) brings K and V once (bar_kv), then each query block's Q and dO by TMA onto a ring of
+// kStages slots (full: the bytes arrived); its warp 1 writes the block's statistics into the same
+// slot (the LSE in log2 units, +inf past the sequence's end so that P is 0 there, and rowsum(dO O))
+// and arrives on full with its 32 threads. Both wait on empty (every consumer thread released the
+// slot) before refilling it.
+#pragma once
+#include "backward/params.h"
+#include "sm90/ptx_sm90.cuh"
+#include "sm90_bwd/kernel_traits.cuh"
+#include "sm90_bwd/work.cuh"
+
+namespace flashtune {
+namespace sm90_bwd {
+
+using sm90::mbarrier_arrive;
+using sm90::mbarrier_arrive_expect_tx;
+using sm90::mbarrier_init;
+using sm90::mbarrier_wait;
+using sm90::tma_load_4d;
+
+// The tensor maps, 4-D (dim, rows, heads, batch) as the forward's (sm90/producer.cuh); varlen
+// tensors are one batch entry of total rows. dq: the fp32 dQ sum (kDqTma kernels only).
+struct BwdTmaMaps {
+  CUtensorMap q, k, v, dout, dq;
+};
+
+template <class T>
+struct Barriers {
+  static constexpr int kStatsThreads = 32;
+  uint64_t bar_kv, full[T::kStages], empty[T::kStages];
+
+  static __device__ __forceinline__ Barriers& shared() {
+    __shared__ __align__(8) Barriers bars;
+    return bars;
+  }
+  __device__ __forceinline__ void init() {  // one thread, before the CTA's barrier
+    mbarrier_init(&bar_kv, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbarrier_init(&full[s], 1 + kStatsThreads);  // the TMA thread's expect_tx and the statistics warp
+      mbarrier_init(&empty[s], 128 * T::kConsumers);
+    }
+    sm90::fence_barrier_init();
+  }
+};
+
+// The shared-memory tiles, from a 1024-byte aligned base (the 128B swizzle's atom).
+template <class T>
+struct SmemTiles {
+  unsigned char* base;
+  __device__ __forceinline__ explicit SmemTiles(unsigned char* raw)
+      : base(reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
+  __device__ __forceinline__ unsigned char* k() const { return base; }
+  __device__ __forceinline__ unsigned char* v() const { return base + T::kVOffset; }
+  __device__ __forceinline__ unsigned char* q(int stage) const { return base + T::kQOffset + stage * T::kQBytes; }
+  __device__ __forceinline__ unsigned char* dout(int stage) const {
+    return base + T::kdOOffset + stage * T::kQBytes;
+  }
+  __device__ __forceinline__ unsigned char* ds(int buf) const { return base + T::kDsOffset + buf * T::kDsBytes; }
+  __device__ __forceinline__ unsigned char* dq(int cw) const { return base + T::kDqOffset + cw * T::kDqStageBytes; }
+  __device__ __forceinline__ float* lse(int stage) const {
+    return reinterpret_cast<float*>(base + T::kStatsOffset + stage * T::kStatsBytes);
+  }
+  __device__ __forceinline__ float* dsum(int stage) const { return lse(stage) + T::kBlockM; }
+};
+
+// Warp 0's thread 0: K and V, then every query block's Q and dO.
+template <class T>
+__device__ __forceinline__ void load_tiles(const BwdTmaMaps& maps, const SmemTiles<T>& smem, const Work<T>& w) {
+  Barriers<T>& bars = Barriers<T>::shared();
+  const int key_row = w.k_row0 + w.key0();
+  mbarrier_arrive_expect_tx(&bars.bar_kv, 2 * T::kKBytes);
+  for (int c = 0; c < T::kPanels; ++c) {
+    tma_load_4d(smem.k() + c * T::kPanelBytesK, &maps.k, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
+    tma_load_4d(smem.v() + c * T::kPanelBytesK, &maps.v, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
+  }
+  for (int m = w.m_begin, i = 0; m < w.m_end; ++m, ++i) {
+    const int stage = i % T::kStages;
+    if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&bars.full[stage], 2 * T::kQBytes);
+    const int row = w.q_row0 + m * T::kBlockM;
+    for (int c = 0; c < T::kPanels; ++c) {
+      tma_load_4d(smem.q(stage) + c * T::kPanelBytesQ, &maps.q, &bars.full[stage], 64 * c, row, w.head, w.tma_batch);
+      tma_load_4d(smem.dout(stage) + c * T::kPanelBytesQ, &maps.dout, &bars.full[stage], 64 * c, row, w.head,
+                  w.tma_batch);
+    }
+  }
+}
+
+// Warp 1: each query block's statistics, one row per lane and pass.
+template <class T>
+__device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<T>& smem, const Work<T>& w,
+                                           int lane) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  Barriers<T>& bars = Barriers<T>::shared();
+  const float* lse = bp.fwd.lse + w.lse;
+  const float* dsum = bp.dsum + w.lse;
+  for (int m = w.m_begin, i = 0; m < w.m_end; ++m, ++i) {
+    const int stage = i % T::kStages;
+    if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
+    float* lse_tile = smem.lse(stage);
+    float* dsum_tile = smem.dsum(stage);
+#pragma unroll
+    for (int r = lane; r < T::kBlockM; r += 32) {
+      const int row = m * T::kBlockM + r;
+      const bool valid = row < w.seqlen_q;
+      lse_tile[r] = valid ? lse[row] * kLog2e : INFINITY;
+      dsum_tile[r] = valid ? dsum[row] : 0.f;
+    }
+    mbarrier_arrive(&bars.full[stage]);  // release: the writes above are seen by whoever waits on full
+  }
+}
+
+}  // namespace sm90_bwd
+}  // namespace flashtune

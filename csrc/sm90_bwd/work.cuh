@@ -1,0 +1,50 @@
+// What one CTA of the Hopper backward works on: its key block of one (batch, query head), the
+// sequence's lengths and first rows, and the query blocks that see its keys. Every thread computes
+// it the same from the grid position and the parameters; producer and consumers walk one range.
+#pragma once
+#include "backward/params.h"
+
+namespace flashtune {
+namespace sm90_bwd {
+
+template <class T>
+struct Work {
+  int n_block, head, kv_head, batch;
+  int seqlen_q, seqlen_k;
+  int q_row0, k_row0, tma_batch;  // the TMA's coordinates: varlen tensors are one entry of total rows
+  int64_t lse;                    // the sequence's first entry of the LSE and rowsum(dO O) rows
+  int m_begin, m_end;             // query blocks that see any of the keys
+
+  __device__ __forceinline__ Work(const BwdParams& bp) {
+    const FwdParams& p = bp.fwd;
+    // The heaviest key blocks first (causal: the first keys see the most queries).
+    n_block = int(gridDim.x) - 1 - int(blockIdx.x);
+    head = int(blockIdx.y), batch = int(blockIdx.z);
+    kv_head = head / p.head_ratio;
+    if (p.cu_seqlens_q == nullptr) {
+      seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+      q_row0 = k_row0 = 0, tma_batch = batch;
+      lse = int64_t(batch) * p.lse_batch_stride;
+    } else {
+      q_row0 = p.cu_seqlens_q[batch], k_row0 = p.cu_seqlens_k[batch];
+      seqlen_q = p.cu_seqlens_q[batch + 1] - q_row0, seqlen_k = p.cu_seqlens_k[batch + 1] - k_row0;
+      tma_batch = 0;
+      lse = q_row0;
+    }
+    lse += int64_t(head) * p.lse_head_stride;
+    m_end = (seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    // Bottom-right causal: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
+    m_begin = T::kCausal ? min(m_end, max(0, key0() - causal_shift()) / T::kBlockM) : 0;
+  }
+  __device__ __forceinline__ int key0() const { return n_block * T::kBlockN; }
+  __device__ __forceinline__ int causal_shift() const { return seqlen_k - seqlen_q; }
+  __device__ __forceinline__ bool has_keys() const { return key0() < seqlen_k; }  // else the CTA leaves
+  // Whether the query block at q0 needs a mask: keys past the end, or (causal) keys that some of its
+  // queries do not see. Uniform across the CTA.
+  __device__ __forceinline__ bool needs_mask(int q0) const {
+    return key0() + T::kBlockN > seqlen_k || (T::kCausal && key0() + T::kBlockN - 1 > q0 + causal_shift());
+  }
+};
+
+}  // namespace sm90_bwd
+}  // namespace flashtune

@@ -1,0 +1,96 @@
+"""A/B of the backward kernels in one process (lab, not shipped): the wgmma kernel with dQ by TMA
+reduce-adds, the same with float2 atomics (`_dqatomic`), today's mma.sync kernel, the release's
+(lab/release-src, lab/make_release.sh: its h200 profile's backward, where present) and cuDNN's
+backward through SDPA. Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd
+on a small slice of the same shapes) and the median time of the backward alone (the rowsum pre-pass,
+the dQ conversion and the GQA sums included for ours, as attention_bwd runs them), TFLOPS counting
+2.5 forwards. Usage: python3 lab/bwd_ab.py OUT.json"""
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import flashtune
+from flashtune.kernels.bwd_spec import BwdSpec
+from flashtune.measure.reference import attention_reference, rel_l2
+from flashtune.measure.timing import time_interleaved
+from flashtune.runtime import backward, ops
+
+ops.use_profile("h200")
+RELEASE = Path(__file__).resolve().parent / "release-src"
+release = None
+if RELEASE.is_dir():
+    sys.path.insert(0, str(RELEASE))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(RELEASE), os.environ.get("PYTHONPATH", "")])
+    import flashtune_release as release
+
+    release.use_profile("h200")
+DT = torch.bfloat16
+VARIANTS = {
+    "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
+    "wgmma-atomic": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True, dq_tma=False),
+    "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
+}
+
+
+def with_spec(make):
+    def chosen(device, dtype, hdim, causal, deterministic=False):
+        return make(hdim, causal)
+    return chosen
+
+
+def grads_of(name, q, k, v, dout, causal):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if name == "release":
+        out = release.flash_attn_func(*leaves, causal=causal)
+    elif name == "sdpa-cudnn":
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=causal,
+                                                 enable_gqa=True).transpose(1, 2)
+    else:
+        backward.bwd_spec_for = with_spec(VARIANTS[name])
+        out = flashtune.flash_attn_func(*leaves, causal=causal)
+    return out, leaves
+
+
+rows = []
+for hdim in (64, 128):
+    for causal in (False, True):
+        for seqlen in (1024, 4096, 16384):
+            batch, heads = max(1, 16384 // seqlen), 2048 // hdim
+            torch.manual_seed(seqlen + hdim)
+            q, k, v, dout = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=DT) for _ in range(4))
+            # correctness on the first 2 heads of batch entry 0, up to 2048 positions
+            s = min(seqlen, 2048)
+            small = [t[:1, :s, :2].contiguous() for t in (q, k, v, dout)]
+            ref = [t.float().requires_grad_() for t in small[:3]]
+            attention_reference(*ref, causal)[0].backward(small[3].float())
+            timed, errors = {}, {}
+            for name in (*VARIANTS, *(["release"] if release else []), "sdpa-cudnn"):
+                o, leaves = grads_of(name, *small[:3], small[3], causal)
+                o.backward(small[3])
+                errors[name] = [rel_l2(a.grad.float(), b.grad) for a, b in zip(leaves, ref)]
+                out, leaves = grads_of(name, q, k, v, dout, causal)
+
+                def run(name=name, out=out, leaves=leaves):
+                    if name in VARIANTS:  # the kernel the backward takes is looked up when it runs
+                        backward.bwd_spec_for = with_spec(VARIANTS[name])
+                    return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+                timed[name] = [run]
+            times, failed = time_interleaved(timed, warmup=3, repeats=30)
+            flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+            row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads}
+            for name, t in times.items():
+                ms = statistics.median(t)
+                row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_l2": errors[name]}
+            rows.append(row)
+            base = row["sdpa-cudnn"]["ms"]
+            print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6}: " + "  ".join(
+                f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
+                for n in times), flush=True)
+json.dump({"command": "python3 lab/bwd_ab.py", "gpu": torch.cuda.get_device_name(), "rows": rows},
+          open(sys.argv[1], "w"), indent=1)
