@@ -63,6 +63,7 @@
 #   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
 #   bench-bwd-ab  bench --pass bwd, hdim 64/128, under h200 (wgmma) and h200-sm80 (mma.sync), beside cuDNN and SDPA flash
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
+#   vdim-tests    tests/test_v_head_dim_gpu.py and the hf MLA/variants model test under h200, 16 workers
 #   train         bench --train: the recall model trained 300 steps with SDPA (twice), flashtune and cuDNN (issue 37's training check)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
@@ -172,7 +173,7 @@ for step in "$@"; do case $step in
            --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-fp8kv-quick.json" ;;
   kv-fp8-tests) FLASHTUNE_PROFILE=h200 run kv-fp8-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kv_fp8_gpu.py ;;
-  ab-fp8kv) run ab-fp8kv 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
+  ab-fp8kv) run ab-fp8kv 560 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
            --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
            --backends flashtune,flashtune-fp8kv,release-fp8kv,sdpa-cudnn --out "$OUT/ab_fp8kv.json" ;;
   decode-fp8kv) run bench-decode-fp8kv 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
@@ -185,6 +186,8 @@ for step in "$@"; do case $step in
          run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
+  vdim-tests) FLASHTUNE_PROFILE=h200 run vdim-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_v_head_dim_gpu.py "tests/test_hf_gpu.py::test_models_with_windows_softcap_and_sinks_generate_like_eager" ;;
   bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
   bwd-ab) run bwd-ab 300 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
