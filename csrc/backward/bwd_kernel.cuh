@@ -130,7 +130,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset,
                  sdS = sK + T::kdSOffset;
   Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
-  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // natural log
+  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // log2 units
   float* dsum_tile = lse_tile + BM;
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
@@ -188,25 +188,63 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
-  // A query block's Q, dO and statistics, all by cp.async (thread i < BM: statistics row i): the
-  // first before the loop, each next one once every warp is done with the block before, under
-  // that block's dQ (no registers held through it). Rows past the end arrive as zeros: Q's and
-  // dO's make S = 0 and dO = 0 there, so P is finite and P^T dO and dS = P (V dO^T - 0) are 0.
-  // The LSE stays in natural-log units here (+inf for rows that see no key: P = 0).
-  static_assert(BM <= T::kThreads, "a thread per statistics row");
   constexpr float kLog2e = 1.4426950408889634f;
-  auto load_block = [&](int q0) {
+  for (int m = m_begin; m < m_end; ++m) {
+    const int q0 = m * BM;
+    __syncthreads();  // every warp is done with the last block's Q, dO, dS^T and statistics
     load_rows_async<T, BM>(sQ, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
     load_rows_async<T, BM>(sdO, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride, seqlen_q - q0, tid);
-    if (tid < BM) {
-      const bool valid = q0 + tid < seqlen_q;
-      cp_async_4(smem_addr(lse_tile + tid), gLse + (valid ? q0 + tid : 0), valid);
-      cp_async_4(smem_addr(dsum_tile + tid), gDsum + (valid ? q0 + tid : 0), valid);
-    }
     cp_async_commit();
-  };
-  auto add_dq_of_block = [&](int q0) {
-    // ---- dQ (the warp's 16 query rows of the block at q0) += dS K, added to the fp32 sum in global memory
+    for (int i = tid; i < BM; i += T::kThreads) {  // rows past the end: P = exp2(. - inf) = 0
+      const bool valid = q0 + i < seqlen_q;
+      lse_tile[i] = valid ? gLse[q0 + i] * kLog2e : INFINITY;
+      dsum_tile[i] = valid ? gDsum[q0 + i] : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
+    float acc_s[QT][4];
+    rows_times_rows_t<T, QT>(acc_s, a_k, sQ, b_rows);
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + warp * 16 + g + 8 * (e >> 1);
+        const int col = nt * 8 + 2 * t + (e & 1);
+        const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
+        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col]));
+      }
+
+    // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
+    float acc_ds[QT][4];
+    rows_times_rows_t<T, QT>(acc_ds, a_v, sdO, b_rows);
+#pragma unroll
+    for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[nt * 8 + 2 * t + (e & 1)]);
+
+    uint32_t frag_p[QT / 2][4], frag_ds[QT / 2][4];
+    to_a_fragments<Elem, QT>(frag_p, acc_s);
+    to_a_fragments<Elem, QT>(frag_ds, acc_ds);
+    // dS^T to shared memory for dQ: fragment (kk, i) holds row g (+8 for i odd), columns
+    // kk * 16 + 2t (+8 for i >= 2)
+    if constexpr (!T::kDeterministic) {
+#pragma unroll
+      for (int kk = 0; kk < QT / 2; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
+              frag_ds[kk][i];
+    }
+
+    // ---- dV += P^T dO, dK += dS^T Q
+    frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
+    frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
+
+    if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
+    __syncthreads();  // dS^T complete
+    // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
     float acc_dq[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -236,58 +274,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
         }
       }
     }
-  };
-  if (m_begin < m_end) load_block(m_begin * BM);
-  for (int m = m_begin; m < m_end; ++m) {
-    const int q0 = m * BM;
-    cp_async_wait<0>();
-    __syncthreads();  // the block's Q, dO and statistics are in, and every warp is done with the last dQ
-
-    // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
-    float acc_s[QT][4];
-    rows_times_rows_t<T, QT>(acc_s, a_k, sQ, b_rows);
-#pragma unroll
-    for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + warp * 16 + g + 8 * (e >> 1);
-        const int col = nt * 8 + 2 * t + (e & 1);
-        const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
-        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col] * kLog2e));
-      }
-
-    // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
-    float acc_ds[QT][4];
-    rows_times_rows_t<T, QT>(acc_ds, a_v, sdO, b_rows);
-#pragma unroll
-    for (int nt = 0; nt < QT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[nt * 8 + 2 * t + (e & 1)]);
-
-    uint32_t frag_p[QT / 2][4], frag_ds[QT / 2][4];
-    to_a_fragments<Elem, QT>(frag_p, acc_s);
-    to_a_fragments<Elem, QT>(frag_ds, acc_ds);
-    // dS^T to shared memory for dQ: fragment (kk, i) holds row g (+8 for i odd), columns
-    // kk * 16 + 2t (+8 for i >= 2)
-    if constexpr (!T::kDeterministic) {
-#pragma unroll
-      for (int kk = 0; kk < QT / 2; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
-              frag_ds[kk][i];
-    }
-
-    // ---- dV += P^T dO, dK += dS^T Q
-    frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
-    frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
-
-    __syncthreads();  // dS^T complete; every warp is done with this block's Q, dO and statistics
-    const bool more = m + 1 < m_end;
-    if (more) load_block(q0 + BM);  // under this block's dQ
-    if constexpr (!T::kDeterministic) add_dq_of_block(q0);  // else dQ is the dQ kernel's
   }
-  cp_async_wait<0>();  // a CTA whose keys no query sees has loaded K and V all the same
+
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
   Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
   Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
