@@ -1,5 +1,5 @@
 """A/B of the backward kernels in one process (lab, not shipped): the wgmma kernel with dQ by TMA
-reduce-adds, the same with float2 atomics (`_dqatomic`), today's mma.sync kernel, the release's
+reduce-adds, today's mma.sync kernel, the release's
 (lab/release-src, lab/make_release.sh: its h200 profile's backward, where present) and cuDNN's
 backward through SDPA. Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd
 on a small slice of the same shapes) and the median time of the backward alone (the rowsum pre-pass,
@@ -32,7 +32,6 @@ if RELEASE.is_dir():
 DT = torch.bfloat16
 VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
-    "wgmma-atomic": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True, dq_tma=False),
     "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
 }
 

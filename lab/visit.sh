@@ -56,7 +56,7 @@
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
-#   bwd-ab        lab/bwd_ab.py: the wgmma backward (dQ by TMA reduce-adds, and by atomics), the mma.sync one and
+#   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
 #                 cuDNN's, bf16, hdim 64/128, 1k-16k, correctness and time in one process, JSON in $OUT
 #   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
 #   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each

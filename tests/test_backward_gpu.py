@@ -129,7 +129,7 @@ def test_the_backward_kernel_is_the_one_that_runs():
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_every_backward_tile_the_arch_takes_is_right(hdim):
     """What `tune --backward` may write: each tile the active profile's arch takes (on sm_90a the wgmma
-    kernel with dQ by TMA and by atomics, and mma.sync with 4 and 2 warps), causal and not, GQA."""
+    kernel, and mma.sync with 4 and 2 warps), causal and not, GQA."""
     from flashtune.runtime.selection import active_profile
     from flashtune.tuning.backward_search import backward_candidates
 

@@ -284,3 +284,22 @@ def test_a_too_old_nvcc_is_an_input_error_said_once(monkeypatch):
     result = CliRunner().invoke(cli, ["build", "--profile", "rtx5090", "--arch", "sm_120"])
     assert result.exit_code == 2
     assert result.output.count("cannot target sm_120") == 1 and ">= 12.8" in result.output
+
+
+def test_verify_knows_the_hopper_backwards_sass():
+    """verify's SASS row for the wgmma backward asks for wgmma, TMA loads and the dQ reduce-adds (not
+    the mma.sync kernel's HMMA/LDSM/LDGSTS), and the compiled kernel has them."""
+    from flashtune.commands.verify import sass_row
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.bwd_spec import BwdSpec
+    from flashtune.kernels.toolchain import detect_toolchain
+
+    spec = BwdSpec("sm_90a", "bfloat16", 64, 8, True, wgmma=True)
+    result = build_spec(spec)
+    assert result.spill_stores == 0 and result.spill_loads == 0
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    row = sass_row(spec, result.library, False, cuobjdump)
+    assert row.ok, row.detail
+    assert row.detail == "sm_90a: HGMMA, UTMALDG, UTMAREDG"

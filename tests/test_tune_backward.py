@@ -11,15 +11,15 @@ from flashtune.kernels.profiles import ProfileError, find_profile, load_profile
 from flashtune.tuning.backward_search import BackwardCandidate, BackwardTuneResult, backward_candidates
 from flashtune.tuning.writer import write_profile
 
-WGMMA_TMA, WGMMA_ATOMIC = BwdTile("wgmma", 8, "tma"), BwdTile("wgmma", 8, "atomic")
+WGMMA, MMA_SYNC_2 = BwdTile("wgmma", 8), BwdTile("mma_sync", 2)
 
 
 def test_candidates_start_with_the_profiles_tile_and_all_run_on_the_arch():
     h200 = find_profile("h200")
-    assert backward_candidates(h200, 128) == [WGMMA_TMA, WGMMA_ATOMIC, BwdTile("mma_sync", 4), BwdTile("mma_sync", 2)]
+    assert backward_candidates(h200, 128) == [WGMMA, BwdTile("mma_sync", 4), MMA_SYNC_2]
     rtx = find_profile("rtx4090")  # no wgmma off sm_90a
     assert backward_candidates(rtx, 64) == [BwdTile("mma_sync", 4), BwdTile("mma_sync", 2)]
-    assert bwd_tile_problems(128, WGMMA_TMA, rtx.arch) == ["the wgmma backward kernel needs sm_90a, not sm_89"]
+    assert bwd_tile_problems(128, WGMMA, rtx.arch) == ["the wgmma backward kernel needs sm_90a, not sm_89"]
     assert "not a backward tile" in bwd_tile_problems(128, BwdTile("mma_sync", 8), rtx.arch)[0]
 
 
@@ -32,10 +32,10 @@ def write_yaml(tmp_path, backward: str):
 
 def test_the_backward_section_chooses_the_kernel_per_head_dim(tmp_path):
     mine = load_profile(write_yaml(tmp_path, "backward:\n  tiles:\n    - {hdim: 64, kernel: mma_sync, warps: 2}\n"
-                                             "    - {hdim: 128, kernel: wgmma, dq: atomic}\n"))
-    assert mine.backward_tile(64) == BwdTile("mma_sync", 2) and mine.backward_tile(128) == WGMMA_ATOMIC
+                                             "    - {hdim: 128, kernel: mma_sync}\n"))
+    assert mine.backward_tile(64) == MMA_SYNC_2 and mine.backward_tile(128) == BwdTile("mma_sync", 4)
     assert bwd_spec_for_profile(mine, "bfloat16", 64, True).name == "flashtune_bwd_bf16_h64_32x32_w2_c_sm90a"
-    assert bwd_spec_for_profile(mine, "bfloat16", 128, False).name == "flashtune_bwd_bf16_h128_128x64_wg2_dqatomic_sm90a"
+    assert bwd_spec_for_profile(mine, "bfloat16", 128, False).name == "flashtune_bwd_bf16_h128_64x64_w4_sm90a"
     # deterministic=True: the mma.sync kernel's fixed-order dQ, with the tile's warps where it is mma.sync
     assert bwd_spec_for_profile(mine, "bfloat16", 64, False, True).name == "flashtune_bwd_bf16_h64_32x32_w2_det_sm90a"
     assert bwd_spec_for_profile(mine, "bfloat16", 128, False, True).name == "flashtune_bwd_bf16_h128_64x64_w4_det_sm90a"
@@ -44,9 +44,8 @@ def test_the_backward_section_chooses_the_kernel_per_head_dim(tmp_path):
 @pytest.mark.parametrize("entry,said", [
     ("{hdim: 128, kernel: tensor}", "backward.tiles[0].kernel: 'tensor'; allowed: wgmma or mma_sync"),
     ("{hdim: 128, kernel: wgmma, warps: 4}", "backward.tiles[0].warps: the wgmma kernel has two consumer warpgroups"),
-    ("{hdim: 128, kernel: mma_sync, dq: tma}", "backward.tiles[0].dq: the mma.sync kernel adds dQ by atomics"),
+    ("{hdim: 128, kernel: wgmma, dq: tma}", "backward.tiles[0].dq: unknown key"),
     ("{hdim: 128, kernel: mma_sync, warps: 8}", "not a backward tile"),
-    ("{hdim: 128, kernel: wgmma, dq: fast}", "not a backward tile"),
     ("{hdim: 96, kernel: wgmma}", "backward.tiles[0].hdim: head dim 96 is not in head_dims"),
     ("{kernel: wgmma}", "hdim"),
 ])
@@ -65,19 +64,19 @@ def test_the_wgmma_kernel_is_refused_off_sm90a(tmp_path):
 
 
 def fake_result():
-    cands = [BackwardCandidate(128, WGMMA_TMA, ("a", "a_c"), starting=True, us={"4 x 2k": 100.0}, vs_starting=1.0),
-             BackwardCandidate(128, WGMMA_ATOMIC, ("b", "b_c"), us={"4 x 2k": 90.0}, vs_starting=0.9),
-             BackwardCandidate(128, BwdTile("mma_sync", 2), ("c", "c_c"), status="dq rel err 3.0e-01 against fp32")]
-    return BackwardTuneResult(cands, {128: WGMMA_ATOMIC})
+    cands = [BackwardCandidate(128, WGMMA, ("a", "a_c"), starting=True, us={"4 x 2k": 100.0}, vs_starting=1.0),
+             BackwardCandidate(128, BwdTile("mma_sync", 4), ("b", "b_c"), us={"4 x 2k": 90.0}, vs_starting=0.9),
+             BackwardCandidate(128, MMA_SYNC_2, ("c", "c_c"), status="dq rel err 3.0e-01 against fp32")]
+    return BackwardTuneResult(cands, {128: BwdTile("mma_sync", 4)})
 
 
 def test_the_written_profile_has_the_winners_and_keeps_everything_else(tmp_path):
     base = find_profile("h200")
     written, prov = tune.write_backward_tuned(base, fake_result(), "bfloat16", "NVIDIA H200", "h200-bwd",
                                               str(tmp_path / "out.yaml"))
-    assert written.backward_tile(128) == WGMMA_ATOMIC and written.backward_tile(64) == WGMMA_TMA
+    assert written.backward_tile(128) == BwdTile("mma_sync", 4) and written.backward_tile(64) == WGMMA
     assert written.configs == base.configs and written.decode_tiles == base.decode_tiles
-    assert prov["backward_tune"]["hdims"][0]["tile"] == "wgmma, dq atomic" and "Backward tiles tuned" in \
+    assert prov["backward_tune"]["hdims"][0]["tile"] == "mma.sync, 4 warps" and "Backward tiles tuned" in \
         written.description
     again = load_profile(write_profile(written, "h200-e", "e.", {}, {}, tmp_path / "e.yaml"))  # a later tune keeps it
     assert again.backward_tiles == written.backward_tiles

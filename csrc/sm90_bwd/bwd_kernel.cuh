@@ -58,11 +58,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& 
   }
   setmaxnreg_inc<T::kConsumerRegs>();
   Mainloop<T> ml(smem, warpgroup - 1, threadIdx.x % 128);
-  float* dq = bp.dq_accum +
-              (bp.fwd.cu_seqlens_q == nullptr ? int64_t(w.batch) * bp.dq_batch_stride
-                                              : int64_t(w.q_row0) * bp.dq_row_stride) +
-              int64_t(w.head) * bp.dq_head_stride;
-  ml.run(bp, maps, w, dq);
+  ml.run(bp, maps, w);
   store_dkdv<T>(bp, w, ml);
 }
 

@@ -31,7 +31,7 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (!err)
     err = sm90::encode_4d(&maps.v, p.v, kType, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
                           p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
-  if (!err && T::kDqTma)  // the fp32 sum, q's shape: boxes of 32 columns x one warpgroup's 64 rows
+  if (!err)  // the fp32 sum, q's shape: boxes of 32 columns x one warpgroup's 64 rows
     err = sm90::encode_4d(&maps.dq, bp.dq_accum, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, batch, rows_q, p.heads_q,
                           T::kHeadDim, bp.dq_batch_stride, bp.dq_row_stride, bp.dq_head_stride, 32, 64);
   if (err) return int(cudaErrorInvalidValue);  // a tensor the TMA cannot describe (python checks come first)

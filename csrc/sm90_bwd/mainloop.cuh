@@ -10,9 +10,10 @@
 //                                         (both MN-major); added to the fp32 sum in global memory
 // Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
 // are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
-// shared memory; with kDqTma each warpgroup's threads meet at named barrier 2 + cw (128 threads)
-// before they write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers: a warpgroup writes block m+1's only after passing block m's
-// barrier, which the other passed only after its dQ of block m-1 (the same buffer) was complete.
+// shared memory; each warpgroup's threads meet at named barrier 2 + cw (128 threads) before they
+// write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers:
+// a warpgroup writes block m+1's only after passing block m's barrier, which the other passed
+// only after its dQ of block m-1 (the same buffer) was complete.
 #pragma once
 #include "common/convert.cuh"
 #include "sm90/ptx_sm90.cuh"
@@ -139,20 +140,9 @@ struct Mainloop {
       stmatrix_x4(addr, frag_ds[s][0], frag_ds[s][1], frag_ds[s][2], frag_ds[s][3]);
     }
   }
-  // The warpgroup's dQ piece added to the fp32 sum (dq_accum, unscaled) for the block's valid rows.
-  __device__ __forceinline__ void add_dq(float* dq, int64_t row_stride, int q0, int seqlen_q) const {
-    const int row0 = q0 + dq_query_panel() * 64, col0 = dq_dim_panel() * 64;
-#pragma unroll
-    for (int i = 0; i < T::kDqRegs; i += 2) {
-      const int row = row0 + acc_row(i);
-      if (row < seqlen_q)
-        atomicAdd(reinterpret_cast<float2*>(dq + int64_t(row) * row_stride + col0 + acc_col(i)),
-                  make_float2(acc_dq[i], acc_dq[i + 1]));
-    }
-  }
-
-  // kDqTma: the piece through the warpgroup's staging tile (two boxes of 32 columns, 16-byte chunk c
-  // of row r at c ^ (r % 8)) and one thread's TMA reduce-adds. Rows past a sequence's end are 0
+  // The warpgroup's dQ piece added to the fp32 sum (dq_accum, unscaled): through its staging tile
+  // (two boxes of 32 columns, 16-byte chunk c of row r at c ^ (r % 8)) and one thread's TMA
+  // reduce-adds. Rows past a sequence's end are 0
   // (their P is) or outside the tensor map: adding them changes nothing.
   __device__ __forceinline__ void reduce_dq(const BwdTmaMaps& maps, const Work<T>& w, int q0, bool first) const {
     const int barrier = 2 + cw;
@@ -185,11 +175,11 @@ struct Mainloop {
   }
   // The last reduces complete before the CTA exits (their source is its shared memory).
   __device__ __forceinline__ void drain_dq() const {
-    if (T::kDqTma && warp == 0 && lane == 0) bulk_wait_group0();
+    if (warp == 0 && lane == 0) bulk_wait_group0();
   }
 
   // Every query block of the CTA's range; dK and dV accumulate in registers.
-  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w, float* dq) {
+  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w) {
     Barriers<T>& bars = Barriers<T>::shared();
 #pragma unroll
     for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
@@ -232,8 +222,7 @@ struct Mainloop {
       fence_operands(acc_dk);
       fence_operands(acc_dq);
       mbarrier_arrive(&bars.empty[stage]);  // Q, dO and the statistics of this slot are read
-      if constexpr (T::kDqTma) reduce_dq(maps, w, q0, it == 0);
-      else add_dq(dq, bp.dq_row_stride, q0, w.seqlen_q);
+      reduce_dq(maps, w, q0, it == 0);
     }
     drain_dq();
   }

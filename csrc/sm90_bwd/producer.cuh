@@ -20,7 +20,7 @@ using sm90::mbarrier_wait;
 using sm90::tma_load_4d;
 
 // The tensor maps, 4-D (dim, rows, heads, batch) as the forward's (sm90/producer.cuh); varlen
-// tensors are one batch entry of total rows. dq: the fp32 dQ sum (kDqTma kernels only).
+// tensors are one batch entry of total rows. dq: the fp32 dQ sum.
 struct BwdTmaMaps {
   CUtensorMap q, k, v, dout, dq;
 };

@@ -77,7 +77,7 @@ def backward_details(profile: Profile) -> list[dict]:
         tile = profile.backward_tile(hdim)
         spec = bwd_spec_for_profile(profile, "bfloat16", hdim, True)
         rows.append({"hdim": hdim, "kernel": tile.kernel, "warps": tile.warps,
-                     "dq": tile.dq, "name": spec.name, "smem_bytes": spec.smem_bytes,
+                     "name": spec.name, "smem_bytes": spec.smem_bytes,
                      "source": "profile" if hdim in own else "default"})
     return rows
 
@@ -199,7 +199,7 @@ def render_details(profile: Profile, console: Console) -> None:
         backward.add_column(column, no_wrap=True)
     for row in data["backward"]:
         kernel = "wgmma" if row["kernel"] == "wgmma" else f"mma.sync, {row['warps']} warps"
-        backward.add_row(str(row["hdim"]), kernel, "TMA reduce-add" if row["dq"] == "tma" else "atomics",
+        backward.add_row(str(row["hdim"]), kernel, "TMA reduce-add" if row["kernel"] == "wgmma" else "atomics",
                          row["name"], f"{row['smem_bytes']} B", row["source"])
     console.print(backward)
     split = data["decode"]["split"]

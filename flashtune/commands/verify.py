@@ -7,7 +7,8 @@ Three checks, each a list of rows with `ok`:
 * identity: under torch.profiler, the exact kernel name of the spec chosen for the call
   launched, and no other attention kernel (SDPA flash/cuDNN/efficient, a math GEMM) ran;
 * SASS: cuobjdump shows code for the target arch, the family's instructions (HMMA, LDSM,
-  LDGSTS for sm80) and no local-memory traffic (LDL/STL) where ptxas reported no spills.
+  LDGSTS for sm80; HGMMA and TMA for sm90) and no local-memory traffic (LDL/STL) where ptxas
+  reported no spills.
 
 `--sdpa` instead reports which backend PyTorch's own scaled_dot_product_attention picks
 for each shape asked, and why it refuses the others. How the reports are shown is at the end.
@@ -33,9 +34,10 @@ from flashtune.measure.problem import Problem, make_inputs
 ATTENTION_KERNEL_RE = re.compile(
     r"flash|fmha|attention|attn|cudnn|sdpa|softmax|gemm|gemv|bmm|xmma|cutlass", re.IGNORECASE)
 
-# Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix).
+# Instructions each family's kernels must contain (cuobjdump -sass mnemonics, by prefix); the
+# Hopper backward adds dQ by TMA reduce-adds (UTMAREDG).
 FAMILY_SASS = {"sm80": ("HMMA", "LDSM", "LDGSTS"), "sm90": ("HGMMA", "UTMALDG"), "decode": ("HMMA", "LDSM", "LDGSTS"),
-               "backward": ("HMMA", "LDSM", "LDGSTS")}
+               "backward": ("HMMA", "LDSM", "LDGSTS"), "backward-wgmma": ("HGMMA", "UTMALDG", "UTMAREDG")}
 # ... and what an FP8 Q/K kernel adds: wgmma on e4m3 (QGMMA), or mma.sync m16n8k32 e4m3 (QMMA on
 # sm_89/sm_120). Plain sm_90 has no native FP8 mma.sync: ptxas unpacks e4m3 to f16 for HMMA
 # (F2FP ... E4M3.UNPACK_B), correct but slow; Hopper's fast FP8 path is the sm90 family.
@@ -224,7 +226,7 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    wanted = FAMILY_SASS[spec.family]
+    wanted = FAMILY_SASS["backward-wgmma" if getattr(spec, "wgmma", False) else spec.family]
     if spec.fp8:
         wanted += (FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family],)
     missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]

@@ -42,7 +42,7 @@ _TOP_KEYS = {"name": str, "description": str, "match": dict, "family": str, "arc
 _REQUIRED_TOP = ("name", "description", "match", "family", "arch", "dtypes", "head_dims")  # + configs or configs_from
 _MATCH_KEYS = ("names", "compute_capability")
 _DECODE_TILE_KEYS = ("hdim", "rows", "block_n", "warps", "stages")
-_BACKWARD_TILE_KEYS = ("hdim", "kernel", "warps", "dq")
+_BACKWARD_TILE_KEYS = ("hdim", "kernel", "warps")
 _CONFIG_KEYS = {"sm80": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warps", "stages"),
                 "sm90": ("hdim", "causal", "seqlen", "block_m", "block_n", "num_warpgroups", "stages", *SCHEDULE_KEYS)}
 _REQUIRED_CONFIG = {"sm80": ("hdim", "block_m", "block_n", "num_warps", "stages"),
@@ -302,7 +302,7 @@ class _Validator:
         entries = self.expect(value.get("tiles", []), list, "backward.tiles", "a list of backward tiles")
         for i, entry in enumerate(entries):
             key = f"backward.tiles[{i}]"
-            self.expect(entry, dict, key, "{hdim, kernel: wgmma, dq: tma|atomic} or {hdim, kernel: mma_sync, warps}")
+            self.expect(entry, dict, key, "{hdim, kernel: wgmma} or {hdim, kernel: mma_sync, warps}")
             self.check_keys(entry, key, _BACKWARD_TILE_KEYS, ("hdim", "kernel"))
             self.expect(entry["hdim"], int, f"{key}.hdim", "an integer")
             if entry["hdim"] not in head_dims:
@@ -312,10 +312,8 @@ class _Validator:
             if kernel == "wgmma":
                 if "warps" in entry:
                     raise self.fail(f"{key}.warps", "the wgmma kernel has two consumer warpgroups", "no warps key")
-                tile = BwdTile("wgmma", 8, entry.get("dq", "tma"))
+                tile = BwdTile("wgmma", 8)
             elif kernel == "mma_sync":
-                if "dq" in entry:
-                    raise self.fail(f"{key}.dq", "the mma.sync kernel adds dQ by atomics", "no dq key")
                 tile = BwdTile("mma_sync", entry.get("warps", 4))
             else:
                 raise self.fail(f"{key}.kernel", f"{kernel!r}", "wgmma or mma_sync")

@@ -78,8 +78,8 @@ def backward_lines(base: Profile, tuned: dict[int, BwdTile] | None = None) -> li
     tiles.update(tuned or {})
     lines = []
     for hdim, t in sorted(tiles.items()):
-        extra = f"dq: {t.dq}" if t.kernel == "wgmma" else f"warps: {t.warps}"
-        lines.append(f"    - {{hdim: {hdim}, kernel: {t.kernel}, {extra}}}")
+        extra = "" if t.kernel == "wgmma" else f", warps: {t.warps}"
+        lines.append(f"    - {{hdim: {hdim}, kernel: {t.kernel}{extra}}}")
     return ["backward:", "  tiles:", *lines] if lines else []
 
 
