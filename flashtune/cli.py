@@ -326,6 +326,15 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
     sys.exit(report.exit_code)
 
 
+def _profile_with_hdims(profile_name: str | None, hdims):
+    """tune --decode's and --backward's profile, every --hdims value one of its head dims (exit 2 if not)."""
+    profile, _ = resolve_profile(profile_name)
+    unknown = sorted(set(hdims or ()) - set(profile.head_dims))
+    if unknown:
+        raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
+    return profile
+
+
 @cli.command("tune")
 @click.option("--profile", "profile_name", metavar="NAME|PATH",
               help="Starting profile: family, arch and starting tiles (default: this GPU's match).")
@@ -402,10 +411,7 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
         from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS
         from flashtune.tuning.backward_search import run_backward_tune
 
-        profile, _ = resolve_profile(profile_name)
-        unknown = sorted(set(hdims or ()) - set(profile.head_dims))
-        if unknown:
-            raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
+        profile = _profile_with_hdims(profile_name, hdims)
         chosen = [h for h in hdims or profile.head_dims if h in BWD_HEAD_DIMS]
         if not chosen:
             raise click.BadParameter(f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}",
@@ -426,10 +432,7 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     if decode:
         from flashtune.tuning.decode_search import run_decode_tune
 
-        profile, _ = resolve_profile(profile_name)
-        unknown = sorted(set(hdims or ()) - set(profile.head_dims))
-        if unknown:
-            raise click.BadParameter(f"{unknown} not in profile {profile.name}'s head dims", param_hint="--hdims")
+        profile = _profile_with_hdims(profile_name, hdims)
         console = make_console(stderr=as_json)
         from flashtune.tuning.split_fit import run_split_fit, with_decode_tiles
 

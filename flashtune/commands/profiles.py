@@ -76,7 +76,7 @@ def backward_details(profile: Profile) -> list[dict]:
             continue
         tile = profile.backward_tile(hdim)
         spec = bwd_spec_for_profile(profile, "bfloat16", hdim, True)
-        rows.append({"hdim": hdim, "kernel": tile.kernel, "warps": tile.warps,
+        rows.append({"hdim": hdim, "kernel": tile.kernel, "warps": tile.warps, "label": tile.label(),
                      "name": spec.name, "smem_bytes": spec.smem_bytes,
                      "source": "profile" if hdim in own else "default"})
     return rows
@@ -198,8 +198,7 @@ def render_details(profile: Profile, console: Console) -> None:
     for column in ("hdim", "kernel", "dq", "name (bf16, causal)", "smem", "from"):
         backward.add_column(column, no_wrap=True)
     for row in data["backward"]:
-        kernel = "wgmma" if row["kernel"] == "wgmma" else f"mma.sync, {row['warps']} warps"
-        backward.add_row(str(row["hdim"]), kernel, "TMA reduce-add" if row["kernel"] == "wgmma" else "atomics",
+        backward.add_row(str(row["hdim"]), row["label"], "TMA reduce-add" if row["kernel"] == "wgmma" else "atomics",
                          row["name"], f"{row['smem_bytes']} B", row["source"])
     console.print(backward)
     split = data["decode"]["split"]

@@ -68,10 +68,25 @@ def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
     return tiles, fallbacks
 
 
-def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, fallbacks) -> dict:
+def tune_stamp(tool: str, profile: Profile, gpu_name: str, dtype: str) -> dict:
+    """What every tune's provenance starts with: the tool, the base profile, where and when it ran."""
     import torch
 
     from flashtune import __version__
+
+    return {"tool": tool, "base_profile": profile.name, "gpu": gpu_name, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "flashtune": __version__, "date": datetime.date.today().isoformat(),
+            "dtype": dtype}
+
+
+def tuned_description(profile: Profile, what: str, gpu_name: str, date: str) -> str:
+    """Short, as a profile's description should be: the base's first sentence, then what the tune did
+    (the rest of the story is the provenance)."""
+    first = profile.description.strip().split(". ")[0].rstrip(".")
+    return f"{first}. {what} on {gpu_name} ({date}) from profile {profile.name}."
+
+
+def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name: str, fallbacks) -> dict:
     from flashtune.kernels.gpu import nvidia_smi_driver_version
 
     measured = []
@@ -82,9 +97,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
                          "tile": w.tile.label, "tflops": round(w.tflops, 1),
                          "starting_tile": start.tile.label if start else None,
                          "starting_tflops": round(start.tflops, 1) if start else None})
-    return {"tool": "flashtune tune", "base_profile": profile.name, "gpu": gpu_name,
-            "driver": nvidia_smi_driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "flashtune": __version__, "date": datetime.date.today().isoformat(), "dtype": opts.dtype,
+    return {**tune_stamp("flashtune tune", profile, gpu_name, opts.dtype), "driver": nvidia_smi_driver_version(),
             "kernels": "fp8 q/k" if opts.fp8 else "16-bit",
             "candidates_measured": len({r.spec for r in result.records if r.ok}),
             "candidates_failed": sum(1 for r in result.records if not r.ok),
@@ -98,11 +111,8 @@ def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_nam
     tiles, fallbacks = chosen_tiles(profile, result, opts)
     prov = provenance(profile, result, opts, gpu_name, fallbacks)
     what = "FP8 Q/K tiles (fp8.configs)" if opts.fp8 else "Tiles"
-    # Short, as a profile's description should be: the base's first sentence, then what the tune did
-    # (the rest of the story is the provenance).
-    first = profile.description.strip().split(". ")[0].rstrip(".")
-    description = (f"{first}. {what} for head dims {', '.join(map(str, opts.hdims))} tuned by `flashtune tune` "
-                   f"on {gpu_name} ({prov['date']}) from profile {profile.name}.")
+    description = tuned_description(profile, f"{what} for head dims {', '.join(map(str, opts.hdims))} tuned by "
+                                    "`flashtune tune`", gpu_name, prov["date"])
     path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8)
     return load_profile(path), prov  # loading validates what was written
 
@@ -162,9 +172,6 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
     """The base profile with its decode tiles replaced by the tune's winners and its split policy by
     the fitted one where it won (`split`: tuning/split_fit.py's SplitFit), its prefill tiles as they
     were; the provenance says what each pair and each split cell measured."""
-    import torch
-
-    from flashtune import __version__
     from flashtune.tuning.decode_search import CELLS
 
     pairs = []
@@ -177,11 +184,9 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
                       "us": {k: round(v, 2) for k, v in won.us.items()},
                       "candidates_measured": sum(1 for c in group if c.us),
                       "candidates_failed": sum(1 for c in group if c.status != "ok")})
-    date = datetime.date.today().isoformat()
+    stamp = tune_stamp("flashtune tune --decode", profile, gpu_name, dtype)
     prov = {**(profile.provenance or {}),
-            "decode_tune": {"tool": "flashtune tune --decode", "base_profile": profile.name, "gpu": gpu_name,
-                            "torch": torch.__version__, "cuda": torch.version.cuda, "flashtune": __version__,
-                            "date": date, "dtype": dtype,
+            "decode_tune": {**stamp,
                             "cells": {rows: [list(c) for c in cells] for rows, cells in CELLS.items()},
                             "pairs": pairs,
                             "split_fit": {"written": split.wins, "base": asdict(split.base),
@@ -190,9 +195,8 @@ def write_decode_tuned(profile: Profile, result, split, dtype: str, gpu_name: st
                                           "fitted_loss": [round(x, 4) for x in split.loss],
                                           "cells": {c.label: {n: round(u, 2) for n, u in c.us.items()}
                                                     for c in split.cells}}}}
-    first = profile.description.strip().split(". ")[0].rstrip(".")
-    description = f"{first}. Decode tiles tuned by `flashtune tune --decode` on {gpu_name} ({date}) from profile " \
-                  f"{profile.name}."
+    description = tuned_description(profile, "Decode tiles tuned by `flashtune tune --decode`", gpu_name,
+                                    stamp["date"])
     base = dataclasses.replace(profile, decode_split=split.policy)
     path = write_profile(base, name, description, {}, prov, out, decode_tiles=result.winners)
     return load_profile(path), prov
@@ -204,9 +208,6 @@ def write_backward_tuned(profile: Profile, result, dtype: str, gpu_name: str, na
                          out: str) -> tuple[Profile, dict]:
     """The base profile with its backward tiles replaced by the tune's winners, everything else as it
     was; the provenance says what each head dim's candidates measured."""
-    import torch
-
-    from flashtune import __version__
     from flashtune.tuning.backward_search import CELLS, cell_label
 
     per_hdim = []
@@ -216,15 +217,11 @@ def write_backward_tuned(profile: Profile, result, dtype: str, gpu_name: str, na
         per_hdim.append({"hdim": hdim, "tile": tile.label(), "starting_tile": start.tile.label(),
                          "us": {c.tile.label(): {k: round(v, 1) for k, v in c.us.items()} for c in group if c.us},
                          "failed": {c.tile.label(): c.status for c in group if c.status != "ok"}})
-    date = datetime.date.today().isoformat()
+    stamp = tune_stamp("flashtune tune --backward", profile, gpu_name, dtype)
     prov = {**(profile.provenance or {}),
-            "backward_tune": {"tool": "flashtune tune --backward", "base_profile": profile.name, "gpu": gpu_name,
-                              "torch": torch.__version__, "cuda": torch.version.cuda, "flashtune": __version__,
-                              "date": date, "dtype": dtype, "cells": [cell_label(c) for c in CELLS],
-                              "hdims": per_hdim}}
-    first = profile.description.strip().split(". ")[0].rstrip(".")
-    description = f"{first}. Backward tiles tuned by `flashtune tune --backward` on {gpu_name} ({date}) from " \
-                  f"profile {profile.name}."
+            "backward_tune": {**stamp, "cells": [cell_label(c) for c in CELLS], "hdims": per_hdim}}
+    description = tuned_description(profile, "Backward tiles tuned by `flashtune tune --backward`", gpu_name,
+                                    stamp["date"])
     path = write_profile(profile, name, description, {}, prov, out, backward_tiles=result.winners)
     return load_profile(path), prov
 

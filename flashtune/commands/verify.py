@@ -226,7 +226,7 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    wanted = FAMILY_SASS["backward-wgmma" if getattr(spec, "wgmma", False) else spec.family]
+    wanted = FAMILY_SASS[spec.family]
     if spec.fp8:
         wanted += (FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family],)
     missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]

@@ -13,6 +13,7 @@ names a wgmma kernel, which adds dQ by TMA reduce-adds.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from flashtune.kernels.arch import ArchFacts, get_arch
@@ -55,8 +56,12 @@ class BwdSpec:
     nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
     wgmma: bool = False  # the Hopper kernel (csrc/sm90_bwd/); `warps` is then 8 (two warpgroups)
 
-    family = "backward"
     fp8 = False  # no FP8 backward (verify's SASS check asks)
+
+    @property
+    def family(self) -> str:
+        """What verify's SASS check knows the kernel by (commands/verify.py FAMILY_SASS)."""
+        return "backward-wgmma" if self.wgmma else "backward"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -214,6 +219,7 @@ def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
     return []
 
 
+@functools.cache  # Profile.backward_tile asks on every backward call; the answer is fixed per arch
 def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
     """The sm90 family's: the wgmma kernel; every other: the mma.sync kernel
     with the most warps whose shared memory fits the arch."""
