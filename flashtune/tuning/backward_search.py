@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from flashtune.kernels.bwd_spec import (BWD_HEAD_DIMS, MMA_SYNC_TILES, WGMMA_TILES, BwdSpec, BwdTile,
                                         bwd_spec_of_tile, bwd_tile_problems)
 from flashtune.kernels.profiles import Profile
-from flashtune.tuning.screen import pick_fastest, screen_builds
+from flashtune.tuning.screen import Candidate, pick_fastest, screen_builds
 
 CELLS = ((4, 2048, False), (4, 2048, True), (1, 8192, False), (1, 8192, True))  # (batch, seqlen, causal)
 MAX_REL_ERR = 2e-2  # dq, dk and dv against fp32 autograd (16-bit inputs: a few 1e-3 when right)
 
 
 @dataclass
-class BackwardCandidate:
+class BackwardCandidate(Candidate):
     hdim: int
     tile: BwdTile
     specs: tuple[str, str]  # non-causal and causal kernels
-    starting: bool = False
-    status: str = "ok"  # or why it was rejected
-    us: dict[str, float] = field(default_factory=dict)  # cell label -> median microseconds
-    vs_starting: float | None = None  # geomean over cells of (its time / the starting tile's)
 
 
 @dataclass

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from flashtune.kernels.decode_spec import (DECODE_BLOCK_N, DECODE_STAGES, DECODE_WARPS, DecodeSpec, DecodeTile,
                                            decode_tile_keys, decode_tile_problems)
 from flashtune.kernels.profiles import Profile
-from flashtune.tuning.screen import pick_fastest, screen_builds
+from flashtune.tuning.screen import Candidate, pick_fastest, screen_builds
 
 HEADS = 32
 # (batch, cache, seqlen_q, heads per KV head) per packed-row count: 1 x 4 = 4 rows and 4 x 8 = 32 rows
@@ -29,15 +29,11 @@ MAX_REL_ERR = 1e-2
 
 
 @dataclass
-class DecodeCandidate:
+class DecodeCandidate(Candidate):
     hdim: int
     rows: int
     tile: DecodeTile
     spec: str
-    starting: bool = False
-    status: str = "ok"  # or why it was rejected
-    us: dict[str, float] = field(default_factory=dict)  # cell label -> median microseconds
-    vs_starting: float | None = None  # geomean over cells of (its time / the starting tile's)
 
 
 @dataclass

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field
 from typing import Callable
 
 MIN_GAIN = 0.98  # a winner must be at least 2% faster than the starting tile in geomean
+
+
+@dataclass(kw_only=True)
+class Candidate:
+    """What a tune's candidate carries for pick_fastest (each mode adds its tile and kernel names)."""
+    starting: bool = False
+    status: str = "ok"  # or why it was rejected
+    us: dict[str, float] = field(default_factory=dict)  # cell label -> median microseconds
+    vs_starting: float | None = None  # geomean over cells of (its time / the starting tile's)
 
 
 def screen_builds(specs: list, jobs: int | None, max_spill_bytes: int,
@@ -31,11 +41,11 @@ def screen_builds(specs: list, jobs: int | None, max_spill_bytes: int,
     return rejected
 
 
-def pick_fastest(group: list):
+def pick_fastest(group: list[Candidate]) -> Candidate:
     """A group's winner: each measured candidate's `vs_starting` (geomean over the starting tile's
     cells of its time / the starting tile's) is set; the fastest wins if it beats the starting tile
     by MIN_GAIN, else the starting tile stays. Where the starting tile failed, the fastest that works
-    by mean time. Candidates have `starting`, `status` and `us` (cell -> microseconds)."""
+    by mean time."""
     start = next(c for c in group if c.starting)
     alive = [c for c in group if c.status == "ok"]
     if start.status != "ok":
