@@ -176,14 +176,15 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
               cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// A backward launch (csrc/backward/): the forward's q, k, v, out and lse, dout, dsum (rowsum(dout
-// out) - dlse, lse's layout), dq_accum (fp32, q's shape, zeroed), dk and dv (k's shape with q's
-// heads). Python checks every input first.
+// A backward launch (csrc/backward/): the forward's q, k, v, out and lse, dout, dlse (the LSE's
+// gradient, lse's layout, or none), dsum (fp32 scratch in lse's layout), dq_accum (fp32 scratch in
+// q's shape), dq (q's shape and dtype, dq_accum's strides), dk and dv (k's shape with q's heads).
+// The launcher runs the prep pass, the kernel and the finish pass. Python checks every input first.
 void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-         const at::Tensor& dout, const at::Tensor& lse, const at::Tensor& dsum, const at::Tensor& dq_accum,
-         const at::Tensor& dk, const at::Tensor& dv, const std::optional<at::Tensor>& cu_seqlens_q,
-         const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-         double softmax_scale) {
+         const at::Tensor& dout, const at::Tensor& lse, const std::optional<at::Tensor>& dlse, const at::Tensor& dsum,
+         const at::Tensor& dq_accum, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   flashtune::BwdParams p{};
   p.fwd = fwd_params(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale);
@@ -198,20 +199,26 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dsum.scalar_type() == at::kFloat &&
                   dsum.strides() == lse.strides() && dsum.sizes() == lse.sizes(),
               "flashtune: dq_accum float32, dsum float32 in lse's layout");
+  TORCH_CHECK(dq.scalar_type() == q.scalar_type() && dq.sizes() == q.sizes() && dq.strides() == dq_accum.strides(),
+              "flashtune: dq in q's dtype and shape, dq_accum's strides");
+  TORCH_CHECK(!dlse.has_value() || (dlse->scalar_type() == at::kFloat && dlse->strides() == lse.strides() &&
+                                     dlse->sizes() == lse.sizes()),
+              "flashtune: dlse float32 in lse's layout");
   p.dout = dout.data_ptr();
   p.do_batch_stride = varlen ? 0 : stride_of(dout, 0);
   p.do_row_stride = stride_of(dout, r), p.do_head_stride = stride_of(dout, r + 1);
   p.dsum = dsum.data_ptr<float>();
+  p.dlse = dlse.has_value() ? dlse->data_ptr<float>() : nullptr;
   p.dq_accum = dq_accum.data_ptr<float>();
+  p.dq = dq.data_ptr();
   p.dq_batch_stride = varlen ? 0 : dq_accum.stride(0);
   p.dq_row_stride = dq_accum.stride(r), p.dq_head_stride = dq_accum.stride(r + 1);
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
   p.dkv_batch_stride = varlen ? 0 : dk.stride(0);
   p.dkv_row_stride = dk.stride(r), p.dkv_head_stride = dk.stride(r + 1);
-  if (p.fwd.batch == 0 || p.fwd.seqlen_k == 0) return;
 
-  const c10::cuda::CUDAGuard guard(q.device());
+  const c10::cuda::CUDAGuard guard(q.device());  // the launcher's passes write dq even without keys
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   auto fn = reinterpret_cast<flashtune::BwdLaunchFn>(launcher);
   const int err = fn(&p, stream);
@@ -326,9 +333,9 @@ TORCH_LIBRARY(flashtune_C, m) {
       "float softmax_scale, Tensor? q_descale, Tensor? k_descale, float softcap=0., int window_left=-1, "
       "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
   m.def(
-      "bwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor dsum, "
-      "Tensor(a!) dq_accum, Tensor(b!) dk, Tensor(c!) dv, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-      "int max_seqlen_q, int max_seqlen_k, float softmax_scale) -> ()");
+      "bwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor? dlse, "
+      "Tensor(a!) dsum, Tensor(b!) dq_accum, Tensor(c!) dq, Tensor(d!) dk, Tensor(e!) dv, Tensor? cu_seqlens_q, "
+      "Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale) -> ()");
   m.def(
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "

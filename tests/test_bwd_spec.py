@@ -19,6 +19,21 @@ def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
     assert det.source_hash() != BwdSpec("sm_80", "float16", 64, 2, False).source_hash()
 
 
+@pytest.mark.parametrize("spec", [BwdSpec("sm_80", "float16", 64, 2, False, deterministic=True),
+                                  BwdSpec("sm_90a", "bfloat16", 128, 8, True, wgmma=True)])
+def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
+    source = spec.source()
+    prep, finish, *dq = spec.companion_names
+    assert (prep, finish) == (f"{spec.name}_prep", f"{spec.name}_finish") and dq == ([f"{spec.name}_dq"] if
+                                                                                    spec.deterministic else [])
+    elem = "__half, 64" if spec.dtype == "float16" else "__nv_bfloat16, 128"
+    assert f"{prep}(const flashtune::BwdParams params)" in source and f"prep_body<{elem}>(params)" in source
+    assert f"{finish}(const flashtune::BwdParams params)" in source and f"finish_body<{elem}>(params)" in source
+    launcher = source[source.index(f'extern "C" int {spec.launcher_symbol}'):]
+    assert f"launch_with_passes(\n      {prep}, {finish}, *params, stream," in launcher
+    assert f"launch<Cfg>({spec.name}, " in launcher
+
+
 def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
     assert bwd_smem_bytes(128, 4) == 4 * 64 * 256 + 64 * 64 * 2 + 2 * 64 * 4
     assert default_bwd_spec("sm_89", "bfloat16", 128, False).warps == 4  # 74 KB fits the RTX parts' 99 KB

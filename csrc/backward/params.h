@@ -12,11 +12,16 @@ struct BwdParams {
 
   const void* dout;  // dO, O's shape, its own strides (elements; the last dimension contiguous)
   int64_t do_batch_stride, do_row_stride, do_head_stride;
-  const float* dsum;  // rowsum(dO * O) per query row and head, in fwd.lse's layout and strides
+  // rowsum(dO * O) - dlse per query row and head, in fwd.lse's layout and strides: written by the
+  // prep pass (passes.cuh), read by the kernel. dlse: the LSE's gradient in the same layout, or null.
+  float* dsum;
+  const float* dlse;
 
-  // dQ summed in fp32 over the key blocks by atomic adds: zeroed by the caller, (batch, seqlen_q,
-  // heads_q, hdim) or varlen (total_q, heads_q, hdim); the caller scales it and converts.
+  // dQ summed in fp32 over the key blocks (by the kernel's adds: zeroed by the prep pass; or stored
+  // by the deterministic dQ kernel), (batch, seqlen_q, heads_q, hdim) or varlen (total_q, heads_q,
+  // hdim); the finish pass writes dq = softmax_scale * dq_accum in q's dtype, in the same strides.
   float* dq_accum;
+  void* dq;
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
 
   // dK and dV per query head (batch, seqlen_k, heads_q, hdim) or varlen (total_k, heads_q, hdim),

@@ -355,10 +355,11 @@ def check_backward_case(case: Problem, profile, seed: int):
                        for e in errors)
     correct = Check("correctness", spec.name, all(e.ok for e in errors), detail, case.name,
                     rel_err=worst.rel_err, tolerance=worst.bar)
-    others = unexpected_attention_kernels(names, spec.name)
-    launched = spec.name in names
+    others = unexpected_attention_kernels(names, spec.name, spec.companion_names)
+    launched = all(n in names for n in (spec.name, *spec.companion_names))
     identity = Check("identity", spec.name, launched and not others,
-                     ("launched" if launched else f"expected kernel did not launch; saw {names}")
+                     ("launched, with " + ", ".join(spec.companion_names) if launched else
+                      f"expected kernel and its passes did not all launch; saw {names}")
                      + (f"; other attention kernels ran: {others}" if others else ""), case.name, observed=names)
     return [correct, identity], spec
 

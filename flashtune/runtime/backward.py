@@ -1,8 +1,9 @@
 """The backward pass: gradients of the forward's custom op through csrc/backward/'s kernel.
 
-The forward keeps only O and its LSE. Here: rowsum(dO * O) (less the LSE's own gradient, when the
-caller used the LSE), a zeroed fp32 dQ that the kernel's CTAs add their key blocks' shares to, and
-dK and dV per query head, summed over each KV head's group (GQA) after the kernel.
+The forward keeps only O and its LSE. One launcher call runs three kernels: a prep pass
+(rowsum(dO * O), less the LSE's own gradient when the caller used the LSE, and a zeroed fp32 dQ sum
+that the kernel's CTAs add their key blocks' shares to), the kernel, and a finish pass (dQ scaled
+and converted); dK and dV come per query head and are summed over each KV head's group (GQA) here.
 """
 from __future__ import annotations
 
@@ -73,36 +74,34 @@ def run_bwd_spec(spec: BwdSpec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
                  cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                  poison: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on a validated call (the tuner times candidates through this)."""
-    deterministic = spec.deterministic
     varlen = cu_seqlens_q is not None
-    # the kernel reads dO in 16-byte chunks: rows at multiples of 8 elements, a 16-byte aligned start
-    aligned = dout.stride(-1) == 1 and dout.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in dout.stride()[:-1])
-    dout = dout if aligned else dout.contiguous()
-    # rowsum(dO * O) in the LSE's layout: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
-    dsum = (dout.float() * out.float()).sum(-1)
-    dsum = dsum.t() if varlen else dsum.transpose(1, 2)
-    if dlse is not None:  # the LSE's gradient: d lse / d s = scale * P, one more term of dS
-        dsum = dsum - dlse
-    dsum = dsum.contiguous()
+    # the kernel reads dO, and the prep pass dO and O, in 16-byte chunks: rows at multiples of 8
+    # elements, a 16-byte aligned start
+    dout, out = (t if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in t.stride()[:-1])
+                 else t.contiguous() for t in (dout, out))
     lse = lse.contiguous()
-    # the atomic adds need zeros; the deterministic dQ kernel stores every row
-    dq_accum = (torch.empty if deterministic else torch.zeros)(q.shape, dtype=torch.float32, device=q.device)
+    # rowsum(dO * O) - dlse in the LSE's layout, (batch, heads, seqlen_q) or (heads, total_q) for
+    # varlen, written by the prep pass; dlse, the LSE's gradient (d lse / d s = scale * P), is one
+    # more term of dS
+    dsum = torch.empty_like(lse)
+    dlse = None if dlse is None else dlse.to(torch.float32).expand_as(lse).contiguous()
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # zeroed by the prep pass
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # dq_accum's strides (both contiguous)
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     # varlen k may have rows past the last sequence, which no CTA writes: their gradient is 0
     alloc = torch.zeros if varlen else torch.empty
     dk = alloc((*k.shape[:-2], heads_q, k.shape[-1]), dtype=k.dtype, device=k.device)
     dv = alloc(dk.shape, dtype=v.dtype, device=v.device)
-    if poison:  # tests: a row the kernel forgot cannot pass for a computed one
+    if poison:  # tests: a row the kernels forgot cannot pass for a computed one
         if not varlen:
             dk.fill_(float("nan"))
             dv.fill_(float("nan"))
-        if deterministic:
-            dq_accum.fill_(float("nan"))
+        for t in (dsum, dq_accum, dq):
+            t.fill_(float("nan"))
     kernel = load_kernel(spec)
     load_binding()
-    torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dsum, dq_accum, dk, dv, cu_seqlens_q,
-                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
-    dq = (dq_accum * softmax_scale).to(q.dtype)
+    torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dlse, dsum, dq_accum, dq, dk, dv,
+                              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
     if heads_q != heads_kv:  # each KV head's gradient is its query heads' sum
         ratio = heads_q // heads_kv
         dk = dk.unflatten(-2, (heads_kv, ratio)).float().sum(-2).to(k.dtype)

@@ -1,0 +1,130 @@
+// The two passes around either backward kernel (mma.sync or wgmma), each one memory-bound launch
+// over every (query row, query head), a warp per pair (FlashAttention's preprocess and dQ
+// conversion kernels; before, seven PyTorch launches did their work):
+//   prep:   rowsum(dO * O) over the head dim in fp32, less the LSE's gradient when the loss used
+//           the LSE, into dsum (the LSE's layout), and the row's fp32 dQ sum zeroed for the
+//           kernel's adds (the deterministic dQ kernel stores its rows instead, but a call with
+//           no keys launches no kernel, and then dQ is these zeros);
+//   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype.
+// Every row of the q tensor is visited, varlen rows past the last sequence included, so that dQ
+// has no unwritten row. The generated source names the two kernels `<kernel name>_prep` and
+// `<kernel name>_finish` (the profiler shows them beside the main kernel).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "backward/params.h"
+#include "common/convert.cuh"
+
+namespace flashtune {
+namespace bwd {
+
+constexpr int kPassThreads = 256;  // 8 warps, 8 (row, head) pairs a CTA
+
+// A warp's (row, head) pair: the row's batch entry and position in it (varlen: batch 0, the
+// packed row), or false past the last pair.
+struct PassRow {
+  int64_t batch, row, head;
+  __device__ __forceinline__ bool locate(const FwdParams& p) {
+    const int64_t pair = (int64_t(blockIdx.x) * kPassThreads + threadIdx.x) / 32;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int64_t rows = varlen ? int64_t(p.total_q) : int64_t(p.batch) * p.seqlen_q;
+    if (pair >= rows * p.heads_q) return false;
+    head = pair % p.heads_q;
+    const int64_t r = pair / p.heads_q;
+    batch = varlen ? 0 : r / p.seqlen_q;
+    row = varlen ? r : r % p.seqlen_q;
+    return true;
+  }
+  // Index into the LSE's layout: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
+  __device__ __forceinline__ int64_t stat(const FwdParams& p) const {
+    return batch * p.lse_batch_stride + head * p.lse_head_stride + row;
+  }
+  __device__ __forceinline__ int64_t dq(const BwdParams& p) const {
+    return batch * p.dq_batch_stride + row * p.dq_row_stride + head * p.dq_head_stride;
+  }
+};
+
+// kHeadDim / 32 consecutive 16-bit values a lane: 2 (one 4-byte load) at hdim 64, 4 (8 bytes) at 128.
+template <int kHeadDim>
+struct LaneSlice {
+  static constexpr int kElems = kHeadDim / 32;
+  static_assert(kElems == 2 || kElems == 4, "head dim 64 or 128");
+  using Packed = std::conditional_t<kElems == 2, uint32_t, uint2>;
+  using Floats = std::conditional_t<kElems == 2, float2, float4>;
+};
+
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ float dot_lane(const Elem* a, const Elem* b) {
+  using S = LaneSlice<kHeadDim>;
+  const auto x = *reinterpret_cast<const typename S::Packed*>(a);
+  const auto y = *reinterpret_cast<const typename S::Packed*>(b);
+  const uint32_t* xs = reinterpret_cast<const uint32_t*>(&x);
+  const uint32_t* ys = reinterpret_cast<const uint32_t*>(&y);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < S::kElems / 2; ++i)
+    for (int hi = 0; hi < 2; ++hi) sum += unpack_half<Elem>(xs[i], hi) * unpack_half<Elem>(ys[i], hi);
+  return sum;
+}
+
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ void prep_body(const BwdParams& p) {
+  using S = LaneSlice<kHeadDim>;
+  const FwdParams& f = p.fwd;
+  PassRow at;
+  if (!at.locate(f)) return;
+  const int lane = threadIdx.x % 32, col = lane * S::kElems;
+  const Elem* dout = static_cast<const Elem*>(p.dout) + at.batch * p.do_batch_stride + at.row * p.do_row_stride +
+                     at.head * p.do_head_stride + col;
+  const Elem* out = static_cast<const Elem*>(f.o) + at.batch * f.o_batch_stride + at.row * f.o_row_stride +
+                    at.head * f.o_head_stride + col;
+  float sum = dot_lane<Elem, kHeadDim>(dout, out);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) p.dsum[at.stat(f)] = p.dlse == nullptr ? sum : sum - p.dlse[at.stat(f)];
+  *reinterpret_cast<typename S::Floats*>(p.dq_accum + at.dq(p) + col) = typename S::Floats{};
+}
+
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ void finish_body(const BwdParams& p) {
+  using S = LaneSlice<kHeadDim>;
+  PassRow at;
+  if (!at.locate(p.fwd)) return;
+  const int64_t offset = at.dq(p) + (threadIdx.x % 32) * S::kElems;  // dq has dq_accum's strides
+  const auto sum = *reinterpret_cast<const typename S::Floats*>(p.dq_accum + offset);
+  const float scale = p.fwd.softmax_scale;
+  Elem* dq = static_cast<Elem*>(p.dq) + offset;
+  if constexpr (S::kElems == 2) {
+    *reinterpret_cast<uint32_t*>(dq) = pack2<Elem>(sum.x * scale, sum.y * scale);
+  } else {
+    const uint32_t lo = pack2<Elem>(sum.x * scale, sum.y * scale), hi = pack2<Elem>(sum.z * scale, sum.w * scale);
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dq), "r"(lo), "r"(hi));  // one 8-byte store
+  }
+}
+
+// One pass over every (row, head) pair; nothing to do for an empty q.
+inline int launch_pass(void (*kernel)(const BwdParams), const BwdParams& p, void* stream) {
+  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
+  const int64_t pairs = (varlen ? int64_t(p.fwd.total_q) : int64_t(p.fwd.batch) * p.fwd.seqlen_q) * p.fwd.heads_q;
+  if (pairs == 0) return int(cudaSuccess);
+  const int64_t blocks = (pairs * 32 + kPassThreads - 1) / kPassThreads;
+  kernel<<<unsigned(blocks), kPassThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return int(cudaGetLastError());
+}
+
+// The whole backward: prep, the main kernel's launch (`main_launch`, the family's launch<T>; none
+// without keys: dK and dV are then empty or zero, dQ zero), finish.
+template <class MainLaunch>
+int launch_with_passes(void (*prep)(const BwdParams), void (*finish)(const BwdParams), const BwdParams& p,
+                       void* stream, MainLaunch main_launch) {
+  if (p.dq == nullptr || p.dsum == nullptr || p.dq_accum == nullptr) return int(cudaErrorInvalidValue);
+  int err = launch_pass(prep, p, stream);
+  if (err == 0 && p.fwd.batch > 0 && p.fwd.seqlen_k > 0) err = main_launch();
+  if (err == 0) err = launch_pass(finish, p, stream);
+  return err;
+}
+
+}  // namespace bwd
+}  // namespace flashtune
