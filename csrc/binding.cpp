@@ -178,11 +178,13 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
 
 // A backward launch (csrc/backward/): the forward's q, k, v, out and lse, dout, dlse (the LSE's
 // gradient, lse's layout, or none), dsum (fp32 scratch in lse's layout), dq_accum (fp32 scratch in
-// q's shape), dq (q's shape and dtype, dq_accum's strides), dk and dv (k's shape with q's heads).
-// The launcher runs the prep pass, the kernel and the finish pass. Python checks every input first.
+// q's shape), dq (q's shape and dtype, dq_accum's strides), dk and dv (k's shape with q's heads),
+// and with GQA dk_kv and dv_kv (k's shape: each KV head's sum). The launcher runs the prep pass,
+// the kernel, the finish pass and the group pass. Python checks every input first.
 void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
          const at::Tensor& dout, const at::Tensor& lse, const std::optional<at::Tensor>& dlse, const at::Tensor& dsum,
          const at::Tensor& dq_accum, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+         const std::optional<at::Tensor>& dk_kv, const std::optional<at::Tensor>& dv_kv,
          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
@@ -217,6 +219,18 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   p.dv = dv.data_ptr();
   p.dkv_batch_stride = varlen ? 0 : dk.stride(0);
   p.dkv_row_stride = dk.stride(r), p.dkv_head_stride = dk.stride(r + 1);
+  TORCH_CHECK(dk_kv.has_value() == (p.fwd.head_ratio > 1) && dv_kv.has_value() == dk_kv.has_value(),
+              "flashtune: dk_kv and dv_kv exactly with GQA");
+  if (dk_kv.has_value()) {
+    TORCH_CHECK(dk_kv->sizes() == k.sizes() && dv_kv->sizes() == k.sizes() && dk_kv->strides() == dv_kv->strides() &&
+                    dk_kv->stride(-1) == 1 && dk_kv->scalar_type() == dk.scalar_type() &&
+                    dv_kv->scalar_type() == dv.scalar_type(),
+                "flashtune: dk_kv and dv_kv in k's shape and dtype, one layout, a contiguous last dimension");
+    p.dk_kv = dk_kv->data_ptr();
+    p.dv_kv = dv_kv->data_ptr();
+    p.dkv_kv_batch_stride = varlen ? 0 : dk_kv->stride(0);
+    p.dkv_kv_row_stride = dk_kv->stride(r), p.dkv_kv_head_stride = dk_kv->stride(r + 1);
+  }
 
   const c10::cuda::CUDAGuard guard(q.device());  // the launcher's passes write dq even without keys
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
@@ -334,8 +348,9 @@ TORCH_LIBRARY(flashtune_C, m) {
       "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
   m.def(
       "bwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor? dlse, "
-      "Tensor(a!) dsum, Tensor(b!) dq_accum, Tensor(c!) dq, Tensor(d!) dk, Tensor(e!) dv, Tensor? cu_seqlens_q, "
-      "Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale) -> ()");
+      "Tensor(a!) dsum, Tensor(b!) dq_accum, Tensor(c!) dq, Tensor(d!) dk, Tensor(e!) dv, Tensor(f!)? dk_kv, "
+      "Tensor(g!)? dv_kv, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+      "float softmax_scale) -> ()");
   m.def(
       "decode(int launcher, Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? seqused_k, Tensor? cache_batch_idx, Tensor? leftpad_k, Tensor? block_table, "

@@ -23,14 +23,16 @@ def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
                                   BwdSpec("sm_90a", "bfloat16", 128, 8, True, wgmma=True)])
 def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
     source = spec.source()
-    prep, finish, *dq = spec.companion_names
-    assert (prep, finish) == (f"{spec.name}_prep", f"{spec.name}_finish") and dq == ([f"{spec.name}_dq"] if
-                                                                                    spec.deterministic else [])
+    prep, finish, group, *dq = spec.companion_names
+    assert (prep, finish, group) == (f"{spec.name}_prep", f"{spec.name}_finish", f"{spec.name}_group")
+    assert dq == ([f"{spec.name}_dq"] if spec.deterministic else [])
+    assert spec.launch_order(True) == [prep, spec.name, *dq, finish, group]
     elem = "__half, 64" if spec.dtype == "float16" else "__nv_bfloat16, 128"
     assert f"{prep}(const flashtune::BwdParams params)" in source and f"prep_body<{elem}>(params)" in source
     assert f"{finish}(const flashtune::BwdParams params)" in source and f"finish_body<{elem}>(params)" in source
+    assert f"{group}(const flashtune::BwdParams params)" in source and f"group_body<{elem}>(params)" in source
     launcher = source[source.index(f'extern "C" int {spec.launcher_symbol}'):]
-    assert f"launch_with_passes(\n      {prep}, {finish}, *params, stream," in launcher
+    assert f"launch_with_passes(\n      {prep}, {finish}, {group}, *params, stream," in launcher
     assert f"launch<Cfg>({spec.name}, " in launcher
 
 

@@ -25,10 +25,15 @@ struct BwdParams {
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
 
   // dK and dV per query head (batch, seqlen_k, heads_q, hdim) or varlen (total_k, heads_q, hdim),
-  // both in these strides: with GQA the caller sums each KV head's group of query heads.
+  // both in these strides.
   void* dk;
   void* dv;
   int64_t dkv_batch_stride, dkv_row_stride, dkv_head_stride;
+  // GQA (head_ratio > 1): the group pass (passes.cuh) writes each KV head's sum of its query heads'
+  // dK and dV here, k's shape, both in these strides; null without GQA (dk and dv are the gradients).
+  void* dk_kv;
+  void* dv_kv;
+  int64_t dkv_kv_batch_stride, dkv_kv_row_stride, dkv_kv_head_stride;
 };
 
 // Every generated backward library exports `<kernel name>_launch` with this signature.

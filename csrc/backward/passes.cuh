@@ -5,10 +5,12 @@
 //           the LSE, into dsum (the LSE's layout), and the row's fp32 dQ sum zeroed for the
 //           kernel's adds (the deterministic dQ kernel stores its rows instead, but a call with
 //           no keys launches no kernel, and then dQ is these zeros);
-//   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype.
-// Every row of the q tensor is visited, varlen rows past the last sequence included, so that dQ
-// has no unwritten row. The generated source names the two kernels `<kernel name>_prep` and
-// `<kernel name>_finish` (the profiler shows them beside the main kernel).
+//   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype;
+//   group:  with GQA, each KV head's dK and dV, the fp32 sum of its query heads' (a warp per key
+//           row and KV head; the kernel writes them per query head).
+// Every row of the q (k) tensor is visited, varlen rows past the last sequence included, so that
+// no gradient row is left unwritten. The generated source names the kernels `<kernel name>_prep`,
+// `<kernel name>_finish` and `<kernel name>_group` (the profiler shows them beside the main kernel).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -22,19 +24,25 @@ namespace bwd {
 
 constexpr int kPassThreads = 256;  // 8 warps, 8 (row, head) pairs a CTA
 
+// Rows of the q tensor (keys: false) a pass visits: every packed row for varlen, else batch x seqlen.
+__host__ __device__ __forceinline__ int64_t pass_rows(const FwdParams& p, bool queries) {
+  if (p.cu_seqlens_q != nullptr) return queries ? p.total_q : p.total_k;
+  return int64_t(p.batch) * (queries ? p.seqlen_q : p.seqlen_k);
+}
+
 // A warp's (row, head) pair: the row's batch entry and position in it (varlen: batch 0, the
-// packed row), or false past the last pair.
+// packed row), or false past the last pair. Query rows and heads, or (keys) key rows and KV heads.
 struct PassRow {
   int64_t batch, row, head;
-  __device__ __forceinline__ bool locate(const FwdParams& p) {
+  __device__ __forceinline__ bool locate(const FwdParams& p, bool queries = true) {
     const int64_t pair = (int64_t(blockIdx.x) * kPassThreads + threadIdx.x) / 32;
+    const int heads = queries ? p.heads_q : p.heads_kv;
+    if (pair >= pass_rows(p, queries) * heads) return false;
+    head = pair % heads;
+    const int64_t r = pair / heads, seqlen = queries ? p.seqlen_q : p.seqlen_k;
     const bool varlen = p.cu_seqlens_q != nullptr;
-    const int64_t rows = varlen ? int64_t(p.total_q) : int64_t(p.batch) * p.seqlen_q;
-    if (pair >= rows * p.heads_q) return false;
-    head = pair % p.heads_q;
-    const int64_t r = pair / p.heads_q;
-    batch = varlen ? 0 : r / p.seqlen_q;
-    row = varlen ? r : r % p.seqlen_q;
+    batch = varlen ? 0 : r / seqlen;
+    row = varlen ? r : r % seqlen;
     return true;
   }
   // Index into the LSE's layout: (batch, heads, seqlen_q), or (heads, total_q) for varlen.
@@ -104,10 +112,36 @@ __device__ __forceinline__ void finish_body(const BwdParams& p) {
   }
 }
 
-// One pass over every (row, head) pair; nothing to do for an empty q.
-inline int launch_pass(void (*kernel)(const BwdParams), const BwdParams& p, void* stream) {
-  const bool varlen = p.fwd.cu_seqlens_q != nullptr;
-  const int64_t pairs = (varlen ? int64_t(p.fwd.total_q) : int64_t(p.fwd.batch) * p.fwd.seqlen_q) * p.fwd.heads_q;
+template <typename Elem, int kHeadDim>
+__device__ __forceinline__ void group_body(const BwdParams& p) {
+  using S = LaneSlice<kHeadDim>;
+  const FwdParams& f = p.fwd;
+  PassRow at;
+  if (!at.locate(f, false)) return;
+  const int col = (threadIdx.x % 32) * S::kElems;
+  const int64_t from = at.batch * p.dkv_batch_stride + at.row * p.dkv_row_stride +
+                       at.head * f.head_ratio * p.dkv_head_stride + col;
+  const int64_t to = at.batch * p.dkv_kv_batch_stride + at.row * p.dkv_kv_row_stride + at.head * p.dkv_kv_head_stride + col;
+  for (int which = 0; which < 2; ++which) {  // dK, then dV
+    const Elem* src = static_cast<const Elem*>(which == 0 ? p.dk : p.dv) + from;
+    float sum[S::kElems] = {};
+    for (int h = 0; h < f.head_ratio; ++h) {
+      const auto x = *reinterpret_cast<const typename S::Packed*>(src + h * p.dkv_head_stride);
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(&x);
+#pragma unroll
+      for (int i = 0; i < S::kElems; ++i) sum[i] += unpack_half<Elem>(words[i / 2], i % 2);
+    }
+    typename S::Packed packed;
+    uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+    for (int i = 0; i < S::kElems / 2; ++i) words[i] = pack2<Elem>(sum[2 * i], sum[2 * i + 1]);
+    *reinterpret_cast<typename S::Packed*>(static_cast<Elem*>(which == 0 ? p.dk_kv : p.dv_kv) + to) = packed;
+  }
+}
+
+// One pass over every (row, head) pair of the queries (or keys); nothing to do for an empty tensor.
+inline int launch_pass(void (*kernel)(const BwdParams), const BwdParams& p, void* stream, bool queries = true) {
+  const int64_t pairs = pass_rows(p.fwd, queries) * (queries ? p.fwd.heads_q : p.fwd.heads_kv);
   if (pairs == 0) return int(cudaSuccess);
   const int64_t blocks = (pairs * 32 + kPassThreads - 1) / kPassThreads;
   kernel<<<unsigned(blocks), kPassThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
@@ -115,14 +149,16 @@ inline int launch_pass(void (*kernel)(const BwdParams), const BwdParams& p, void
 }
 
 // The whole backward: prep, the main kernel's launch (`main_launch`, the family's launch<T>; none
-// without keys: dK and dV are then empty or zero, dQ zero), finish.
+// without keys: dK and dV are then empty or zero, dQ zero), finish, and with GQA the group pass.
 template <class MainLaunch>
-int launch_with_passes(void (*prep)(const BwdParams), void (*finish)(const BwdParams), const BwdParams& p,
-                       void* stream, MainLaunch main_launch) {
+int launch_with_passes(void (*prep)(const BwdParams), void (*finish)(const BwdParams),
+                       void (*group)(const BwdParams), const BwdParams& p, void* stream, MainLaunch main_launch) {
   if (p.dq == nullptr || p.dsum == nullptr || p.dq_accum == nullptr) return int(cudaErrorInvalidValue);
+  if ((p.fwd.head_ratio > 1) != (p.dk_kv != nullptr && p.dv_kv != nullptr)) return int(cudaErrorInvalidValue);
   int err = launch_pass(prep, p, stream);
   if (err == 0 && p.fwd.batch > 0 && p.fwd.seqlen_k > 0) err = main_launch();
   if (err == 0) err = launch_pass(finish, p, stream);
+  if (err == 0 && p.fwd.head_ratio > 1) err = launch_pass(group, p, stream, false);
   return err;
 }
 

@@ -356,10 +356,11 @@ def check_backward_case(case: Problem, profile, seed: int):
     correct = Check("correctness", spec.name, all(e.ok for e in errors), detail, case.name,
                     rel_err=worst.rel_err, tolerance=worst.bar)
     others = unexpected_attention_kernels(names, spec.name, spec.companion_names)
-    launched = all(n in names for n in (spec.name, *spec.companion_names))
+    order = spec.launch_order(case.heads != case.heads_kv)
+    launched = [n for n in names if n in order] == order
     identity = Check("identity", spec.name, launched and not others,
-                     ("launched, with " + ", ".join(spec.companion_names) if launched else
-                      f"expected kernel and its passes did not all launch; saw {names}")
+                     ("launched: " + ", then ".join(order) if launched else
+                      f"expected {order} in that order; saw {names}")
                      + (f"; other attention kernels ran: {others}" if others else ""), case.name, observed=names)
     return [correct, identity], spec
 

@@ -3,7 +3,8 @@
 The forward keeps only O and its LSE. One launcher call runs three kernels: a prep pass
 (rowsum(dO * O), less the LSE's own gradient when the caller used the LSE, and a zeroed fp32 dQ sum
 that the kernel's CTAs add their key blocks' shares to), the kernel, and a finish pass (dQ scaled
-and converted); dK and dV come per query head and are summed over each KV head's group (GQA) here.
+and converted); dK and dV come per query head, and with GQA a fourth (the group pass) sums each KV
+head's group of query heads.
 """
 from __future__ import annotations
 
@@ -92,18 +93,18 @@ def run_bwd_spec(spec: BwdSpec, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     alloc = torch.zeros if varlen else torch.empty
     dk = alloc((*k.shape[:-2], heads_q, k.shape[-1]), dtype=k.dtype, device=k.device)
     dv = alloc(dk.shape, dtype=v.dtype, device=v.device)
+    # GQA: each KV head's sum of its query heads' dK and dV, by the group pass
+    dk_kv, dv_kv = (torch.empty(k.shape, dtype=t.dtype, device=t.device) for t in (k, v)) if heads_q != heads_kv \
+        else (None, None)
     if poison:  # tests: a row the kernels forgot cannot pass for a computed one
         if not varlen:
             dk.fill_(float("nan"))
             dv.fill_(float("nan"))
-        for t in (dsum, dq_accum, dq):
-            t.fill_(float("nan"))
+        for t in (dsum, dq_accum, dq, dk_kv, dv_kv):
+            if t is not None:
+                t.fill_(float("nan"))
     kernel = load_kernel(spec)
     load_binding()
-    torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dlse, dsum, dq_accum, dq, dk, dv,
-                              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
-    if heads_q != heads_kv:  # each KV head's gradient is its query heads' sum
-        ratio = heads_q // heads_kv
-        dk = dk.unflatten(-2, (heads_kv, ratio)).float().sum(-2).to(k.dtype)
-        dv = dv.unflatten(-2, (heads_kv, ratio)).float().sum(-2).to(v.dtype)
-    return dq, dk, dv
+    torch.ops.flashtune_C.bwd(kernel.launcher, q, k, v, out, dout, lse, dlse, dsum, dq_accum, dq, dk, dv, dk_kv,
+                              dv_kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale)
+    return (dq, dk, dv) if dk_kv is None else (dq, dk_kv, dv_kv)
