@@ -1,10 +1,10 @@
-"""A/B of the backward kernels in one process (lab, not shipped): the wgmma kernel with dQ by TMA
-reduce-adds, today's mma.sync kernel, the release's
-(lab/release-src, lab/make_release.sh: its h200 profile's backward, where present) and cuDNN's
-backward through SDPA. Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd
-on a small slice of the same shapes) and the median time of the backward alone (the rowsum pre-pass,
-the dQ conversion and the GQA sums included for ours, as attention_bwd runs them), TFLOPS counting
-2.5 forwards. Usage: python3 lab/bwd_ab.py OUT.json"""
+"""A/B of the backward kernels in one process (lab, not shipped): today's wgmma kernel and mma.sync
+kernel, the release's (lab/release-src, lab/make_release.sh: its h200 profile's backward, where
+present) and cuDNN's backward through SDPA, on the FA grid's cells from 512 tokens and on GQA 4:1.
+Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
+shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
+GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
+Usage: python3 lab/bwd_ab.py OUT.json"""
 import json
 import os
 import statistics
@@ -56,40 +56,45 @@ def grads_of(name, q, k, v, dout, causal):
     return out, leaves
 
 
+# (hdim, causal, seqlen, query heads per KV head): the FA grid's 16k tokens a cell, and GQA 4:1 cells
+# (the group pass's work)
+CELLS = [(hdim, causal, seqlen, 1) for hdim in (64, 128) for causal in (False, True)
+         for seqlen in (512, 1024, 4096, 16384)]
+CELLS += [(hdim, True, seqlen, 4) for hdim in (64, 128) for seqlen in (1024, 4096)]
 rows = []
-for hdim in (64, 128):
-    for causal in (False, True):
-        for seqlen in (1024, 4096, 16384):
-            batch, heads = max(1, 16384 // seqlen), 2048 // hdim
-            torch.manual_seed(seqlen + hdim)
-            q, k, v, dout = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=DT) for _ in range(4))
-            # correctness on the first 2 heads of batch entry 0, up to 2048 positions
-            s = min(seqlen, 2048)
-            small = [t[:1, :s, :2].contiguous() for t in (q, k, v, dout)]
-            ref = [t.float().requires_grad_() for t in small[:3]]
-            attention_reference(*ref, causal)[0].backward(small[3].float())
-            timed, errors = {}, {}
-            for name in (*VARIANTS, *(["release"] if release else []), "sdpa-cudnn"):
-                o, leaves = grads_of(name, *small[:3], small[3], causal)
-                o.backward(small[3])
-                errors[name] = [rel_l2(a.grad.float(), b.grad) for a, b in zip(leaves, ref)]
-                out, leaves = grads_of(name, q, k, v, dout, causal)
+for hdim, causal, seqlen, group in CELLS:
+    batch, heads = max(1, 16384 // seqlen), 2048 // hdim
+    torch.manual_seed(seqlen + hdim)
+    q, dout = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=DT) for _ in range(2))
+    k, v = (torch.randn(batch, seqlen, heads // group, hdim, device="cuda", dtype=DT) for _ in range(2))
+    # correctness on the first 2 KV heads (and their query heads) of batch entry 0, up to 2048 positions
+    s = min(seqlen, 2048)
+    small = [t[:1, :s, :2 * (group if t.shape[2] == heads else 1)].contiguous() for t in (q, k, v, dout)]
+    ref = [t.float().requires_grad_() for t in small[:3]]
+    attention_reference(*ref, causal)[0].backward(small[3].float())
+    timed, errors = {}, {}
+    for name in (*VARIANTS, *(["release"] if release else []), "sdpa-cudnn"):
+        o, leaves = grads_of(name, *small[:3], small[3], causal)
+        o.backward(small[3])
+        errors[name] = [rel_l2(a.grad.float(), b.grad) for a, b in zip(leaves, ref)]
+        out, leaves = grads_of(name, q, k, v, dout, causal)
 
-                def run(name=name, out=out, leaves=leaves):
-                    if name in VARIANTS:  # the kernel the backward takes is looked up when it runs
-                        backward.bwd_spec_for = with_spec(VARIANTS[name])
-                    return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-                timed[name] = [run]
-            times, failed = time_interleaved(timed, warmup=3, repeats=30)
-            flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
-            row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads}
-            for name, t in times.items():
-                ms = statistics.median(t)
-                row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_l2": errors[name]}
-            rows.append(row)
-            base = row["sdpa-cudnn"]["ms"]
-            print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6}: " + "  ".join(
-                f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
-                for n in times), flush=True)
+        def run(name=name, out=out, leaves=leaves):
+            if name in VARIANTS:  # the kernel the backward takes is looked up when it runs
+                backward.bwd_spec_for = with_spec(VARIANTS[name])
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        timed[name] = [run]
+    times, failed = time_interleaved(timed, warmup=3, repeats=30)
+    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
+    row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads,
+           "heads_kv": heads // group}
+    for name, t in times.items():
+        ms = statistics.median(t)
+        row[name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_l2": errors[name]}
+    rows.append(row)
+    base = row["sdpa-cudnn"]["ms"]
+    print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6} {group}:1: " + "  ".join(
+        f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
+        for n in times), flush=True)
 json.dump({"command": "python3 lab/bwd_ab.py", "gpu": torch.cuda.get_device_name(), "rows": rows},
           open(sys.argv[1], "w"), indent=1)

@@ -57,7 +57,7 @@
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
-#                 cuDNN's, bf16, hdim 64/128, 1k-16k, correctness and time in one process, JSON in $OUT
+#                 cuDNN's, bf16, hdim 64/128, 512-16k and GQA 4:1, correctness and time in one process, JSON in $OUT
 #   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
 #   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each
 #   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
@@ -189,7 +189,7 @@ for step in "$@"; do case $step in
   vdim-tests) FLASHTUNE_PROFILE=h200 run vdim-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_v_head_dim_gpu.py "tests/test_hf_gpu.py::test_models_with_windows_softcap_and_sinks_generate_like_eager" ;;
   bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
-  bwd-ab) run bwd-ab 300 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
+  bwd-ab) run bwd-ab 450 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
