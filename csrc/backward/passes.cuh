@@ -1,6 +1,6 @@
-// The two passes around either backward kernel (mma.sync or wgmma), each one memory-bound launch
-// over every (query row, query head), a warp per pair (FlashAttention's preprocess and dQ
-// conversion kernels; before, seven PyTorch launches did their work):
+// The passes around either backward kernel (mma.sync or wgmma), each one memory-bound launch with a
+// warp per (row, head) pair (FlashAttention's preprocess and dQ conversion kernels; before, seven
+// PyTorch launches did their work, ten with GQA):
 //   prep:   rowsum(dO * O) over the head dim in fp32, less the LSE's gradient when the loss used
 //           the LSE, into dsum (the LSE's layout), and the row's fp32 dQ sum zeroed for the
 //           kernel's adds (the deterministic dQ kernel stores its rows instead, but a call with
