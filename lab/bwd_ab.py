@@ -1,6 +1,7 @@
 """A/B of the backward kernels in one process (lab, not shipped): today's wgmma kernel and mma.sync
-kernel, the release's (lab/release-src, lab/make_release.sh: its h200 profile's backward, where
-present) and cuDNN's backward through SDPA, on the FA grid's cells from 512 tokens and on GQA 4:1.
+kernel (4 warps, and 8 warps: 128 keys a CTA), the release's (lab/release-src, lab/make_release.sh:
+its h200 profile's backward, where present) and cuDNN's backward through SDPA, on the FA grid's
+cells from 512 tokens and on GQA 4:1.
 Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
@@ -33,6 +34,7 @@ DT = torch.bfloat16
 VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
     "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
+    "mma.sync-w8": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c),  # 128 keys a CTA: half the dQ adds
 }
 
 

@@ -16,11 +16,13 @@ WGMMA, MMA_SYNC_2 = BwdTile("wgmma", 8), BwdTile("mma_sync", 2)
 
 def test_candidates_start_with_the_profiles_tile_and_all_run_on_the_arch():
     h200 = find_profile("h200")
-    assert backward_candidates(h200, 128) == [WGMMA, BwdTile("mma_sync", 4), MMA_SYNC_2]
-    rtx = find_profile("rtx4090")  # no wgmma off sm_90a
-    assert backward_candidates(rtx, 64) == [BwdTile("mma_sync", 4), BwdTile("mma_sync", 2)]
+    assert backward_candidates(h200, 128) == [WGMMA, BwdTile("mma_sync", 4), MMA_SYNC_2, BwdTile("mma_sync", 8)]
+    rtx = find_profile("rtx4090")  # no wgmma off sm_90a; 8 warps (128 keys) fit its 99 KB at hdim 64 only
+    assert backward_candidates(rtx, 64) == [BwdTile("mma_sync", 4), MMA_SYNC_2, BwdTile("mma_sync", 8)]
+    assert backward_candidates(rtx, 128) == [BwdTile("mma_sync", 4), MMA_SYNC_2]
     assert bwd_tile_problems(128, WGMMA, rtx.arch) == ["the wgmma backward kernel needs sm_90a, not sm_89"]
-    assert "not a backward tile" in bwd_tile_problems(128, BwdTile("mma_sync", 8), rtx.arch)[0]
+    assert "not a backward tile" in bwd_tile_problems(128, BwdTile("mma_sync", 16), rtx.arch)[0]
+    assert "needs 115200 bytes of shared memory; sm_89 has" in bwd_tile_problems(128, BwdTile("mma_sync", 8), rtx.arch)[0]
 
 
 def write_yaml(tmp_path, backward: str):
@@ -45,7 +47,7 @@ def test_the_backward_section_chooses_the_kernel_per_head_dim(tmp_path):
     ("{hdim: 128, kernel: tensor}", "backward.tiles[0].kernel: 'tensor'; allowed: wgmma or mma_sync"),
     ("{hdim: 128, kernel: wgmma, warps: 4}", "backward.tiles[0].warps: the wgmma kernel has two consumer warpgroups"),
     ("{hdim: 128, kernel: wgmma, dq: tma}", "backward.tiles[0].dq: unknown key"),
-    ("{hdim: 128, kernel: mma_sync, warps: 8}", "not a backward tile"),
+    ("{hdim: 128, kernel: mma_sync, warps: 16}", "not a backward tile"),
     ("{hdim: 96, kernel: wgmma}", "backward.tiles[0].hdim: head dim 96 is not in head_dims"),
     ("{kernel: wgmma}", "hdim"),
 ])

@@ -11,7 +11,7 @@
 // walks the query blocks that see them (causal: from the diagonal on). Each warp owns 16 keys:
 // its rows of S^T and dP^T, and of the dK and dV accumulators, so neither needs a reduction
 // across warps. dQ does: dS^T goes through shared memory and each warp then takes 16 of the query
-// block's rows of dS K over all the CTA's keys.
+// block's rows of dS K over all the CTA's keys (with 8 warps, half of those rows' columns).
 #pragma once
 #include <math.h>
 
@@ -174,9 +174,21 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     b_rows[i] = (hi * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + mid, x) << 4);
     bt_rows[i] = (mid * 8 + x) * kRowBytes + (((2 * i + hi) ^ x) << 4);
   }
+  // dQ: the warp's 16 query rows and its first head-dim column (T::kDqSplit warps share the rows).
+  const int dq_row0 = T::kDqSplit == 1 ? warp * 16 : (warp % (BM / 16)) * 16;
+  const int dq_col0 = T::kDqSplit == 1 ? 0 : (warp / (BM / 16)) * (D / T::kDqSplit);
   // dS as A fragments for dQ, transposed loads from dS^T [keys][queries]: keys kk * 16 + hi * 8 + x,
-  // this warp's queries warp * 16 + mid * 8 (row & 7 = x, so every k step shares the swizzle).
-  const uint32_t ds_lane = sdS + 2 * swizzled<BM>(hi * 8 + x, warp * 16 + mid * 8);
+  // this warp's queries dq_row0 + mid * 8 (row & 7 = x, so every k step shares the swizzle).
+  const uint32_t ds_lane = sdS + 2 * swizzled<BM>(hi * 8 + x, dq_row0 + mid * 8);
+  // K as dQ's B fragments, transposed loads: with whole rows, bt_rows at compile-time offsets; a
+  // warp with part of the columns takes bt_rows's scheme at column dq_col0 + 16 j (kept apart: the
+  // whole-row kernels have no registers to spare).
+  uint32_t bt_dq[T::kDqSplit > 1 ? T::kDqTiles / 2 : 1];
+#pragma unroll
+  for (int j = 0; j < T::kDqTiles / 2 && T::kDqSplit > 1; ++j) {
+    const int group = dq_col0 / 16 + j;  // 16-column group of the head dim
+    bt_dq[j] = (mid * 8 + x) * kRowBytes + (((2 * (group % 4) + hi) ^ x) << 4) + (group / 4) * 128;
+  }
 
   load_rows_async<T, BN>(sK, gK, p.k_row_stride, seqlen_k - key0, tid);
   load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
@@ -245,9 +257,10 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
     __syncthreads();  // dS^T complete
     // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
-    float acc_dq[DT][4];
+    constexpr int QDT = T::kDqTiles;
+    float acc_dq[QDT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
+    for (int dt = 0; dt < QDT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
 #pragma unroll
@@ -255,20 +268,22 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
       uint32_t a[4];
       ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
 #pragma unroll
-      for (int dt = 0; dt < DT; dt += 2) {
+      for (int dt = 0; dt < QDT; dt += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sK + bt_rows[(dt / 2) % 4] + kk * 16 * kRowBytes + (dt / 8) * 128);
+        const uint32_t lane_row = T::kDqSplit > 1 ? bt_dq[T::kDqSplit > 1 ? dt / 2 : 0]
+                                                  : bt_rows[(dt / 2) % 4] + (dt / 8) * 128;
+        ldmatrix_x4_trans(b, sK + lane_row + kk * 16 * kRowBytes);
         mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
         mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
       }
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = q0 + warp * 16 + g + 8 * r;
+      const int row = q0 + dq_row0 + g + 8 * r;
       if (row < seqlen_q) {
-        float* out = gdQ + int64_t(row) * bp.dq_row_stride + 2 * t;
+        float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_col0 + 2 * t;
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
+        for (int dt = 0; dt < QDT; ++dt) {
           atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
           atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
         }

@@ -25,7 +25,9 @@ from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inp
 BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the mma.sync kernel includes
 WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma kernel
 BWD_HEAD_DIMS = (64, 128)
-BWD_WARPS = (4, 2)  # the default first: 64 keys x 64 queries; 2 warps: 32 x 32
+BWD_WARPS = (4, 2, 8)  # 64 keys x 64 queries, 32 x 32, 128 x 64; the default is the first that fits
+DEFAULT_BWD_WARPS = (4, 2)  # 8 warps: a tune candidate until measured (lab/bwd_ab.py mma.sync-w8)
+DETERMINISTIC_BWD_WARPS = (4, 2)  # the dQ kernel's warp per 16 queries
 WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
 WGMMA_BWD_STAGES = 2
 
@@ -33,6 +35,11 @@ WGMMA_BWD_STAGES = 2
 def wgmma_bwd_queries(hdim: int) -> int:
     """csrc/sm90_bwd/kernel_traits.cuh's kBlockM: queries per step."""
     return 128 if hdim == 64 else 64
+
+
+def mma_sync_bwd_queries(warps: int) -> int:
+    """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64)."""
+    return min(64, 16 * warps)
 
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
@@ -44,8 +51,8 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
         dq_staging = 2 * 64 * 64 * 4
         return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
                 + dq_staging + 1024)
-    block = 16 * warps
-    return 4 * block * 2 * hdim + block * block * 2 + 2 * block * 4
+    keys, queries = 16 * warps, mma_sync_bwd_queries(warps)
+    return 2 * (keys + queries) * 2 * hdim + keys * queries * 2 + 2 * queries * 4
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,9 @@ class BwdSpec:
                 raise SpecError(f"the wgmma backward kernel has 8 consumer warps, not {self.warps}")
         elif self.warps not in BWD_WARPS:
             raise SpecError(f"warps {self.warps}; allowed: {', '.join(map(str, BWD_WARPS))}")
+        elif self.deterministic and self.warps not in DETERMINISTIC_BWD_WARPS:
+            raise SpecError(f"deterministic=True: the dQ kernel takes warps "
+                            f"{' or '.join(map(str, DETERMINISTIC_BWD_WARPS))}, not {self.warps}")
         limit = self.arch_facts.max_smem_per_block
         if self.smem_bytes > limit:
             raise SpecError(f"the backward kernel at hdim {self.hdim} with {self.warps} warps needs "
@@ -99,7 +109,7 @@ class BwdSpec:
     @property
     def block_m(self) -> int:
         """Queries per step of a CTA's loop."""
-        return wgmma_bwd_queries(self.hdim) if self.wgmma else 16 * self.warps
+        return wgmma_bwd_queries(self.hdim) if self.wgmma else mma_sync_bwd_queries(self.warps)
 
     @property
     def name(self) -> str:
@@ -210,10 +220,10 @@ extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* 
 @dataclass(frozen=True)
 class BwdTile:
     """A profile's backward kernel for one head dim (`backward: {tiles: [...]}`): the wgmma kernel
-    (sm_90a; dQ by TMA reduce-adds) or the mma.sync kernel with 4 or 2 warps (64 or 32 keys a CTA;
-    dQ by atomics)."""
+    (sm_90a; dQ by TMA reduce-adds) or the mma.sync kernel with 4, 2 or 8 warps (64, 32 or 128 keys
+    a CTA; dQ by atomics)."""
     kernel: str  # "wgmma" or "mma_sync"
-    warps: int = 4  # mma_sync: 4 or 2; wgmma: 8 (two consumer warpgroups)
+    warps: int = 4  # mma_sync: 4, 2 or 8; wgmma: 8 (two consumer warpgroups)
 
     def label(self) -> str:
         return "wgmma" if self.kernel == "wgmma" else f"mma.sync, {self.warps} warps"
@@ -226,8 +236,9 @@ MMA_SYNC_TILES = tuple(BwdTile("mma_sync", w) for w in BWD_WARPS)
 def bwd_spec_of_tile(arch: str, dtype: str, hdim: int, causal: bool, tile: BwdTile, deterministic: bool = False,
                      nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
     """The spec of a tile. deterministic=True takes the mma.sync kernel (its fixed-order dQ kernel):
-    with the tile's warps, or the default's for the arch where the tile is the wgmma kernel's."""
-    if tile.kernel == "wgmma" and deterministic:
+    with the tile's warps where the dQ kernel takes them, else the default's for the arch (the
+    wgmma kernel's tiles and 8 warps)."""
+    if deterministic and (tile.kernel == "wgmma" or tile.warps not in DETERMINISTIC_BWD_WARPS):
         tile = default_bwd_tile("sm80", get_arch(arch), hdim)
     if tile.kernel == "wgmma":
         return BwdSpec(arch, dtype, hdim, 8, causal, False, nvcc_flags, wgmma=True)
@@ -250,14 +261,15 @@ def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
 
 @functools.cache  # Profile.backward_tile asks on every backward call; the answer is fixed per arch
 def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
-    """The sm90 family's: the wgmma kernel; every other: the mma.sync kernel
-    with the most warps whose shared memory fits the arch."""
+    """The sm90 family's: the wgmma kernel; every other: the mma.sync kernel with 4 warps where its
+    shared memory fits the arch, else 2."""
     if family == "sm90" and not bwd_tile_problems(hdim, WGMMA_TILES[0], arch):
         return WGMMA_TILES[0]
-    for tile in MMA_SYNC_TILES:
+    defaults = [BwdTile("mma_sync", w) for w in DEFAULT_BWD_WARPS]
+    for tile in defaults:
         if not bwd_tile_problems(hdim, tile, arch):
             return tile
-    return MMA_SYNC_TILES[-1]  # its spec says why it does not fit
+    return defaults[-1]  # its spec says why it does not fit
 
 
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,

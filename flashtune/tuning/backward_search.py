@@ -1,7 +1,7 @@
 """`flashtune tune --backward`: the backward kernel per head dim, on this GPU.
 
 Every backward tile the profile's arch takes (kernels/bwd_spec.py: the wgmma kernel on sm_90a; the
-mma.sync kernel with 4 or 2 warps everywhere) is compiled
+mma.sync kernel with 4, 2 or 8 warps everywhere) is compiled
 in parallel, causal and not; a candidate that fails to compile or spills more than allowed is
 recorded with that reason. Each survivor's gradients are checked against fp32 autograd, then a head
 dim's candidates are timed side by side (interleaved rounds, cold L2, as `bench` times) on the
