@@ -40,7 +40,7 @@ def assert_close_grads(ours, ref, lowp, names=GRAD_NAMES):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,heads_q,heads_kv",
                          [(257, 257, 4, 4), (100, 300, 8, 2), (300, 100, 6, 1), (1, 77, 4, 2), (513, 64, 2, 2)])
@@ -135,10 +135,10 @@ def test_the_backward_kernel_is_the_one_that_runs():
                                                      f"{spec.name}_group"], names
 
 
-@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_every_backward_tile_the_arch_takes_is_right(hdim):
     """What `tune --backward` may write: each tile the active profile's arch takes (on sm_90a the wgmma
-    kernel, and mma.sync with 4 and 2 warps), causal and not, GQA."""
+    kernel below hdim 256, and mma.sync with 4, 2 and 8 warps; 4 and 8 at 256), causal and not, GQA."""
     from flashtune.runtime.selection import active_profile
     from flashtune.tuning.backward_search import backward_candidates
 
@@ -160,12 +160,13 @@ def test_every_backward_tile_the_arch_takes_is_right(hdim):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_gradients_are_the_same_bits_every_time(causal):
+@pytest.mark.parametrize("hdim", [128, 256])
+def test_deterministic_gradients_are_the_same_bits_every_time(causal, hdim):
     """deterministic=True: dQ from the dQ kernel, summed in one order; the atomics' dQ only close."""
     dtype = torch.bfloat16
-    q, k, v = (randn(2, 700, 8, 128, seed=s, dtype=dtype) for s in (20, 21, 22))
+    q, k, v = (randn(2, 700, 8, hdim, seed=s + hdim, dtype=dtype) for s in (20, 21, 22))
     k, v = k[:, :, :2].contiguous(), v[:, :, :2].contiguous()  # GQA 4:1
-    dout = randn(2, 700, 8, 128, seed=23, dtype=dtype)
+    dout = randn(2, 700, 8, hdim, seed=23 + hdim, dtype=dtype)
 
     def run(deterministic):
         return gradients(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=causal,

@@ -39,7 +39,7 @@ def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
 def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
     assert bwd_smem_bytes(128, 4) == 4 * 64 * 256 + 64 * 64 * 2 + 2 * 64 * 4
     assert default_bwd_spec("sm_89", "bfloat16", 128, False).warps == 4  # 74 KB fits the RTX parts' 99 KB
-    with pytest.raises(SpecError, match="head dims 64, 128, not 96"):
+    with pytest.raises(SpecError, match="head dims 64, 128, 256, not 96"):
         BwdSpec("sm_90a", "bfloat16", 96, 4, False)
     with pytest.raises(SpecError, match="warps 16"):
         BwdSpec("sm_90a", "bfloat16", 64, 16, False)
@@ -63,9 +63,9 @@ def test_build_takes_each_dtype_head_dim_and_mask_the_backward_has():
     profile = find_profile("rtx5090")
     specs = bwd_specs_for_profile(profile, arch="sm_120")
     assert {(s.dtype, s.hdim, s.causal) for s in specs} == {
-        (d, h, c) for d in profile.dtypes for h in (64, 128) if h in profile.head_dims for c in (False, True)}
+        (d, h, c) for d in profile.dtypes for h in (64, 128, 256) if h in profile.head_dims for c in (False, True)}
     assert all(s.arch == "sm_120" and not s.deterministic for s in specs)
-    assert bwd_specs_for_profile(profile, hdims=[256]) == []  # no backward at 256 yet
+    assert bwd_specs_for_profile(profile, hdims=[96]) == []  # no backward at 96
 
 
 def test_a_profile_becomes_a_backward_spec_in_one_place():
@@ -96,3 +96,31 @@ def test_the_wgmma_kernel_is_named_by_its_shape_and_refuses_what_it_lacks():
         BwdSpec("sm_80", "bfloat16", 128, 8, False, wgmma=True)
     with pytest.raises(SpecError, match="deterministic=True is the mma.sync kernel's"):
         BwdSpec("sm_90a", "bfloat16", 128, 8, False, deterministic=True, wgmma=True)
+
+
+def test_hdim_256_shares_each_key_group_between_two_warps():
+    """At hdim 256 two warps share 16 keys (each half the head dim of dK and dV), so 4 warps are 32
+    keys x 32 queries and 8 warps 64 x 64, with P^T beside dS^T in shared memory; no wgmma kernel."""
+    from flashtune.kernels.bwd_spec import bwd_spec_for_profile, default_bwd_tile, dq_kernel_smem_bytes
+    from flashtune.kernels.arch import get_arch
+    from flashtune.kernels.profiles import find_profile
+
+    small = BwdSpec("sm_89", "bfloat16", 256, 4, True)
+    assert small.name == "flashtune_bwd_bf16_h256_32x32_w4_c_sm89" and small.block_m == 32
+    assert small.smem_bytes == 4 * 32 * 512 + 2 * 32 * 32 * 2 + 2 * 32 * 4  # 68.3 KB: fits the RTX parts
+    assert "Traits<__nv_bfloat16, 256, 4, true, false>" in small.source()
+    wide = BwdSpec("sm_80", "float16", 256, 8, False)
+    assert wide.name == "flashtune_bwd_f16_h256_64x64_w8_sm80" and wide.smem_bytes == 147968
+    with pytest.raises(SpecError, match="needs 147968 bytes of shared memory; sm_120 has"):
+        BwdSpec("sm_120", "float16", 256, 8, False)
+    with pytest.raises(SpecError, match="at hdim 256 takes 4 or 8 warps, not 2"):
+        BwdSpec("sm_90a", "bfloat16", 256, 2, False)
+    with pytest.raises(SpecError, match="wgmma backward kernel takes head dims 64, 128, not 256"):
+        BwdSpec("sm_90a", "bfloat16", 256, 8, False, wgmma=True)
+    # deterministic: the dQ kernel's 64 queries of Q and dO beside 32 keys of K and V, 96 KB
+    det = BwdSpec("sm_89", "bfloat16", 256, 4, False, deterministic=True)
+    assert det.name.endswith("_det_sm89") and dq_kernel_smem_bytes(256, 4) == 98304
+    # the sm90 family falls back to mma.sync at 256, with 4 warps on every arch
+    assert default_bwd_tile("sm90", get_arch("sm_90a"), 256).kernel == "mma_sync"
+    assert default_bwd_tile("sm80", get_arch("sm_120"), 256).warps == 4
+    assert not bwd_spec_for_profile(find_profile("h200"), "bfloat16", 256, True).wgmma

@@ -10,8 +10,10 @@
 // One CTA owns kBlockN keys of one (batch, query head); K and V stay in shared memory while it
 // walks the query blocks that see them (causal: from the diagonal on). Each warp owns 16 keys:
 // its rows of S^T and dP^T, and of the dK and dV accumulators, so neither needs a reduction
-// across warps. dQ does: dS^T goes through shared memory and each warp then takes 16 of the query
-// block's rows of dS K over all the CTA's keys (with 8 warps, half of those rows' columns).
+// across warps (at hdim 256 two warps share the 16 keys: S^T and dP^T over half the queries each,
+// dK and dV over half the head dim each, P^T and dS^T exchanged through shared memory). dQ needs
+// a reduction: dS^T goes through shared memory and each warp then takes 16 of the query block's
+// rows of dS K over all the CTA's keys (with 8 warps or at hdim 256, half of those rows' columns).
 #pragma once
 #include <math.h>
 
@@ -81,16 +83,17 @@ __device__ __forceinline__ void rows_times_rows_t(float (&acc)[kTiles][4], const
   }
 }
 
-// acc[d tiles] += frag (16 rows x 16 * kSteps, A fragments) times the [16 * kSteps][kHeadDim] tile
-// at `b_tile` (`bt_lane`: this lane's row address for transposed loads).
-template <class T, int kSteps>
-__device__ __forceinline__ void frag_times_rows(float (&acc)[T::kDTiles][4], const uint32_t (&frag)[kSteps][4],
+// acc[kTiles n8 tiles] += frag (16 rows x 16 * kSteps, A fragments) times the [16 * kSteps][kHeadDim]
+// tile at `b_tile`, its first 8 * kTiles columns (`bt_lane`: this lane's row address for transposed
+// loads; a later part of the head dim: b_tile plus that part's 128-byte groups).
+template <class T, int kSteps, int kTiles>
+__device__ __forceinline__ void frag_times_rows(float (&acc)[kTiles][4], const uint32_t (&frag)[kSteps][4],
                                                 uint32_t b_tile, const uint32_t (&bt_lane)[4]) {
   using Elem = typename T::Elem;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk)
 #pragma unroll
-    for (int dt = 0; dt < T::kDTiles; dt += 2) {
+    for (int dt = 0; dt < kTiles; dt += 2) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, b_tile + bt_lane[(dt / 2) % 4] + kk * 16 * T::kRowBytes + (dt / 8) * 128);
       mma_16816<Elem>(acc[dt], frag[kk], b[0], b[1]);
@@ -122,14 +125,15 @@ template <class T>
 __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
   constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
-  constexpr int QT = T::kQTiles, DT = T::kDTiles;
+  constexpr int QT = T::kQTiles, KVT = T::kKvTiles;
   constexpr uint32_t kRowBytes = T::kRowBytes;
   const FwdParams& p = bp.fwd;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset,
-                 sdS = sK + T::kdSOffset;
+                 sdS = sK + T::kdSOffset, sP = sK + T::kPOffset;
   Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
+  Elem* P_tile = reinterpret_cast<Elem*>(smem_raw + T::kPOffset);  // kKvSplit > 1 only
   float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // log2 units
   float* dsum_tile = lse_tile + BM;
 
@@ -159,6 +163,11 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
+  // The warp's 16 keys (key group), and with kKvSplit its part: of each query block's S^T and dP^T
+  // (kSQueries from the query part * kSQueries) and of the head dim of dK and dV.
+  const int key_group = warp % T::kKeyGroups, part = warp / T::kKeyGroups;
+  const int s_col0 = part * T::kSQueries;
+  const uint32_t kv_col_bytes = part * (D / T::kKvSplit) * 2;  // whole 128-byte groups: no swizzle change
 
   // ldmatrix row addresses (the forward's scheme, sm80/fwd_kernel.cuh): per k step of 32 bytes
   // the swizzled chunk takes one of 4 lane-dependent values; the rest are compile-time offsets.
@@ -168,7 +177,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   uint32_t a_k[4], a_v[4], b_rows[4], bt_rows[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t a_rel = (warp * 16 + mid * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + hi, x) << 4);
+    const uint32_t a_rel = (key_group * 16 + mid * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + hi, x) << 4);
     a_k[i] = sK + a_rel;
     a_v[i] = sV + a_rel;
     b_rows[i] = (hi * 8 + x) * kRowBytes + (swizzle_chunk<D>(2 * i + mid, x) << 4);
@@ -194,9 +203,9 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
   cp_async_commit();
 
-  float acc_dk[DT][4], acc_dv[DT][4];
+  float acc_dk[KVT][4], acc_dv[KVT][4];
 #pragma unroll
-  for (int dt = 0; dt < DT; ++dt)
+  for (int dt = 0; dt < KVT; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.f;
 
@@ -215,77 +224,98 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     cp_async_wait<0>();
     __syncthreads();
 
-    // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys
+    // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys (and its queries)
     float acc_s[QT][4];
-    rows_times_rows_t<T, QT>(acc_s, a_k, sQ, b_rows);
+    rows_times_rows_t<T, QT>(acc_s, a_k, sQ + s_col0 * kRowBytes, b_rows);
 #pragma unroll
     for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = key0 + warp * 16 + g + 8 * (e >> 1);
-        const int col = nt * 8 + 2 * t + (e & 1);
+        const int key = key0 + key_group * 16 + g + 8 * (e >> 1);
+        const int col = s_col0 + nt * 8 + 2 * t + (e & 1);
         const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
         acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col]));
       }
 
     // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
     float acc_ds[QT][4];
-    rows_times_rows_t<T, QT>(acc_ds, a_v, sdO, b_rows);
+    rows_times_rows_t<T, QT>(acc_ds, a_v, sdO + s_col0 * kRowBytes, b_rows);
 #pragma unroll
     for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[nt * 8 + 2 * t + (e & 1)]);
+      for (int e = 0; e < 4; ++e)
+        acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[s_col0 + nt * 8 + 2 * t + (e & 1)]);
 
     uint32_t frag_p[QT / 2][4], frag_ds[QT / 2][4];
     to_a_fragments<Elem, QT>(frag_p, acc_s);
     to_a_fragments<Elem, QT>(frag_ds, acc_ds);
-    // dS^T to shared memory for dQ: fragment (kk, i) holds row g (+8 for i odd), columns
-    // kk * 16 + 2t (+8 for i >= 2)
-    if constexpr (!T::kDeterministic) {
+    // dS^T to shared memory for dQ (and with kKvSplit P^T, for the warps sharing these keys):
+    // fragment (kk, i) holds row g (+8 for i odd), columns kk * 16 + 2t (+8 for i >= 2)
+    if constexpr (!T::kDeterministic || T::kKvSplit > 1) {
 #pragma unroll
       for (int kk = 0; kk < QT / 2; ++kk)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          *reinterpret_cast<uint32_t*>(dS_tile + swizzled<BM>(warp * 16 + g + 8 * (i & 1), kk * 16 + 8 * (i >> 1) + 2 * t)) =
-              frag_ds[kk][i];
+        for (int i = 0; i < 4; ++i) {
+          const int at = swizzled<BM>(key_group * 16 + g + 8 * (i & 1), s_col0 + kk * 16 + 8 * (i >> 1) + 2 * t);
+          *reinterpret_cast<uint32_t*>(dS_tile + at) = frag_ds[kk][i];
+          if constexpr (T::kKvSplit > 1) *reinterpret_cast<uint32_t*>(P_tile + at) = frag_p[kk][i];
+        }
     }
 
     // ---- dV += P^T dO, dK += dS^T Q
-    frag_times_rows<T, QT / 2>(acc_dv, frag_p, sdO, bt_rows);
-    frag_times_rows<T, QT / 2>(acc_dk, frag_ds, sQ, bt_rows);
-
-    if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
-    __syncthreads();  // dS^T complete
-    // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
-    constexpr int QDT = T::kDqTiles;
-    float acc_dq[QDT][4];
+    if constexpr (T::kKvSplit == 1) {
+      frag_times_rows<T, QT / 2, KVT>(acc_dv, frag_p, sdO, bt_rows);
+      frag_times_rows<T, QT / 2, KVT>(acc_dk, frag_ds, sQ, bt_rows);
+    } else {
+      __syncthreads();  // P^T and dS^T complete: each warp takes all the block's queries, its head-dim part
 #pragma unroll
-    for (int dt = 0; dt < QDT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
-#pragma unroll
-      for (int dt = 0; dt < QDT; dt += 2) {
-        uint32_t b[4];
-        const uint32_t lane_row = T::kDqSplit > 1 ? bt_dq[T::kDqSplit > 1 ? dt / 2 : 0]
-                                                  : bt_rows[(dt / 2) % 4] + (dt / 8) * 128;
-        ldmatrix_x4_trans(b, sK + lane_row + kk * 16 * kRowBytes);
-        mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
-        mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
+      for (int kk = 0; kk < BM / 16; ++kk) {  // A fragments of 16 keys x 16 queries, one k step at a time
+        const int at = swizzled<BM>(key_group * 16 + mid * 8 + x, kk * 16 + hi * 8);
+        uint32_t frag[1][4];
+        ldmatrix_x4(frag[0], sP + 2 * at);
+        frag_times_rows<T, 1, KVT>(acc_dv, frag, sdO + kk * 16 * kRowBytes + kv_col_bytes, bt_rows);
+        ldmatrix_x4(frag[0], sdS + 2 * at);
+        frag_times_rows<T, 1, KVT>(acc_dk, frag, sQ + kk * 16 * kRowBytes + kv_col_bytes, bt_rows);
       }
     }
+
+    if constexpr (T::kDeterministic) continue;  // dQ is the dQ kernel's
+    if constexpr (T::kKvSplit == 1) __syncthreads();  // dS^T complete
+    // ---- dQ (the warp's 16 query rows) += dS K, added to the fp32 sum in global memory
+    // In chunks of kDqChunk n8 tiles (the whole warp's columns but at hdim 256, where dK and dV
+    // hold 128 registers).
+    constexpr int QDT = T::kDqTiles, CH = T::kDqChunk;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + dq_row0 + g + 8 * r;
-      if (row < seqlen_q) {
-        float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_col0 + 2 * t;
+    for (int c = 0; c < QDT; c += CH) {
+      float acc_dq[CH][4];
 #pragma unroll
-        for (int dt = 0; dt < QDT; ++dt) {
-          atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
-          atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
+      for (int dt = 0; dt < CH; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ds_lane + kk * 16 * T::kdSRowBytes);
+#pragma unroll
+        for (int dt = 0; dt < CH; dt += 2) {
+          uint32_t b[4];
+          const uint32_t lane_row = T::kDqSplit > 1 ? bt_dq[T::kDqSplit > 1 ? (c + dt) / 2 : 0]
+                                                    : bt_rows[(dt / 2) % 4] + (dt / 8) * 128;
+          ldmatrix_x4_trans(b, sK + lane_row + kk * 16 * kRowBytes);
+          mma_16816<Elem>(acc_dq[dt], a, b[0], b[1]);
+          mma_16816<Elem>(acc_dq[dt + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + dq_row0 + g + 8 * r;
+        if (row < seqlen_q) {
+          float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_col0 + c * 8 + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < CH; ++dt) {
+            atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
+            atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
+          }
         }
       }
     }
@@ -296,11 +326,11 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = key0 + warp * 16 + g + 8 * r;
+    const int key = key0 + key_group * 16 + g + 8 * r;
     if (key < seqlen_k) {
-      const int64_t row = int64_t(key) * bp.dkv_row_stride + 2 * t;
+      const int64_t row = int64_t(key) * bp.dkv_row_stride + part * (D / T::kKvSplit) + 2 * t;
 #pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
+      for (int dt = 0; dt < KVT; ++dt) {
         *reinterpret_cast<uint32_t*>(gdK + row + dt * 8) =
             pack2<Elem>(acc_dk[dt][2 * r] * p.softmax_scale, acc_dk[dt][2 * r + 1] * p.softmax_scale);
         *reinterpret_cast<uint32_t*>(gdV + row + dt * 8) = pack2<Elem>(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);

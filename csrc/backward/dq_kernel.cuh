@@ -1,4 +1,4 @@
-// The deterministic backward's dQ kernel: one CTA per kBlockM queries of a (batch, query head)
+// The deterministic backward's dQ kernel: one CTA per kDqRows queries of a (batch, query head)
 // walks the key blocks they see, in order, and stores dQ once (no atomic adds, so the same inputs
 // give the same bits). It recomputes P and dS, which the dK/dV kernel (bwd_kernel.cuh, built
 // kDeterministic) computed too: about 1.4x the backward's matmul work for reproducibility.
@@ -13,13 +13,14 @@ namespace bwd {
 template <class T>
 __device__ __forceinline__ void dq_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
-  constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
+  constexpr int D = T::kHeadDim, BM = T::kDqRows, BN = T::kBlockN;
   constexpr int KT = BN / 8, DT = T::kDTiles;
   constexpr uint32_t kRowBytes = T::kRowBytes;
   const FwdParams& p = bp.fwd;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset;
+  const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset,
+                 sdO = sQ + BM * kRowBytes;  // its own layout past K and V: kDqRows of Q and dO
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int head = blockIdx.y, batch = blockIdx.z;
@@ -101,7 +102,7 @@ __device__ __forceinline__ void dq_body(const BwdParams& bp) {
       }
     uint32_t frag_ds[KT / 2][4];
     to_a_fragments<Elem, KT>(frag_ds, acc_ds);
-    frag_times_rows<T, KT / 2>(acc_dq, frag_ds, sK, bt_rows);
+    frag_times_rows<T, KT / 2, DT>(acc_dq, frag_ds, sK, bt_rows);
   }
 
   float* gdQ = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;

@@ -7,14 +7,20 @@
 namespace flashtune {
 namespace bwd {
 
-// The dK/dV kernel: one CTA owns kBlockN = 16 * kWarps keys of one (batch, query head) and walks
-// the query blocks that see them, kBlockM at a time. Each warp owns 16 of the keys (their rows of
+// The dK/dV kernel: one CTA owns kBlockN keys of one (batch, query head) and walks the query blocks
+// that see them, kBlockM at a time. Up to hdim 128 each warp owns 16 of the keys (their rows of
 // S^T, dP^T, dK and dV) and, for dQ, 16 of each query block's rows over kHeadDim / kDqSplit of its
 // columns: with 2 or 4 warps kBlockM = kBlockN and a warp takes whole rows; with 8 warps (128
 // keys, FlashAttention-2's tile: each query block's dQ adds come from half as many CTAs as with 64
 // keys) kBlockM = 64 and two warps share each 16 rows, one half of the head dim each.
+// At hdim 256 a warp's dK and dV over the whole head dim would be 256 fp32 registers a thread, so
+// kKvSplit = 2 warps share each 16 keys: each computes S^T and dP^T for half the query block, both
+// go through shared memory as P^T and dS^T, and each then accumulates dK and dV over its half of
+// the head dim (FlashAttention-2's hdim-256 layout); kBlockM = kBlockN, dQ as with 8 warps above,
+// in chunks of 8 n8 tiles.
 // kDeterministic: no dQ there (its atomic adds land in any order); the dQ kernel (dq_kernel.cuh),
-// a CTA per query block walking the key blocks, computes it alone, in a fixed order.
+// a CTA of kDqRows queries walking the key blocks kBlockN at a time, computes it alone, in a fixed
+// order, each warp 16 whole rows.
 template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false>
 struct Traits {
   using Elem = Elem_;
@@ -23,36 +29,49 @@ struct Traits {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = 16 * kWarps;                   // keys per CTA
-  static constexpr int kBlockM = kWarps > 4 ? 64 : 16 * kWarps;  // queries per step of the CTA's loop
-  static constexpr int kDqSplit = kBlockN / kBlockM;              // warps sharing 16 rows of dQ
-  static constexpr int kQTiles = kBlockM / 8;   // n8 tiles of S^T (queries) per warp
-  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK and dV
-  static constexpr int kDqTiles = kDTiles / kDqSplit;  // n8 tiles of a warp's dQ
+  static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
+  static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
+  static constexpr int kBlockN = 16 * kKeyGroups;              // keys per CTA
+  static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kWarps > 4 ? 64 : 16 * kWarps;  // queries a step
+  static constexpr int kSQueries = kBlockM / kKvSplit;         // queries of a warp's S^T and dP^T
+  static constexpr int kQTiles = kSQueries / 8;                // their n8 tiles
+  static constexpr int kDTiles = kHeadDim / 8;                 // n8 tiles of a whole row
+  static constexpr int kKvTiles = kDTiles / kKvSplit;          // n8 tiles of a warp's dK and dV
+  static constexpr int kDqSplit = 16 * kWarps / kBlockM;       // warps sharing 16 rows of dQ
+  static constexpr int kDqTiles = kDTiles / kDqSplit;          // n8 tiles of a warp's dQ
+  static constexpr int kDqChunk = kKvSplit > 1 ? 8 : kDqTiles;  // dQ's n8 tiles held at once
+  static constexpr int kDqRows = 16 * kWarps;                  // the dQ kernel's queries a CTA
 
   static constexpr int kRowBytes = kHeadDim * 2;         // a row of Q, K, V, dO
   static constexpr int kKBytes = kBlockN * kRowBytes;    // K, and V
   static constexpr int kQBytes = kBlockM * kRowBytes;    // Q, and dO
-  static constexpr int kdSRowBytes = kBlockM * 2;        // dS^T [keys][queries], 16-bit
+  static constexpr int kdSRowBytes = kBlockM * 2;        // dS^T (and P^T) [keys][queries], 16-bit
   static constexpr int kdSBytes = kBlockN * kdSRowBytes;
-  // Shared memory: K, V, Q, dO, dS^T, then the query block's LSE (log2 units) and rowsum(dO O).
+  // Shared memory: K, V, Q, dO, dS^T, with kKvSplit P^T, then the query block's LSE (log2 units)
+  // and rowsum(dO O).
   static constexpr int kVOffset = kKBytes;
   static constexpr int kQOffset = 2 * kKBytes;
   static constexpr int kdOOffset = kQOffset + kQBytes;
   static constexpr int kdSOffset = kdOOffset + kQBytes;
-  static constexpr int kStatsOffset = kdSOffset + kdSBytes;
+  static constexpr int kPOffset = kdSOffset + kdSBytes;
+  static constexpr int kStatsOffset = kPOffset + (kKvSplit > 1 ? kdSBytes : 0);
   static constexpr int kSmemBytes = kStatsOffset + 2 * kBlockM * 4;
+  // The dQ kernel's: K and V of kBlockN keys, Q and dO of kDqRows queries.
+  static constexpr int kDqSmemBytes = 2 * kKBytes + 2 * kDqRows * kRowBytes;
 
   static_assert(sizeof(Elem) == 2, "16-bit elements");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps (32, 64 or 128 keys)");
-  static_assert(!(kDeterministic && kDqSplit > 1), "the dQ kernel takes a warp per 16 queries: 2 or 4 warps");
+  static_assert(kKvSplit == 1 || kWarps >= 4, "hdim 256: 4 or 8 warps (a warp's S^T is 16 queries or more)");
+  static_assert(!kDeterministic || kDqSplit == 1 || kKvSplit > 1,
+                "deterministic: the dQ kernel's warp per 16 queries (2 or 4 warps; hdim 256 any)");
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
                 "tile loads split evenly");
-  static_assert(kDqTiles % 2 == 0, "dQ's n8 tiles in pairs");
+  static_assert(kDqTiles % kDqChunk == 0 && kDqChunk % 2 == 0, "dQ's n8 tiles in pairs, whole chunks");
   // Live fp32 accumulators per thread: dK and dV throughout, with S^T and dP^T, later with dQ's.
-  static constexpr int kAccumulators = kDTiles * 4 * 2 + (kQTiles * 4 * 2 > kDqTiles * 4 ? kQTiles * 4 * 2 : kDqTiles * 4);
+  static constexpr int kAccumulators = kKvTiles * 4 * 2 + (kQTiles * 4 * 2 > kDqChunk * 4 ? kQTiles * 4 * 2 : kDqChunk * 4);
   static_assert(kAccumulators <= 192, "accumulators would not fit in registers");
+  static_assert(!kDeterministic || kDTiles * 4 + kBlockN / 8 * 4 * 2 <= 192, "the dQ kernel's accumulators");
 };
 
 }  // namespace bwd

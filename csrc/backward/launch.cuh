@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "backward/bwd_kernel.cuh"
 #include "backward/dq_kernel.cuh"
 
@@ -15,9 +17,9 @@ int launch(void (*dkdv_kernel)(const BwdParams), void (*dq_kernel)(const BwdPara
   if (p.fwd.lse == nullptr || p.dsum == nullptr || p.dq_accum == nullptr) return int(cudaErrorInvalidValue);
   if (T::kDeterministic != (dq_kernel != nullptr)) return int(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
-  for (auto* kernel : {dkdv_kernel, dq_kernel}) {
-    if (kernel != nullptr && T::kSmemBytes > 48 * 1024) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  for (const auto& [kernel, bytes] : {std::pair{dkdv_kernel, T::kSmemBytes}, std::pair{dq_kernel, T::kDqSmemBytes}}) {
+    if (kernel != nullptr && bytes > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       if (err != cudaSuccess) return int(err);
     }
   }
@@ -29,8 +31,8 @@ int launch(void (*dkdv_kernel)(const BwdParams), void (*dq_kernel)(const BwdPara
     if (err != cudaSuccess) return int(err);
   }
   if (dq_kernel != nullptr) {
-    const dim3 queries((p.fwd.seqlen_q + T::kBlockM - 1) / T::kBlockM, p.fwd.heads_q, p.fwd.batch);
-    if (queries.x > 0) dq_kernel<<<queries, T::kThreads, T::kSmemBytes, s>>>(p);
+    const dim3 queries((p.fwd.seqlen_q + T::kDqRows - 1) / T::kDqRows, p.fwd.heads_q, p.fwd.batch);
+    if (queries.x > 0) dq_kernel<<<queries, T::kThreads, T::kDqSmemBytes, s>>>(p);
   }
   return int(cudaGetLastError());
 }

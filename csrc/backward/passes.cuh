@@ -54,13 +54,15 @@ struct PassRow {
   }
 };
 
-// kHeadDim / 32 consecutive 16-bit values a lane: 2 (one 4-byte load) at hdim 64, 4 (8 bytes) at 128.
+// kHeadDim / 32 consecutive 16-bit values a lane: 2 (one 4-byte load) at hdim 64, 4 (8 bytes) at
+// 128, 8 (16 bytes) at 256; their fp32 values as kFloatVecs vectors of 8 or 16 bytes.
 template <int kHeadDim>
 struct LaneSlice {
   static constexpr int kElems = kHeadDim / 32;
-  static_assert(kElems == 2 || kElems == 4, "head dim 64 or 128");
-  using Packed = std::conditional_t<kElems == 2, uint32_t, uint2>;
+  static_assert(kElems == 2 || kElems == 4 || kElems == 8, "head dim 64, 128 or 256");
+  using Packed = std::conditional_t<kElems == 2, uint32_t, std::conditional_t<kElems == 4, uint2, uint4>>;
   using Floats = std::conditional_t<kElems == 2, float2, float4>;
+  static constexpr int kFloatVecs = kElems * 4 / int(sizeof(Floats));
 };
 
 template <typename Elem, int kHeadDim>
@@ -92,7 +94,9 @@ __device__ __forceinline__ void prep_body(const BwdParams& p) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (lane == 0) p.dsum[at.stat(f)] = p.dlse == nullptr ? sum : sum - p.dlse[at.stat(f)];
-  *reinterpret_cast<typename S::Floats*>(p.dq_accum + at.dq(p) + col) = typename S::Floats{};
+  auto* zeros = reinterpret_cast<typename S::Floats*>(p.dq_accum + at.dq(p) + col);
+#pragma unroll
+  for (int v = 0; v < S::kFloatVecs; ++v) zeros[v] = typename S::Floats{};
 }
 
 template <typename Elem, int kHeadDim>
@@ -101,15 +105,16 @@ __device__ __forceinline__ void finish_body(const BwdParams& p) {
   PassRow at;
   if (!at.locate(p.fwd)) return;
   const int64_t offset = at.dq(p) + (threadIdx.x % 32) * S::kElems;  // dq has dq_accum's strides
-  const auto sum = *reinterpret_cast<const typename S::Floats*>(p.dq_accum + offset);
+  float sum[S::kElems];
+#pragma unroll
+  for (int v = 0; v < S::kFloatVecs; ++v)
+    reinterpret_cast<typename S::Floats*>(sum)[v] = reinterpret_cast<const typename S::Floats*>(p.dq_accum + offset)[v];
   const float scale = p.fwd.softmax_scale;
-  Elem* dq = static_cast<Elem*>(p.dq) + offset;
-  if constexpr (S::kElems == 2) {
-    *reinterpret_cast<uint32_t*>(dq) = pack2<Elem>(sum.x * scale, sum.y * scale);
-  } else {
-    const uint32_t lo = pack2<Elem>(sum.x * scale, sum.y * scale), hi = pack2<Elem>(sum.z * scale, sum.w * scale);
-    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dq), "r"(lo), "r"(hi));  // one 8-byte store
-  }
+  typename S::Packed packed;  // one store of the lane's kElems values
+  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+#pragma unroll
+  for (int i = 0; i < S::kElems / 2; ++i) words[i] = pack2<Elem>(sum[2 * i] * scale, sum[2 * i + 1] * scale);
+  *reinterpret_cast<typename S::Packed*>(static_cast<Elem*>(p.dq) + offset) = packed;
 }
 
 template <typename Elem, int kHeadDim>

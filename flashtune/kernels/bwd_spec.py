@@ -24,10 +24,12 @@ from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inp
 
 BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the mma.sync kernel includes
 WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma kernel
-BWD_HEAD_DIMS = (64, 128)
-BWD_WARPS = (4, 2, 8)  # 64 keys x 64 queries, 32 x 32, 128 x 64; the default is the first that fits
-DEFAULT_BWD_WARPS = (4, 2)  # 8 warps: a tune candidate until measured (lab/bwd_ab.py mma.sync-w8)
+BWD_HEAD_DIMS = (64, 128, 256)
+WGMMA_BWD_HEAD_DIMS = (64, 128)  # hdim 256 takes the mma.sync kernel on every arch
+BWD_WARPS = (4, 2, 8)  # 64 keys x 64 queries, 32 x 32, 128 x 64 (hdim 256: 32 x 32, -, 64 x 64)
+DEFAULT_BWD_WARPS = (4, 2)  # the first that fits; 8 warps: a tune candidate until measured (lab/bwd_ab.py)
 DETERMINISTIC_BWD_WARPS = (4, 2)  # the dQ kernel's warp per 16 queries
+KV_SPLIT_HEAD_DIM = 256  # two warps share 16 keys' dK and dV (csrc/backward/kernel_traits.cuh kKvSplit)
 WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
 WGMMA_BWD_STAGES = 2
 
@@ -37,22 +39,35 @@ def wgmma_bwd_queries(hdim: int) -> int:
     return 128 if hdim == 64 else 64
 
 
-def mma_sync_bwd_queries(warps: int) -> int:
-    """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64)."""
-    return min(64, 16 * warps)
+def mma_sync_bwd_keys(hdim: int, warps: int) -> int:
+    """csrc/backward/kernel_traits.cuh's kBlockN: keys per CTA (16 a warp; at hdim 256 16 a pair)."""
+    return 16 * warps // (2 if hdim == KV_SPLIT_HEAD_DIM else 1)
+
+
+def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
+    """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64; at hdim
+    256 as many as the keys)."""
+    return mma_sync_bwd_keys(hdim, warps) if hdim == KV_SPLIT_HEAD_DIM else min(64, 16 * warps)
 
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
-    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, Q, dO, dS^T and two rows of
-    statistics; wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics, two dS^T, the two
-    consumer warpgroups' 64 x 64 fp32 dQ staging tiles and the 1024-byte alignment's slack."""
+    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, Q, dO, dS^T (at hdim 256 and
+    P^T) and two rows of statistics; wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics,
+    two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging tiles and the 1024-byte
+    alignment's slack."""
     if wgmma:
         keys, queries, stages = WGMMA_BWD_KEYS, wgmma_bwd_queries(hdim), WGMMA_BWD_STAGES
         dq_staging = 2 * 64 * 64 * 4
         return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
                 + dq_staging + 1024)
-    keys, queries = 16 * warps, mma_sync_bwd_queries(warps)
-    return 2 * (keys + queries) * 2 * hdim + keys * queries * 2 + 2 * queries * 4
+    keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps)
+    score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM else 1
+    return 2 * (keys + queries) * 2 * hdim + score_tiles * keys * queries * 2 + 2 * queries * 4
+
+
+def dq_kernel_smem_bytes(hdim: int, warps: int) -> int:
+    """The deterministic dQ kernel's kDqSmemBytes: K and V of a key block, Q and dO of 16 queries a warp."""
+    return 2 * (mma_sync_bwd_keys(hdim, warps) + 16 * warps) * 2 * hdim
 
 
 @dataclass(frozen=True)
@@ -87,8 +102,13 @@ class BwdSpec:
                                 "deterministic=True is the mma.sync kernel's")
             if self.warps != 8:
                 raise SpecError(f"the wgmma backward kernel has 8 consumer warps, not {self.warps}")
+            if self.hdim not in WGMMA_BWD_HEAD_DIMS:
+                raise SpecError(f"the wgmma backward kernel takes head dims "
+                                f"{', '.join(map(str, WGMMA_BWD_HEAD_DIMS))}, not {self.hdim}")
         elif self.warps not in BWD_WARPS:
             raise SpecError(f"warps {self.warps}; allowed: {', '.join(map(str, BWD_WARPS))}")
+        elif self.hdim == KV_SPLIT_HEAD_DIM and self.warps < 4:
+            raise SpecError(f"the backward kernel at hdim {self.hdim} takes 4 or 8 warps, not {self.warps}")
         elif self.deterministic and self.warps not in DETERMINISTIC_BWD_WARPS:
             raise SpecError(f"deterministic=True: the dQ kernel takes warps "
                             f"{' or '.join(map(str, DETERMINISTIC_BWD_WARPS))}, not {self.warps}")
@@ -96,6 +116,10 @@ class BwdSpec:
         if self.smem_bytes > limit:
             raise SpecError(f"the backward kernel at hdim {self.hdim} with {self.warps} warps needs "
                             f"{self.smem_bytes} bytes of shared memory; {self.arch} has {limit}")
+        if self.deterministic and dq_kernel_smem_bytes(self.hdim, self.warps) > limit:
+            raise SpecError(f"the deterministic dQ kernel at hdim {self.hdim} with {self.warps} warps needs "
+                            f"{dq_kernel_smem_bytes(self.hdim, self.warps)} bytes of shared memory; "
+                            f"{self.arch} has {limit}")
 
     @property
     def arch_facts(self) -> ArchFacts:
@@ -104,12 +128,12 @@ class BwdSpec:
     @property
     def block(self) -> int:
         """Keys per CTA."""
-        return WGMMA_BWD_KEYS if self.wgmma else 16 * self.warps
+        return WGMMA_BWD_KEYS if self.wgmma else mma_sync_bwd_keys(self.hdim, self.warps)
 
     @property
     def block_m(self) -> int:
         """Queries per step of a CTA's loop."""
-        return wgmma_bwd_queries(self.hdim) if self.wgmma else mma_sync_bwd_queries(self.warps)
+        return wgmma_bwd_queries(self.hdim) if self.wgmma else mma_sync_bwd_queries(self.hdim, self.warps)
 
     @property
     def name(self) -> str:
