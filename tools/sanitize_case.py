@@ -15,8 +15,9 @@ from flashtune.runtime.fp8 import quantise_kv
 
 def backward_calls():
     """The backward (the profile's kernel): odd lengths, GQA, causal with more queries than keys and
-    fewer, several query blocks per key block (the Q/dO ring wraps), varlen with an empty sequence."""
-    for hdim in (64, 128):
+    fewer, several query blocks per key block (the Q/dO ring wraps), varlen with an empty sequence;
+    hdim 256 (the mma.sync kernel on every profile) also deterministic."""
+    for hdim in (64, 128, 256):
         for causal in (False, True):
             for seqlen_q, seqlen_k in ((77, 130), (300, 200), (520, 260)):
                 q = torch.randn(2, seqlen_q, 4, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -29,6 +30,10 @@ def backward_calls():
     k = torch.randn(200, 4, 128, device="cuda", dtype=torch.float16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
     flashtune.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 129, causal=True).sum().backward()
+    q = torch.randn(1, 300, 4, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 200, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    flashtune.flash_attn_func(q, k, v, causal=True, deterministic=True).sum().backward()
 
 
 ops.use_profile(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "h200-sm80")
