@@ -62,6 +62,7 @@
 #   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each
 #   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
 #   bench-bwd-ab  bench --pass bwd, hdim 64/128, under h200 (wgmma) and h200-sm80 (mma.sync), beside cuDNN and SDPA flash
+#   bench-bwd-256 bench --pass bwd, hdim 256 (the mma.sync kernel under h200), beside cuDNN and SDPA flash
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
 #   vdim-tests    tests/test_v_head_dim_gpu.py and the hf MLA/variants model test under h200, 16 workers
 #   train         bench --train: the recall model trained 300 steps with SDPA (twice), flashtune and cuDNN (issue 37's training check)
@@ -202,6 +203,8 @@ for step in "$@"; do case $step in
            run bench-bwd-$prof 200 python3 -m flashtune bench --profile $prof --pass bwd --hdims 64,128 \
              --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_$prof.json"
          done ;;
+  bench-bwd-256) run bench-bwd-256 200 python3 -m flashtune bench --profile h200 --pass bwd --hdims 256 \
+           --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_h256.json" ;;
   bench-bwd) for pass in bwd fwd+bwd; do
            run bench-${pass/+/-} 300 python3 -m flashtune bench --profile h200 --pass $pass --hdims 64,128 \
              --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-${pass/+/-}.json"
