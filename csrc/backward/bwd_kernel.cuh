@@ -165,7 +165,9 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
   // The warp's 16 keys (key group), and with kKvSplit its part: of each query block's S^T and dP^T
   // (kSQueries from the query part * kSQueries) and of the head dim of dK and dV.
-  const int key_group = warp % T::kKeyGroups, part = warp / T::kKeyGroups;
+  // (compile-time warp and 0 without kKvSplit: the hdim 64/128 kernels keep their code)
+  const int key_group = T::kKvSplit > 1 ? warp % T::kKeyGroups : warp;
+  const int part = T::kKvSplit > 1 ? warp / T::kKeyGroups : 0;
   const int s_col0 = part * T::kSQueries;
   const uint32_t kv_col_bytes = part * (D / T::kKvSplit) * 2;  // whole 128-byte groups: no swizzle change
 

@@ -65,6 +65,20 @@ struct LaneSlice {
   static constexpr int kFloatVecs = kElems * 4 / int(sizeof(Floats));
 };
 
+// A lane's kHeadDim / 32 16-bit values (kElems / 2 words) as one 4-, 8- or 16-byte store (built
+// through a word array, a plain store of Packed is split into 4-byte ones).
+template <int kHeadDim, typename Elem>
+__device__ __forceinline__ void store_lane(Elem* dst, const uint32_t (&w)[LaneSlice<kHeadDim>::kElems / 2]) {
+  constexpr int kWords = LaneSlice<kHeadDim>::kElems / 2;
+  if constexpr (kWords == 1) {
+    *reinterpret_cast<uint32_t*>(dst) = w[0];
+  } else if constexpr (kWords == 2) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]));
+  } else {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
+  }
+}
+
 template <typename Elem, int kHeadDim>
 __device__ __forceinline__ float dot_lane(const Elem* a, const Elem* b) {
   using S = LaneSlice<kHeadDim>;
@@ -105,16 +119,15 @@ __device__ __forceinline__ void finish_body(const BwdParams& p) {
   PassRow at;
   if (!at.locate(p.fwd)) return;
   const int64_t offset = at.dq(p) + (threadIdx.x % 32) * S::kElems;  // dq has dq_accum's strides
-  float sum[S::kElems];
+  alignas(16) float sum[S::kElems];
 #pragma unroll
   for (int v = 0; v < S::kFloatVecs; ++v)
     reinterpret_cast<typename S::Floats*>(sum)[v] = reinterpret_cast<const typename S::Floats*>(p.dq_accum + offset)[v];
   const float scale = p.fwd.softmax_scale;
-  typename S::Packed packed;  // one store of the lane's kElems values
-  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+  uint32_t words[S::kElems / 2];
 #pragma unroll
   for (int i = 0; i < S::kElems / 2; ++i) words[i] = pack2<Elem>(sum[2 * i] * scale, sum[2 * i + 1] * scale);
-  *reinterpret_cast<typename S::Packed*>(static_cast<Elem*>(p.dq) + offset) = packed;
+  store_lane<kHeadDim>(static_cast<Elem*>(p.dq) + offset, words);
 }
 
 template <typename Elem, int kHeadDim>
@@ -136,11 +149,10 @@ __device__ __forceinline__ void group_body(const BwdParams& p) {
 #pragma unroll
       for (int i = 0; i < S::kElems; ++i) sum[i] += unpack_half<Elem>(words[i / 2], i % 2);
     }
-    typename S::Packed packed;
-    uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+    uint32_t packed[S::kElems / 2];
 #pragma unroll
-    for (int i = 0; i < S::kElems / 2; ++i) words[i] = pack2<Elem>(sum[2 * i], sum[2 * i + 1]);
-    *reinterpret_cast<typename S::Packed*>(static_cast<Elem*>(which == 0 ? p.dk_kv : p.dv_kv) + to) = packed;
+    for (int i = 0; i < S::kElems / 2; ++i) packed[i] = pack2<Elem>(sum[2 * i], sum[2 * i + 1]);
+    store_lane<kHeadDim>(static_cast<Elem*>(which == 0 ? p.dk_kv : p.dv_kv) + to, packed);
   }
 }
 
