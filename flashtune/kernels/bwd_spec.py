@@ -27,7 +27,9 @@ WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma 
 BWD_HEAD_DIMS = (64, 128, 256)
 WGMMA_BWD_HEAD_DIMS = (64, 128)  # hdim 256 takes the mma.sync kernel on every arch
 BWD_WARPS = (4, 2, 8)  # 64 keys x 64 queries, 32 x 32, 128 x 64 (hdim 256: 32 x 32, -, 64 x 64)
-DEFAULT_BWD_WARPS = (4, 2)  # the first that fits; 8 warps: a tune candidate until measured (lab/bwd_ab.py)
+# The first that fits the arch's shared memory: on an H100 (lab/bwd_ab.py) 8 warps took 0.74-0.93x
+# 4 warps' time at hdim 64/128 and 0.55-0.62x at 256 (half the dQ adds per key; FlashAttention-2's tile)
+DEFAULT_BWD_WARPS = (8, 4, 2)
 DETERMINISTIC_BWD_WARPS = (4, 2)  # the dQ kernel's warp per 16 queries
 KV_SPLIT_HEAD_DIM = 256  # two warps share 16 keys' dK and dV (csrc/backward/kernel_traits.cuh kKvSplit)
 WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
@@ -260,10 +262,10 @@ MMA_SYNC_TILES = tuple(BwdTile("mma_sync", w) for w in BWD_WARPS)
 def bwd_spec_of_tile(arch: str, dtype: str, hdim: int, causal: bool, tile: BwdTile, deterministic: bool = False,
                      nvcc_flags: tuple[str, ...] = ()) -> BwdSpec:
     """The spec of a tile. deterministic=True takes the mma.sync kernel (its fixed-order dQ kernel):
-    with the tile's warps where the dQ kernel takes them, else the default's for the arch (the
-    wgmma kernel's tiles and 8 warps)."""
+    with the tile's warps where the dQ kernel takes them, else the first of them that fits the arch
+    (for the wgmma kernel's tiles and 8 warps)."""
     if deterministic and (tile.kernel == "wgmma" or tile.warps not in DETERMINISTIC_BWD_WARPS):
-        tile = default_bwd_tile("sm80", get_arch(arch), hdim)
+        tile = default_deterministic_tile(get_arch(arch), hdim)
     if tile.kernel == "wgmma":
         return BwdSpec(arch, dtype, hdim, 8, causal, False, nvcc_flags, wgmma=True)
     return BwdSpec(arch, dtype, hdim, tile.warps, causal, deterministic, nvcc_flags)
@@ -285,8 +287,8 @@ def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
 
 @functools.cache  # Profile.backward_tile asks on every backward call; the answer is fixed per arch
 def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
-    """The sm90 family's: the wgmma kernel; every other: the mma.sync kernel with 4 warps where its
-    shared memory fits the arch, else 2."""
+    """The sm90 family's: the wgmma kernel (below hdim 256); every other: the mma.sync kernel with 8
+    warps where its shared memory fits the arch, else 4, else 2."""
     if family == "sm90" and not bwd_tile_problems(hdim, WGMMA_TILES[0], arch):
         return WGMMA_TILES[0]
     defaults = [BwdTile("mma_sync", w) for w in DEFAULT_BWD_WARPS]
@@ -294,6 +296,20 @@ def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
         if not bwd_tile_problems(hdim, tile, arch):
             return tile
     return defaults[-1]  # its spec says why it does not fit
+
+
+@functools.cache
+def default_deterministic_tile(arch: ArchFacts, hdim: int) -> BwdTile:
+    """deterministic=True's mma.sync tile where the profile's cannot be: the first of
+    DETERMINISTIC_BWD_WARPS whose kernels (the dQ kernel's shared memory included) fit the arch."""
+    tiles = [BwdTile("mma_sync", w) for w in DETERMINISTIC_BWD_WARPS]
+    for tile in tiles:
+        try:
+            BwdSpec(arch.name, "bfloat16", hdim, tile.warps, False, deterministic=True)
+            return tile
+        except SpecError:
+            continue
+    return tiles[-1]  # its spec says why it does not fit
 
 
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,

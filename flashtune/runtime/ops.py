@@ -143,12 +143,17 @@ def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 def _save_for_backward(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
+    # a loss that leaves the LSE unused gives its gradient as None, not as zeros that autograd would
+    # fill (a launch) and the prep pass would read
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k)
     ctx.shape = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, inputs[-1])  # the last: deterministic
 
 
 def _gradients(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if dout is None:  # a loss of the LSE alone
+        dout = torch.zeros_like(out)
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.shape, poison_outputs)
     return (dq, dk, dv) + (None,) * 15  # nothing flows to the lengths, scales, descales, variants, flags
 
