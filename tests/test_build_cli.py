@@ -26,7 +26,7 @@ def test_cross_compiles_rtx5090_for_sm120_then_hits_the_cache():
                      "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_fp8qk_sm120",
                      "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_sm120",
                      "flashtune_fwd_sm80_bf16_h64_128x64_w4_s2_c_fp8qk_sm120",
-                     "flashtune_bwd_bf16_h64_64x64_w4_sm120", "flashtune_bwd_bf16_h64_64x64_w4_c_sm120"]
+                     "flashtune_bwd_bf16_h64_128x64_w8_sm120", "flashtune_bwd_bf16_h64_128x64_w8_c_sm120"]
     kernels = report["kernels"][1:]
     assert all(not k["cache_hit"] and k["registers"] and k["spill_stores"] == 0 for k in kernels)
     warm = json.loads(CliRunner().invoke(cli, args).output)
