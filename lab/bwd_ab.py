@@ -1,6 +1,7 @@
 """A/B of the backward kernels in one process (lab, not shipped): today's wgmma kernel and mma.sync
 kernel (4 warps, and 8 warps: 128 keys a CTA), the release's (lab/release-src, lab/make_release.sh:
-its h200 profile's backward, where present) and cuDNN's backward through SDPA, on the FA grid's
+its h200 profile's backward, and its mma.sync kernel with 4 and 8 warps, where present) and cuDNN's
+backward through SDPA, on the FA grid's
 cells from 512 tokens and on GQA 4:1; at hdim 256 (1k and 4k tokens) the mma.sync kernels beside cuDNN.
 Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
@@ -28,8 +29,15 @@ if RELEASE.is_dir():
     sys.path.insert(0, str(RELEASE))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(RELEASE), os.environ.get("PYTHONPATH", "")])
     import flashtune_release as release
+    import flashtune_release.kernels.bwd_spec as release_bwd_spec
+    import flashtune_release.runtime.backward as release_backward
 
     release.use_profile("h200")
+# the release's mma.sync kernels, by the spec class of its own code
+RELEASE_VARIANTS = {} if release is None else {
+    "release-mma.sync": lambda h, c: release_bwd_spec.BwdSpec("sm_90a", "bfloat16", h, 4, c),
+    "release-mma.sync-w8": lambda h, c: release_bwd_spec.BwdSpec("sm_90a", "bfloat16", h, 8, c),
+}
 DT = torch.bfloat16
 VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
@@ -44,16 +52,29 @@ def with_spec(make):
     return chosen
 
 
+RELEASE_PROFILE_SPEC = None if release is None else release_backward.bwd_spec_for
+
+
+def select(name):
+    """Point the backward (today's or the release's) at the variant's kernel; it is looked up when
+    the backward runs, so before every call."""
+    if name in VARIANTS:
+        backward.bwd_spec_for = with_spec(VARIANTS[name])
+    elif name.startswith("release"):
+        release_backward.bwd_spec_for = (with_spec(RELEASE_VARIANTS[name]) if name in RELEASE_VARIANTS
+                                         else RELEASE_PROFILE_SPEC)
+
+
 def grads_of(name, q, k, v, dout, causal):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if name == "release":
+    select(name)
+    if name.startswith("release"):
         out = release.flash_attn_func(*leaves, causal=causal)
     elif name == "sdpa-cudnn":
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=causal,
                                                  enable_gqa=True).transpose(1, 2)
     else:
-        backward.bwd_spec_for = with_spec(VARIANTS[name])
         out = flashtune.flash_attn_func(*leaves, causal=causal)
     return out, leaves
 
@@ -64,7 +85,7 @@ CELLS = [(hdim, causal, seqlen, 1) for hdim in (64, 128) for causal in (False, T
          for seqlen in (512, 1024, 4096, 16384)]
 CELLS += [(hdim, True, seqlen, 4) for hdim in (64, 128) for seqlen in (1024, 4096)]
 CELLS += [(256, causal, seqlen, 1) for causal in (False, True) for seqlen in (1024, 4096)]
-NOT_AT_256 = ("wgmma-tma", "release")  # hdim 256: the mma.sync kernel only (the release has none)
+NOT_AT_256 = ("wgmma-tma", "release")  # hdim 256: the mma.sync kernels only
 rows = []
 for hdim, causal, seqlen, group in CELLS:
     batch, heads = max(1, 16384 // seqlen), 2048 // hdim
@@ -77,7 +98,7 @@ for hdim, causal, seqlen, group in CELLS:
     ref = [t.float().requires_grad_() for t in small[:3]]
     attention_reference(*ref, causal)[0].backward(small[3].float())
     timed, errors = {}, {}
-    for name in (*VARIANTS, *(["release"] if release else []), "sdpa-cudnn"):
+    for name in (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []), "sdpa-cudnn"):
         if hdim == 256 and name in NOT_AT_256:
             continue
         o, leaves = grads_of(name, *small[:3], small[3], causal)
@@ -86,8 +107,7 @@ for hdim, causal, seqlen, group in CELLS:
         out, leaves = grads_of(name, q, k, v, dout, causal)
 
         def run(name=name, out=out, leaves=leaves):
-            if name in VARIANTS:  # the kernel the backward takes is looked up when it runs
-                backward.bwd_spec_for = with_spec(VARIANTS[name])
+            select(name)
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
         timed[name] = [run]
     times, failed = time_interleaved(timed, warmup=3, repeats=30)
