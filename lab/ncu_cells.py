@@ -1,7 +1,8 @@
 """One call each of flashtune and SDPA's cuDNN backend on chosen cells, inside a profiler range, for
 Nsight Compute: how each backend launches (grid, block, registers, shared memory, cluster, CTAs per
 SM) and where its time goes (SM, tensor, DRAM throughput, warp stalls). A cell is an FA-grid prefill
-cell, HDIM:CAUSAL:SEQLEN (batch and heads as the grid's), or a `bench --decode` cell,
+cell, HDIM:CAUSAL:SEQLEN (batch and heads as the grid's), its backward, bwd:HDIM:CAUSAL:SEQLEN (the
+gradients of one kept forward, as `bench --pass bwd` times them), or a `bench --decode` cell,
 decode:HDIM:HEADS_KV:BATCH:CACHE (32 query heads, one query token, contiguous cache).
 
 Run: ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy \
@@ -18,6 +19,7 @@ from flashtune.measure.backends import BACKENDS, Inputs
 from flashtune.measure.decode_backends import DECODE_BACKENDS
 from flashtune.measure.decode_problem import DecodeProblem, make_decode_inputs
 from flashtune.measure.problem import fa_grid, make_inputs
+from flashtune.commands.bench import with_gradients
 from flashtune.runtime import ops
 
 
@@ -27,10 +29,14 @@ def runners(cell: str):
         hdim, heads_kv, batch, cache = (int(x) for x in cell.split(":")[1:])
         inputs = make_decode_inputs(DecodeProblem("bfloat16", hdim, 32, heads_kv, batch, cache, 1), seed=0)
         return {name: DECODE_BACKENDS[name](inputs, False, hdim ** -0.5) for name in ("flashtune", "sdpa-cudnn")}
-    hdim, causal, seqlen = (int(x) for x in cell.split(":"))
+    backward = cell.startswith("bwd:")
+    hdim, causal, seqlen = (int(x) for x in cell.removeprefix("bwd:").split(":"))
     (shape,) = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[bool(causal)])  # the bench's batch and heads
-    q, k, v = make_inputs(shape, seed=0)
+    q, k, v = (t.requires_grad_(backward) for t in make_inputs(shape, seed=0))
     case = Inputs(q, k, v, bool(causal), hdim ** -0.5)
+    if backward:
+        dout = torch.randn_like(q)
+        return {name: with_gradients(BACKENDS[name], "bwd", dout)(case) for name in ("flashtune", "sdpa-cudnn")}
     return {name: BACKENDS[name](case) for name in ("flashtune", "sdpa-cudnn")}
 
 

@@ -15,6 +15,8 @@
 #   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
 #   ncu-decode    Nsight Compute on the short decode calls (lab/ncu_cells.py decode:...): each kernel's duration,
 #                 launch and warp stalls, flashtune beside SDPA cuDNN
+#   ncu-bwd       Nsight Compute on the backward's weakest cells (hdim 64 x 512 and 1k tokens, hdim 128 causal
+#                 16k): flashtune's passes and kernel beside cuDNN's, durations, launch, warp stalls
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
 #   ceiling-h64   tune --tiles 128x128 at hdim 64, non-causal: the 128-row tile's TFLOPS (the KV-cache kernel's
 #                 ceiling for MQA with 4 tokens at hdim 64, which needs ~490 TFLOPS for 90% of the H200's copy)
@@ -109,6 +111,9 @@ for step in "$@"; do case $step in
            --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
            python3 lab/ncu_cells.py h200 decode:128:1:1:1024 decode:128:1:8:1024 decode:128:1:1:16384 \
            decode:64:1:1:16384 decode:64:8:1:16384 decode:64:32:8:1024 ;;
+  ncu-bwd) run ncu-bwd 240 ncu --clock-control none --profile-from-start off --section LaunchStats \
+           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+           python3 lab/ncu_cells.py h200 bwd:64:0:512 bwd:64:0:1024 bwd:128:1:16384 ;;
   mqa-rows) run mqa-rows 300 python3 lab/decode_mqa_rows.py "$OUT/mqa-rows.json" ;;
   ceiling-h64) run ceiling-h64 400 python3 -m flashtune tune --profile h200 --hdims 64 --no-causal --tiles 128x128 \
            --final-round 0 --json --out "$OUT/h64-128x128.yaml" ;;
