@@ -368,8 +368,8 @@ def _profile_with_hdims(profile_name: str | None, hdims):
                    "then the split policy (every split count timed on 10 cells per head dim, the cost model's "
                    "constants fitted); the written profile keeps the prefill tiles and gets a decode: section.")
 @click.option("--backward", is_flag=True,
-              help="Tune the backward kernel instead: per head dim (64, 128), every backward kernel the arch takes "
-                   "(wgmma on sm_90a, mma.sync with 4, 2 or 8 warps) timed on the backward "
+              help="Tune the backward kernel instead: per head dim (64, 128, 256), every backward kernel the arch takes "
+                   "(wgmma on sm_90a below 256, mma.sync with 8, 4 or 2 warps) timed on the backward "
                    "alone; the written profile keeps everything else and gets a backward: section.")
 @json_option
 def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time_budget, max_spill_bytes, repeats,
