@@ -39,10 +39,12 @@ def write_yaml(tmp_path, backward: str):
 def test_the_backward_section_chooses_the_kernel_per_head_dim(tmp_path):
     mine = load_profile(write_yaml(tmp_path, "backward:\n  tiles:\n    - {hdim: 64, kernel: mma_sync, warps: 2}\n"
                                              "    - {hdim: 128, kernel: mma_sync}\n"))
-    assert mine.backward_tile(64) == MMA_SYNC_2 and mine.backward_tile(128) == BwdTile("mma_sync", 4)
+    # without warps: the most the arch fits (sm_90a: 8, 115 KB at hdim 128)
+    assert mine.backward_tile(64) == MMA_SYNC_2 and mine.backward_tile(128) == BwdTile("mma_sync", 8)
     assert bwd_spec_for_profile(mine, "bfloat16", 64, True).name == "flashtune_bwd_bf16_h64_32x32_w2_c_sm90a"
-    assert bwd_spec_for_profile(mine, "bfloat16", 128, False).name == "flashtune_bwd_bf16_h128_64x64_w4_sm90a"
-    # deterministic=True: the mma.sync kernel's fixed-order dQ, with the tile's warps where it is mma.sync
+    assert bwd_spec_for_profile(mine, "bfloat16", 128, False).name == "flashtune_bwd_bf16_h128_128x64_w8_sm90a"
+    # deterministic=True: the mma.sync kernel's fixed-order dQ, with the tile's warps where the dQ
+    # kernel takes them (2), else 4
     assert bwd_spec_for_profile(mine, "bfloat16", 64, False, True).name == "flashtune_bwd_bf16_h64_32x32_w2_det_sm90a"
     assert bwd_spec_for_profile(mine, "bfloat16", 128, False, True).name == "flashtune_bwd_bf16_h128_64x64_w4_det_sm90a"
 

@@ -313,8 +313,9 @@ class _Validator:
                 if "warps" in entry:
                     raise self.fail(f"{key}.warps", "the wgmma kernel has two consumer warpgroups", "no warps key")
                 tile = BwdTile("wgmma", 8)
-            elif kernel == "mma_sync":
-                tile = BwdTile("mma_sync", entry.get("warps", 4))
+            elif kernel == "mma_sync":  # without warps: the mma.sync default for the arch (the most that fit)
+                tile = (BwdTile("mma_sync", entry["warps"]) if "warps" in entry
+                        else default_bwd_tile("sm80", arch, entry["hdim"]))
             else:
                 raise self.fail(f"{key}.kernel", f"{kernel!r}", "wgmma or mma_sync")
             problems = bwd_tile_problems(entry["hdim"], tile, arch)
