@@ -45,6 +45,24 @@ def flashtune_cache_dir(request, tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def poisoned(monkeypatch):
+    """GPU tests: every output starts as NaN (ops.poison_outputs), so an element a kernel forgot
+    cannot pass for a computed one."""
+    from flashtune.runtime import ops
+
+    monkeypatch.setattr(ops, "poison_outputs", True)
+
+
+@pytest.fixture
+def run_profile():
+    """GPU tests: the profile this run asks for (FLASHTUNE_PROFILE, e.g. h200-sm80; else the GPU's
+    match), chosen again before each test."""
+    from flashtune.runtime import ops
+
+    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+
+
+@pytest.fixture
 def fake_props():
     """Factory for objects shaped like torch.cuda.get_device_properties() (default: an RTX 4090)."""
     def make(name="NVIDIA GeForce RTX 4090", major=8, minor=9, **extra):

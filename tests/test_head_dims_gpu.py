@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned")]
 
 import flashtune  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
@@ -18,10 +18,6 @@ from flashtune.runtime import ops  # noqa: E402
 DEV = "cuda"
 ODD_DIMS = (32, 40, 80, 96, 112, 136, 192)
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
 
 
 def close_to(out, ref, dtype):

@@ -9,14 +9,13 @@ import math
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned")]
 
 import flashtune  # noqa: E402
 from flashtune.kernels.build import build_specs  # noqa: E402
 from flashtune.measure import fp8_floor  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
 from flashtune.measure.timing import kernel_names  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
 from flashtune.runtime.decode import cluster_slots, decode_spec  # noqa: E402
 from flashtune.runtime.decode_splits import in_cluster  # noqa: E402
 from flashtune.runtime.fp8 import quantise_kv  # noqa: E402
@@ -25,10 +24,6 @@ from flashtune.runtime.selection import active_profile  # noqa: E402
 DEV = "cuda"
 BF16 = torch.bfloat16
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
 
 
 @pytest.fixture(scope="module", autouse=True)

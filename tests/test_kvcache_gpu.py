@@ -11,23 +11,18 @@ import math
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned")]
 
 import flashtune  # noqa: E402
 from flashtune.kernels.build import build_specs, load_binding, load_kernel  # noqa: E402
 from flashtune.kernels.decode_spec import DecodeSplitPolicy  # noqa: E402
 from flashtune.measure.timing import kernel_names  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
 from flashtune.runtime.decode import cluster_slots, decode_spec, run_decode  # noqa: E402
 from flashtune.runtime.decode_splits import call_ctas, in_cluster, kv_bytes, short_call  # noqa: E402
 from flashtune.runtime.selection import active_profile  # noqa: E402
 
 DEV = "cuda"
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
 
 
 def rotate_ref(x, cos, sin, interleaved):

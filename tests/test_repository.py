@@ -92,11 +92,13 @@ def test_the_package_never_imports_the_lab():
 
 
 def test_a_test_files_name_says_whether_it_needs_a_gpu():
-    """`*_gpu.py` files hold only GPU tests (the whole module marked `gpu`); every other file runs on
-    the CPU and marks none."""
+    """`*_gpu.py` files hold only GPU tests (the whole module marked `gpu`, alone or first beside the
+    conftest fixtures it uses); every other file runs on the CPU and marks none."""
+    module_mark = re.compile(r"^pytestmark = (pytest\.mark\.gpu|\[pytest\.mark\.gpu, pytest\.mark\.usefixtures\(.*\)\])$",
+                             re.MULTILINE)
     for f in sorted((ROOT / "tests").glob("test_*.py")):
         text = f.read_text()
         if f.stem.endswith("_gpu"):
-            assert "pytestmark = pytest.mark.gpu" in text, f.name
+            assert module_mark.search(text), f.name
         else:
             assert "mark.gpu" not in text or f == Path(__file__), f.name

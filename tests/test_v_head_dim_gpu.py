@@ -4,24 +4,16 @@ reference, outputs poisoned first, fresh random inputs each case; under the prof
 (FLASHTUNE_PROFILE=h200-sm80 as well). Served by zero-padding q, k and v to one built head dim."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned", "run_profile")]
 
 import flashtune  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
 
 DEV = "cuda"
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
-    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
 
 
 def randn(*shape, seed):

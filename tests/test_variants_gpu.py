@@ -8,19 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned")]
 
 import flashtune  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
 from flashtune.measure.timing import kernel_names  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
 
 DEV = "cuda"
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
 
 
 def randn(*shape, seed, dtype=torch.bfloat16):

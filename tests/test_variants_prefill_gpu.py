@@ -4,16 +4,13 @@
 FLASHTUNE_PROFILE=h200-sm80: the RTX cards' code path). Outputs start as NaN."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned", "run_profile")]
 
 import flashtune  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
-from flashtune.runtime import ops  # noqa: E402
 
 DEV = "cuda"
 CASES = [  # (window, softcap, sinks, alibi)
@@ -22,11 +19,6 @@ CASES = [  # (window, softcap, sinks, alibi)
     ((255, 0), 30.0, True, True),
 ]
 
-
-@pytest.fixture(autouse=True)
-def poisoned(monkeypatch):
-    monkeypatch.setattr(ops, "poison_outputs", True)
-    ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
 
 
 def randn(*shape, seed, dtype=torch.bfloat16):
