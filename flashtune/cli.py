@@ -409,10 +409,10 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     gpus_seen = require_gpu("tune")
     if backward:
         from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS
-        from flashtune.tuning.backward_search import run_backward_tune
+        from flashtune.tuning.backward_search import backward_hdims, run_backward_tune
 
         profile = _profile_with_hdims(profile_name, hdims)
-        chosen = [h for h in hdims or profile.head_dims if h in BWD_HEAD_DIMS]
+        chosen = backward_hdims(hdims or profile.head_dims)
         if not chosen:
             raise click.BadParameter(f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}",
                                      param_hint="--hdims")

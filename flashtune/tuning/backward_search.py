@@ -38,7 +38,8 @@ class BackwardTuneResult:
     winners: dict[int, BwdTile]  # hdim -> the tile written to the profile
 
 
-def backward_hdims(profile: Profile, hdims) -> list[int]:
+def backward_hdims(hdims) -> list[int]:
+    """The head dims among `hdims` that the backward kernels take."""
     return [h for h in hdims if h in BWD_HEAD_DIMS]
 
 
@@ -118,7 +119,8 @@ def run_backward_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 2
     use_profile(profile)  # the forward that makes each cell's out and lse
     dtype = getattr(torch, dtype_name)
     candidates, specs = [], {}
-    for hdim in backward_hdims(profile, hdims):
+    tuned = backward_hdims(hdims)
+    for hdim in tuned:
         for i, tile in enumerate(backward_candidates(profile, hdim)):
             pair = {causal: bwd_spec_of_tile(profile.arch.name, dtype_name, hdim, causal, tile,
                                              nvcc_flags=profile.nvcc_flags) for causal in (False, True)}
@@ -126,7 +128,6 @@ def run_backward_tune(profile: Profile, dtype_name: str, hdims, repeats: int = 2
             specs.update({s.name: s for s in pair.values()})
     rejected = screen_builds(list(specs.values()), jobs, max_spill_bytes, on_event)
     winners = {}
-    tuned = backward_hdims(profile, hdims)
     for n, hdim in enumerate(tuned):
         group = [c for c in candidates if c.hdim == hdim]
         for c in group:
