@@ -6,7 +6,8 @@ cells from 512 tokens and on GQA 4:1; at hdim 256 (1k and 4k tokens) the mma.syn
 Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
-Usage: python3 lab/bwd_ab.py OUT.json"""
+Usage: python3 lab/bwd_ab.py OUT.json [NAME,...]   (NAME: the variants and release kernels to time
+beside cuDNN; all by default)"""
 import json
 import os
 import statistics
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import flashtune
+from flashtune.kernels.build import build_specs
 from flashtune.kernels.bwd_spec import BwdSpec
 from flashtune.measure.reference import attention_reference, rel_l2
 from flashtune.measure.timing import time_interleaved
@@ -30,6 +32,7 @@ if RELEASE.is_dir():
     os.environ["PYTHONPATH"] = os.pathsep.join([str(RELEASE), os.environ.get("PYTHONPATH", "")])
     import flashtune_release as release
     import flashtune_release.kernels.bwd_spec as release_bwd_spec
+    import flashtune_release.kernels.build as release_build
     import flashtune_release.runtime.backward as release_backward
 
     release.use_profile("h200")
@@ -43,6 +46,9 @@ VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
     "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
     "mma.sync-w8": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c),  # 128 keys a CTA: half the dQ adds
+    # dQ's adds one float at a time (the lab macro turns off sm_90's two-float reductions)
+    "mma.sync-w8-scalar-dq": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c,
+                                                  nvcc_flags=("-DFLASHTUNE_LAB_SCALAR_DQ_ADDS",)),
 }
 
 
@@ -86,6 +92,20 @@ CELLS = [(hdim, causal, seqlen, 1) for hdim in (64, 128) for causal in (False, T
 CELLS += [(hdim, True, seqlen, 4) for hdim in (64, 128) for seqlen in (1024, 4096)]
 CELLS += [(256, causal, seqlen, 1) for causal in (False, True) for seqlen in (1024, 4096)]
 NOT_AT_256 = ("wgmma-tma", "release")  # hdim 256: the mma.sync kernels only
+ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []))
+CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL
+unknown = [n for n in CHOSEN if n not in ALL]
+if unknown:
+    sys.exit(f"bwd_ab: unknown variant(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
+# every chosen kernel built first, 16 at a time (today's and the release's, by their own build code)
+for table, build in ((VARIANTS, build_specs), (RELEASE_VARIANTS, release and release_build.build_specs)):
+    specs = [table[n](h, c) for n in CHOSEN if n in table for h in {cell[0] for cell in CELLS}
+             for c in (False, True) if not (h == 256 and n in NOT_AT_256)]
+    if not specs:
+        continue
+    _, failures = build(specs, jobs=16)
+    if failures:
+        sys.exit(f"bwd_ab: {len(failures)} kernel(s) failed to build: {failures[0][1]}")
 rows = []
 for hdim, causal, seqlen, group in CELLS:
     batch, heads = max(1, 16384 // seqlen), 2048 // hdim
@@ -98,7 +118,7 @@ for hdim, causal, seqlen, group in CELLS:
     ref = [t.float().requires_grad_() for t in small[:3]]
     attention_reference(*ref, causal)[0].backward(small[3].float())
     timed, errors = {}, {}
-    for name in (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []), "sdpa-cudnn"):
+    for name in (*CHOSEN, "sdpa-cudnn"):
         if hdim == 256 and name in NOT_AT_256:
             continue
         o, leaves = grads_of(name, *small[:3], small[3], causal)
@@ -122,5 +142,5 @@ for hdim, causal, seqlen, group in CELLS:
     print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6} {group}:1: " + "  ".join(
         f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
         for n in times), flush=True)
-json.dump({"command": "python3 lab/bwd_ab.py", "gpu": torch.cuda.get_device_name(), "rows": rows},
+json.dump({"command": " ".join(["python3 lab/bwd_ab.py", *sys.argv[1:]]), "gpu": torch.cuda.get_device_name(), "rows": rows},
           open(sys.argv[1], "w"), indent=1)

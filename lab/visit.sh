@@ -58,6 +58,11 @@
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
+#   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps (and 8 with scalar dQ adds) beside
+#                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
+#   bwd-sanitize-sm80  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py h200-sm80 --backward
+#   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
+#                 page's per-instruction stall samples as CSV
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
 #                 cuDNN's, bf16, hdim 64/128, 512-16k and GQA 4:1, correctness and time in one process, JSON in $OUT
 #   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
@@ -196,6 +201,18 @@ for step in "$@"; do case $step in
            tests/test_v_head_dim_gpu.py "tests/test_hf_gpu.py::test_models_with_windows_softcap_and_sinks_generate_like_eager" ;;
   bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
   bwd-ab) run bwd-ab 450 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
+  bwd-ab-mma) run bwd-ab-mma 330 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
+           mma.sync,mma.sync-w8,mma.sync-w8-scalar-dq,release-mma.sync,release-mma.sync-w8 ;;
+  bwd-sanitize-sm80) for tool in memcheck racecheck; do
+              run bwd-sm80-$tool 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
+                h200-sm80 --backward
+            done ;;
+  ncu-bwd-sm80) run ncu-bwd-sm80 150 ncu --clock-control none --profile-from-start off --section LaunchStats \
+           --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
+           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k 'regex:flashtune_bwd.*_w8_sm90$' \
+           -o "$OUT/ncu-bwd-sm80" python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
+         run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' --page source --csv --print-source sass \
+           | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'" ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \

@@ -130,12 +130,9 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   const FwdParams& p = bp.fwd;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sQ = sK + T::kQOffset, sdO = sK + T::kdOOffset,
-                 sdS = sK + T::kdSOffset, sP = sK + T::kPOffset;
+  const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sdS = sK + T::kdSOffset, sP = sK + T::kPOffset;
   Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
   Elem* P_tile = reinterpret_cast<Elem*>(smem_raw + T::kPOffset);  // kKvSplit > 1 only
-  float* lse_tile = reinterpret_cast<float*>(smem_raw + T::kStatsOffset);  // log2 units
-  float* dsum_tile = lse_tile + BM;
 
   const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / p.head_ratio;
@@ -201,8 +198,25 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     bt_dq[j] = (mid * 8 + x) * kRowBytes + (((2 * (group % 4) + hi) ^ x) << 4) + (group / 4) * 128;
   }
 
+  // A query block's Q, dO and statistics into stage `stage`, all by cp.async (thread i < BM:
+  // statistics row i). Rows past the end arrive as zeros: Q's and dO's make S = 0 and dO = 0 there,
+  // so P is finite, and P^T dO and dS = P (V dO^T - 0) are 0. The LSE stays in natural-log units
+  // (+inf for a row that sees no key: P = 0).
+  auto load_block = [&](int q0, int stage) {
+    const uint32_t base = sK + T::kQOffset + stage * T::kStageBytes;
+    load_rows_async<T, BM>(base, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
+    load_rows_async<T, BM>(base + T::kQBytes, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
+                           seqlen_q - q0, tid);
+    if (tid < BM) {
+      const bool valid = q0 + tid < seqlen_q;
+      const uint32_t stats = base + 2 * T::kQBytes + 4 * tid;
+      cp_async_4(stats, gLse + (valid ? q0 + tid : 0), valid);
+      cp_async_4(stats + 4 * BM, gDsum + (valid ? q0 + tid : 0), valid);
+    }
+  };
   load_rows_async<T, BN>(sK, gK, p.k_row_stride, seqlen_k - key0, tid);
   load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
+  if (m_begin < m_end) load_block(m_begin * BM, 0);
   cp_async_commit();
 
   float acc_dk[KVT][4], acc_dv[KVT][4];
@@ -214,17 +228,22 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
-    __syncthreads();  // every warp is done with the last block's Q, dO, dS^T and statistics
-    load_rows_async<T, BM>(sQ, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
-    load_rows_async<T, BM>(sdO, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride, seqlen_q - q0, tid);
-    cp_async_commit();
-    for (int i = tid; i < BM; i += T::kThreads) {  // rows past the end: P = exp2(. - inf) = 0
-      const bool valid = q0 + i < seqlen_q;
-      lse_tile[i] = valid ? gLse[q0 + i] * kLog2e : INFINITY;
-      dsum_tile[i] = valid ? gDsum[q0 + i] : 0.f;
+    const int stage = T::kQStages > 1 ? (m - m_begin) & 1 : 0;
+    if (T::kQStages == 1 && m > m_begin) {  // one stage: this block's loads wait for the last one's math
+      __syncthreads();
+      load_block(q0, 0);
+      cp_async_commit();
     }
-    cp_async_wait<0>();
-    __syncthreads();
+    cp_async_wait<0>();  // this block's Q, dO and statistics (and the first time K and V)
+    __syncthreads();     // ... visible to every warp; every warp is done with the last block
+    // Two stages: the next block's loads, into the other stage, run under this block's math
+    if (T::kQStages > 1 && m + 1 < m_end) {
+      load_block(q0 + BM, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sQ + T::kQBytes;
+    const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
+    const float* dsum_tile = lse_tile + BM;
 
     // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys (and its queries)
     float acc_s[QT][4];
@@ -236,7 +255,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
         const int key = key0 + key_group * 16 + g + 8 * (e >> 1);
         const int col = s_col0 + nt * 8 + 2 * t + (e & 1);
         const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
-        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col]));
+        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col] * kLog2e));
       }
 
     // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
@@ -315,8 +334,12 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
           float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_col0 + c * 8 + 2 * t;
 #pragma unroll
           for (int dt = 0; dt < CH; ++dt) {
+#if __CUDA_ARCH__ >= 900 && !defined(FLASHTUNE_LAB_SCALAR_DQ_ADDS)  // sm_90 and sm_120 add two adjacent floats in one instruction (RED.E.ADD.F32x2)
+            atomicAdd(reinterpret_cast<float2*>(out + dt * 8), make_float2(acc_dq[dt][2 * r], acc_dq[dt][2 * r + 1]));
+#else
             atomicAdd(out + dt * 8, acc_dq[dt][2 * r]);
             atomicAdd(out + dt * 8 + 1, acc_dq[dt][2 * r + 1]);
+#endif
           }
         }
       }

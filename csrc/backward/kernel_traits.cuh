@@ -21,13 +21,16 @@ namespace bwd {
 // kDeterministic: no dQ there (its atomic adds land in any order); the dQ kernel (dq_kernel.cuh),
 // a CTA of kDqRows queries walking the key blocks kBlockN at a time, computes it alone, in a fixed
 // order, each warp 16 whole rows.
-template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false>
+// kQStages: 2 where shared memory holds two query blocks' Q, dO and statistics (the spec decides,
+// flashtune/kernels/bwd_spec.py: bwd_q_stages): the next block's load runs under this one's math.
+template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false, int kQStages_ = 1>
 struct Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr int kQStages = kQStages_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
   static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
@@ -47,21 +50,25 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kRowBytes;    // Q, and dO
   static constexpr int kdSRowBytes = kBlockM * 2;        // dS^T (and P^T) [keys][queries], 16-bit
   static constexpr int kdSBytes = kBlockN * kdSRowBytes;
-  // Shared memory: K, V, Q, dO, dS^T, with kKvSplit P^T, then the query block's LSE (log2 units)
-  // and rowsum(dO O).
+  // Shared memory: K, V, then kQStages stages of a query block's Q, dO, LSE and rowsum(dO O) (both
+  // fp32, the LSE in natural-log units as the forward wrote it), then dS^T, with kKvSplit P^T.
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;
+  static constexpr int kStageBytes = 2 * kQBytes + kStatsBytes;
   static constexpr int kVOffset = kKBytes;
-  static constexpr int kQOffset = 2 * kKBytes;
+  static constexpr int kQOffset = 2 * kKBytes;            // stage s at + s * kStageBytes
   static constexpr int kdOOffset = kQOffset + kQBytes;
-  static constexpr int kdSOffset = kdOOffset + kQBytes;
+  static constexpr int kStatsOffset = kdOOffset + kQBytes;
+  static constexpr int kdSOffset = kQOffset + kQStages * kStageBytes;
   static constexpr int kPOffset = kdSOffset + kdSBytes;
-  static constexpr int kStatsOffset = kPOffset + (kKvSplit > 1 ? kdSBytes : 0);
-  static constexpr int kSmemBytes = kStatsOffset + 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kPOffset + (kKvSplit > 1 ? kdSBytes : 0);
   // The dQ kernel's: K and V of kBlockN keys, Q and dO of kDqRows queries.
   static constexpr int kDqSmemBytes = 2 * kKBytes + 2 * kDqRows * kRowBytes;
 
   static_assert(sizeof(Elem) == 2, "16-bit elements");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps (32, 64 or 128 keys)");
+  static_assert(kQStages == 1 || kQStages == 2, "one or two query-block stages");
+  static_assert(kBlockM <= kThreads, "a thread per statistics row");
   static_assert(kKvSplit == 1 || kWarps >= 4, "hdim 256: 4 or 8 warps (a warp's S^T is 16 queries or more)");
   static_assert(!kDeterministic || kDqSplit == 1 || kKvSplit > 1,
                 "deterministic: the dQ kernel's warp per 16 queries (2 or 4 warps; hdim 256 any)");

@@ -22,6 +22,11 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, boo
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
 }
+// 4-byte global->shared copy (through L1: cp.async.cg takes 16 bytes only); zero-fills when !valid.
+__device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // bar.sync on named barrier `id` (1-15; 0 is __syncthreads') by `threads` threads, a multiple of 32:

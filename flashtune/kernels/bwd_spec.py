@@ -52,9 +52,9 @@ def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
     return mma_sync_bwd_keys(hdim, warps) if hdim == KV_SPLIT_HEAD_DIM else min(64, 16 * warps)
 
 
-def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
-    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, Q, dO, dS^T (at hdim 256 and
-    P^T) and two rows of statistics; wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics,
+def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1) -> int:
+    """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, q_stages of a query block's
+    Q, dO and two rows of statistics, dS^T (at hdim 256 and P^T); wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics,
     two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging tiles and the 1024-byte
     alignment's slack."""
     if wgmma:
@@ -64,7 +64,22 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False) -> int:
                 + dq_staging + 1024)
     keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps)
     score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM else 1
-    return 2 * (keys + queries) * 2 * hdim + score_tiles * keys * queries * 2 + 2 * queries * 4
+    return 2 * keys * 2 * hdim + q_stages * (2 * queries * 2 * hdim + 2 * queries * 4) + score_tiles * keys * queries * 2
+
+
+def bwd_q_stages(arch: ArchFacts, hdim: int, warps: int) -> int:
+    """The mma.sync kernel's query-block stages (kernel_traits.cuh's kQStages): 2, the next block's
+    loads under this one's math, where the second stage fits the arch without costing CTAs an SM;
+    the kernels take about 255 registers a thread, so 8 warps have an SM to themselves, 4 warps two
+    and 2 warps four, and an RTX card's 100 KB of shared memory would lose one of the two CTAs of 4
+    warps at hdim 64 (and cannot hold two stages at hdim 128)."""
+    by_registers = max(1, 65536 // (255 * 32 * warps))
+
+    def ctas(stages: int) -> int:
+        return min(by_registers, arch.smem_per_sm // (bwd_smem_bytes(hdim, warps, q_stages=stages) + 1024))
+
+    two = bwd_smem_bytes(hdim, warps, q_stages=2)
+    return 2 if two <= arch.max_smem_per_block and ctas(2) >= ctas(1) else 1
 
 
 def dq_kernel_smem_bytes(hdim: int, warps: int) -> int:
@@ -157,8 +172,13 @@ class BwdSpec:
         return 32 * self.warps + (128 if self.wgmma else 0)  # + the wgmma kernel's producer warpgroup
 
     @property
+    def q_stages(self) -> int:
+        """The mma.sync kernel's query-block stages (bwd_q_stages); the wgmma kernel has a ring of its own."""
+        return 1 if self.wgmma else bwd_q_stages(self.arch_facts, self.hdim, self.warps)
+
+    @property
     def smem_bytes(self) -> int:
-        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma)
+        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma, self.q_stages)
 
     @property
     def companion_names(self) -> tuple[str, ...]:
@@ -201,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
             kernels = f"""#include "backward/launch.cuh"
 
 namespace {{
-using Cfg = flashtune::bwd::Traits<{elem}, {self.hdim}, {self.warps}, {flags}>;
+using Cfg = flashtune::bwd::Traits<{elem}, {self.hdim}, {self.warps}, {flags}, {self.q_stages}>;
 }}
 
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
