@@ -46,9 +46,6 @@ VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
     "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
     "mma.sync-w8": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c),  # 128 keys a CTA: half the dQ adds
-    # dQ's adds one float at a time (the lab macro turns off sm_90's two-float reductions)
-    "mma.sync-w8-scalar-dq": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c,
-                                                  nvcc_flags=("-DFLASHTUNE_LAB_SCALAR_DQ_ADDS",)),
 }
 
 

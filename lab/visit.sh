@@ -58,8 +58,9 @@
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
-#   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps (and 8 with scalar dQ adds) beside
+#   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
+#   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone; bwd-racecheck-sm80: racecheck alone (below)
 #   bwd-sanitize-sm80  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py h200-sm80 --backward
 #   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
 #                 page's per-instruction stall samples as CSV
@@ -201,8 +202,12 @@ for step in "$@"; do case $step in
            tests/test_v_head_dim_gpu.py "tests/test_hf_gpu.py::test_models_with_windows_softcap_and_sinks_generate_like_eager" ;;
   bwd-smoke) run bwd-smoke 120 python3 lab/bwd_smoke.py h200 ;;
   bwd-ab) run bwd-ab 450 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
-  bwd-ab-mma) run bwd-ab-mma 330 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
-           mma.sync,mma.sync-w8,mma.sync-w8-scalar-dq,release-mma.sync,release-mma.sync-w8 ;;
+  bwd-ab-mma) run bwd-ab-mma 450 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
+           mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
+  bwd-tests-sm80) FLASHTUNE_PROFILE=h200-sm80 run bwd-tests-h200-sm80 240 python3 -m pytest -q -n 16 --tb=short \
+           -p no:cacheprovider tests/test_backward_gpu.py ;;
+  bwd-racecheck-sm80) run bwd-sm80-racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
+           python3 tools/sanitize_case.py h200-sm80 --backward ;;
   bwd-sanitize-sm80) for tool in memcheck racecheck; do
               run bwd-sm80-$tool 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
                 h200-sm80 --backward

@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned", "run_profile"
 import flashtune  # noqa: E402
 from flashtune.measure.gradients import GRAD_NAMES, gradient_errors, gradients, same_dtype_attention  # noqa: E402
 from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
-from flashtune.kernels.bwd_spec import bwd_spec_of_tile  # noqa: E402
+from flashtune.kernels.bwd_spec import BwdSpec, bwd_spec_of_tile  # noqa: E402
+from flashtune.kernels.spec import SpecError  # noqa: E402
 from flashtune.runtime import backward  # noqa: E402
 
 DEV = "cuda"
@@ -143,20 +144,44 @@ def test_every_backward_tile_the_arch_takes_is_right(hdim):
     from flashtune.tuning.backward_search import backward_candidates
 
     profile = active_profile(torch.device(DEV))
-    dtype = torch.bfloat16
     for i, tile in enumerate(backward_candidates(profile, hdim)):
         for causal in (False, True):
-            seed = 100 * i + hdim + causal
-            q, dout = (randn(2, 333, 6, hdim, seed=seed + s, dtype=dtype) for s in (0, 1))
-            k, v = (randn(2, 290, 2, hdim, seed=seed + s, dtype=dtype) for s in (2, 3))
             spec = bwd_spec_of_tile(profile.arch.name, "bfloat16", hdim, causal, tile, nvcc_flags=profile.nvcc_flags)
-            out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
-            ours = backward.run_bwd_spec(spec, dout, q, k, v, out, lse, None, None, None, 333, 290, hdim ** -0.5,
-                                         poison=True)
-            ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
-                            dout.float())
-            lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
-            assert_close_grads(list(ours), ref, lowp)
+            assert_spec_is_right(spec, seed=100 * i + hdim + causal)
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_the_other_query_stage_count_is_right(hdim):
+    """The mma.sync kernel with the query-block stages its arch does not choose (kQStages): on an
+    H100/H200 one stage, what the RTX cards run at hdim 128 and the A100 at 256; 4 warps, and the
+    deterministic build."""
+    from flashtune.runtime.selection import active_profile
+
+    arch = active_profile(torch.device(DEV)).arch.name
+    for deterministic in (False, True):
+        for causal in (False, True):
+            default = BwdSpec(arch, "bfloat16", hdim, 4, causal, deterministic)
+            other = 3 - default.q_stages
+            try:
+                spec = BwdSpec(arch, "bfloat16", hdim, 4, causal, deterministic, q_stages=other)
+            except SpecError:
+                continue  # two stages do not fit this arch
+            assert f"_q{other}_" in spec.name
+            assert_spec_is_right(spec, seed=hdim + 2 * deterministic + causal)
+
+
+def assert_spec_is_right(spec, seed):
+    """One spec's gradients (2 x 333 queries, 6 heads over 2 KV heads and 290 keys) against fp32."""
+    hdim, causal, dtype = spec.hdim, spec.causal, torch.bfloat16
+    q, dout = (randn(2, 333, 6, hdim, seed=seed + s, dtype=dtype) for s in (0, 1))
+    k, v = (randn(2, 290, 2, hdim, seed=seed + s, dtype=dtype) for s in (2, 3))
+    out, lse = flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    ours = backward.run_bwd_spec(spec, dout, q, k, v, out, lse, None, None, None, 333, 290, hdim ** -0.5,
+                                 poison=True)
+    ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
+                    dout.float())
+    lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+    assert_close_grads(list(ours), ref, lowp)
 
 
 @pytest.mark.parametrize("causal", [False, True])

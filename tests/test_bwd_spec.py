@@ -11,11 +11,11 @@ from flashtune.kernels.spec import SpecError
 def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
     spec = BwdSpec("sm_90a", "bfloat16", 128, 4, True)
     assert spec.name == "flashtune_bwd_bf16_h128_64x64_w4_c_sm90a"
-    assert "flashtune::bwd::Traits<__nv_bfloat16, 128, 4, true, false>" in spec.source()
+    assert "flashtune::bwd::Traits<__nv_bfloat16, 128, 4, true, false, 2>" in spec.source()
     assert "nullptr, *params" in spec.source() and "_dq(" not in spec.source()
     det = BwdSpec("sm_80", "float16", 64, 2, False, deterministic=True)
     assert det.name == "flashtune_bwd_f16_h64_32x32_w2_det_sm80"
-    assert f"{det.name}_dq(" in det.source() and "Traits<__half, 64, 2, false, true>" in det.source()
+    assert f"{det.name}_dq(" in det.source() and "Traits<__half, 64, 2, false, true, 2>" in det.source()
     assert det.source_hash() != BwdSpec("sm_80", "float16", 64, 2, False).source_hash()
 
 
@@ -47,13 +47,43 @@ def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
     assert bwd_smem_bytes(128, 8) == 2 * (128 + 64) * 256 + 128 * 64 * 2 + 2 * 64 * 4
     wide = BwdSpec("sm_90a", "bfloat16", 128, 8, True)
     assert wide.name == "flashtune_bwd_bf16_h128_128x64_w8_c_sm90a" and wide.block_m == 64
-    assert "Traits<__nv_bfloat16, 128, 8, true, false>" in wide.source()
+    assert "Traits<__nv_bfloat16, 128, 8, true, false, 2>" in wide.source()
     with pytest.raises(SpecError, match="needs 115200 bytes"):
         BwdSpec("sm_89", "bfloat16", 128, 8, False)
     with pytest.raises(SpecError, match="the dQ kernel takes warps 4 or 2, not 8"):
         BwdSpec("sm_80", "bfloat16", 64, 8, False, deterministic=True)
     with pytest.raises(SpecError, match="dtype 'float32'"):
         BwdSpec("sm_90a", "float32", 64, 4, False)
+
+
+def test_two_query_stages_where_they_fit_without_costing_ctas():
+    """kQStages: the next query block loads under this one's math where a second stage of Q, dO and
+    statistics fits the arch and keeps the CTAs an SM the registers allow (8 warps one, 4 two);
+    pinned to the other count, the name says so."""
+    from flashtune.kernels.bwd_spec import bwd_q_stages
+    from flashtune.kernels.arch import get_arch
+
+    one, two = bwd_smem_bytes(128, 8), bwd_smem_bytes(128, 8, q_stages=2)
+    assert two - one == 2 * 64 * 256 + 2 * 64 * 4  # Q, dO and two rows of statistics
+    h100, rtx, a100 = get_arch("sm_90a"), get_arch("sm_89"), get_arch("sm_80")
+    assert [bwd_q_stages(h100, h, w) for h in (64, 128, 256) for w in (4, 8)] == [2] * 6
+    assert bwd_q_stages(rtx, 128, 4) == 1  # 105 KB would not fit the RTX parts' 99 KB
+    assert bwd_q_stages(rtx, 64, 4) == 1  # 57 KB: one CTA an SM instead of two
+    assert bwd_q_stages(rtx, 64, 8) == 2  # 81 KB: 8 warps have the SM to themselves anyway
+    assert bwd_q_stages(a100, 128, 4) == 1 and bwd_q_stages(a100, 128, 8) == 2
+    assert bwd_q_stages(a100, 256, 8) == 1  # 209 KB past the A100's 163 KB
+    spec = BwdSpec("sm_90a", "bfloat16", 128, 4, False)
+    assert spec.q_stages == 2 and spec == BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=2)
+    pinned = BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=1)
+    assert pinned.name == "flashtune_bwd_bf16_h128_64x64_w4_q1_sm90a" and pinned.smem_bytes == bwd_smem_bytes(128, 4)
+    assert "Traits<__nv_bfloat16, 128, 4, false, false, 1>" in pinned.source()
+    assert pinned.source_hash() != spec.source_hash()
+    with pytest.raises(SpecError, match="needs 107520 bytes of shared memory; sm_89 has"):
+        BwdSpec("sm_89", "bfloat16", 128, 4, False, q_stages=2)
+    with pytest.raises(SpecError, match="q_stages 3"):
+        BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=3)
+    with pytest.raises(SpecError, match="q_stages 1"):
+        BwdSpec("sm_90a", "bfloat16", 128, 8, False, wgmma=True, q_stages=1)
 
 
 def test_build_takes_each_dtype_head_dim_and_mask_the_backward_has():
@@ -108,7 +138,7 @@ def test_hdim_256_shares_each_key_group_between_two_warps():
     small = BwdSpec("sm_89", "bfloat16", 256, 4, True)
     assert small.name == "flashtune_bwd_bf16_h256_32x32_w4_c_sm89" and small.block_m == 32
     assert small.smem_bytes == 4 * 32 * 512 + 2 * 32 * 32 * 2 + 2 * 32 * 4  # 68.3 KB: fits the RTX parts
-    assert "Traits<__nv_bfloat16, 256, 4, true, false>" in small.source()
+    assert "Traits<__nv_bfloat16, 256, 4, true, false, 1>" in small.source()
     wide = BwdSpec("sm_80", "float16", 256, 8, False)
     assert wide.name == "flashtune_bwd_f16_h256_64x64_w8_sm80" and wide.smem_bytes == 147968
     with pytest.raises(SpecError, match="needs 147968 bytes of shared memory; sm_120 has"):

@@ -6,7 +6,8 @@ both:
 
 Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
 `flashtune_bwd_bf16_h128_64x64_w4_c_sm90a` (dtype, head dim, keys x queries per step, warps,
-causal, arch) names an mma.sync dK/dV kernel, which adds dQ by atomics; with `_det`
+causal, arch) names an mma.sync dK/dV kernel, which adds dQ by atomics (`_q1` or `_q2` before the
+arch: its query-block stages pinned off the arch's choice); with `_det`
 (deterministic=True, FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a
 fixed order. `flashtune_bwd_bf16_h128_128x64_wg2_c_sm90a` (keys x queries, two consumer warpgroups)
 names a wgmma kernel, which adds dQ by TMA reduce-adds. Each library also holds `<name>_prep`,
@@ -97,6 +98,10 @@ class BwdSpec:
     deterministic: bool = False  # dQ bit-reproducible: a dQ kernel of its own, no atomics
     nvcc_flags: tuple[str, ...] = ()  # the profile's extra flags
     wgmma: bool = False  # the Hopper kernel (csrc/sm90_bwd/); `warps` is then 8 (two warpgroups)
+    # mma.sync: query-block stages in shared memory, 0 for the arch's choice (bwd_q_stages; the spec
+    # then holds it); pinned to the other count, the name says so (`_q1`): what the GPU tests use to
+    # run the RTX cards' one-stage kernels on an H100/H200
+    q_stages: int = 0
 
     fp8 = False  # no FP8 backward (verify's SASS check asks)
 
@@ -129,6 +134,11 @@ class BwdSpec:
         elif self.deterministic and self.warps not in DETERMINISTIC_BWD_WARPS:
             raise SpecError(f"deterministic=True: the dQ kernel takes warps "
                             f"{' or '.join(map(str, DETERMINISTIC_BWD_WARPS))}, not {self.warps}")
+        if self.q_stages not in (0, 1, 2) or (self.wgmma and self.q_stages):
+            raise SpecError(f"q_stages {self.q_stages}: the mma.sync kernel takes 1 or 2 (0: the arch's "
+                            f"choice); the wgmma kernel has a ring of its own (0)")
+        if not self.wgmma and not self.q_stages:
+            object.__setattr__(self, "q_stages", self.default_q_stages)
         limit = self.arch_facts.max_smem_per_block
         if self.smem_bytes > limit:
             raise SpecError(f"the backward kernel at hdim {self.hdim} with {self.warps} warps needs "
@@ -160,6 +170,8 @@ class BwdSpec:
             parts.append("c")
         if self.deterministic:
             parts.append("det")
+        if not self.wgmma and self.q_stages != self.default_q_stages:
+            parts.append(f"q{self.q_stages}")
         parts.append(self.arch.replace("_", ""))
         return "_".join(parts)
 
@@ -172,9 +184,9 @@ class BwdSpec:
         return 32 * self.warps + (128 if self.wgmma else 0)  # + the wgmma kernel's producer warpgroup
 
     @property
-    def q_stages(self) -> int:
-        """The mma.sync kernel's query-block stages (bwd_q_stages); the wgmma kernel has a ring of its own."""
-        return 1 if self.wgmma else bwd_q_stages(self.arch_facts, self.hdim, self.warps)
+    def default_q_stages(self) -> int:
+        """The arch's query-block stages for the mma.sync kernel (bwd_q_stages)."""
+        return bwd_q_stages(self.arch_facts, self.hdim, self.warps)
 
     @property
     def smem_bytes(self) -> int:
