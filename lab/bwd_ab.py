@@ -139,5 +139,5 @@ for hdim, causal, seqlen, group in CELLS:
     print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6} {group}:1: " + "  ".join(
         f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
         for n in times), flush=True)
-json.dump({"command": " ".join(["python3 lab/bwd_ab.py", *sys.argv[1:]]), "gpu": torch.cuda.get_device_name(), "rows": rows},
-          open(sys.argv[1], "w"), indent=1)
+json.dump({"command": " ".join(["python3 lab/bwd_ab.py", *sys.argv[1:]]), "gpu": torch.cuda.get_device_name(),
+           "rows": rows}, open(sys.argv[1], "w"), indent=1)

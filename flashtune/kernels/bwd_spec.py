@@ -55,9 +55,9 @@ def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1) -> int:
     """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, q_stages of a query block's
-    Q, dO and two rows of statistics, dS^T (at hdim 256 and P^T); wgmma (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics,
-    two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging tiles and the 1024-byte
-    alignment's slack."""
+    Q, dO and two rows of statistics, dS^T (at hdim 256 and P^T); wgmma (csrc/sm90_bwd/): K, V, a
+    ring of Q, dO and statistics, two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging
+    tiles and the 1024-byte alignment's slack."""
     if wgmma:
         keys, queries, stages = WGMMA_BWD_KEYS, wgmma_bwd_queries(hdim), WGMMA_BWD_STAGES
         dq_staging = 2 * 64 * 64 * 4
@@ -65,7 +65,8 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1
                 + dq_staging + 1024)
     keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps)
     score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM else 1
-    return 2 * keys * 2 * hdim + q_stages * (2 * queries * 2 * hdim + 2 * queries * 4) + score_tiles * keys * queries * 2
+    stage = 2 * queries * 2 * hdim + 2 * queries * 4  # Q, dO, the LSE and rowsum(dO O)
+    return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
 
 def bwd_q_stages(arch: ArchFacts, hdim: int, warps: int) -> int:
