@@ -60,8 +60,8 @@
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
-#   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone; bwd-racecheck-sm80: racecheck alone (below)
-#   bwd-sanitize-sm80  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py h200-sm80 --backward
+#   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
+#   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
 #   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
 #                 page's per-instruction stall samples as CSV
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
@@ -206,10 +206,8 @@ for step in "$@"; do case $step in
            mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
   bwd-tests-sm80) FLASHTUNE_PROFILE=h200-sm80 run bwd-tests-h200-sm80 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_backward_gpu.py ;;
-  bwd-racecheck-sm80) run bwd-sm80-racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 9 \
-           python3 tools/sanitize_case.py h200-sm80 --backward ;;
-  bwd-sanitize-sm80) for tool in memcheck racecheck; do
-              run bwd-sm80-$tool 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
+  bwd-sanitize-sm80) for tool in memcheck racecheck synccheck; do
+              run bwd-sm80-$tool 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
                 h200-sm80 --backward
             done ;;
   ncu-bwd-sm80) run ncu-bwd-sm80 150 ncu --clock-control none --profile-from-start off --section LaunchStats \

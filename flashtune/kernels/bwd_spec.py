@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.kernels.spec import BASE_NVCC_FLAGS, DTYPES, SpecError, build_inputs_hash, source_files
+from flashtune.kernels.tiles import REGISTERS_PER_SM, RESERVED_SMEM_PER_CTA
 
 BWD_SOURCES = ("common", "sm80", "backward")  # csrc/ folders the mma.sync kernel includes
 WGMMA_BWD_SOURCES = ("common", "sm90", "sm90_bwd", "backward")  # and the wgmma kernel
@@ -35,6 +36,7 @@ DETERMINISTIC_BWD_WARPS = (4, 2)  # the dQ kernel's warp per 16 queries
 KV_SPLIT_HEAD_DIM = 256  # two warps share 16 keys' dK and dV (csrc/backward/kernel_traits.cuh kKvSplit)
 WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
 WGMMA_BWD_STAGES = 2
+MMA_SYNC_BWD_REGISTERS = 255  # what ptxas gives the mma.sync kernels a thread (219-255 at every tile)
 
 
 def wgmma_bwd_queries(hdim: int) -> int:
@@ -69,16 +71,18 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1
     return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
 
+@functools.cache  # a BwdSpec asks at construction and on every read of its name; fixed per arch and tile
 def bwd_q_stages(arch: ArchFacts, hdim: int, warps: int) -> int:
     """The mma.sync kernel's query-block stages (kernel_traits.cuh's kQStages): 2, the next block's
     loads under this one's math, where the second stage fits the arch without costing CTAs an SM;
-    the kernels take about 255 registers a thread, so 8 warps have an SM to themselves, 4 warps two
-    and 2 warps four, and an RTX card's 100 KB of shared memory would lose one of the two CTAs of 4
-    warps at hdim 64 (and cannot hold two stages at hdim 128)."""
-    by_registers = max(1, 65536 // (255 * 32 * warps))
+    with about 255 registers a thread 8 warps have an SM to themselves, 4 warps two and 2 warps four,
+    and an RTX card's 100 KB of shared memory would lose one of the two CTAs of 4 warps at hdim 64
+    (and cannot hold two stages at hdim 128)."""
+    by_registers = max(1, REGISTERS_PER_SM // (MMA_SYNC_BWD_REGISTERS * 32 * warps))
 
     def ctas(stages: int) -> int:
-        return min(by_registers, arch.smem_per_sm // (bwd_smem_bytes(hdim, warps, q_stages=stages) + 1024))
+        return min(by_registers,
+                   arch.smem_per_sm // (bwd_smem_bytes(hdim, warps, q_stages=stages) + RESERVED_SMEM_PER_CTA))
 
     two = bwd_smem_bytes(hdim, warps, q_stages=2)
     return 2 if two <= arch.max_smem_per_block and ctas(2) >= ctas(1) else 1
