@@ -17,6 +17,8 @@
 #                 launch and warp stalls, flashtune beside SDPA cuDNN
 #   ncu-bwd       Nsight Compute on the backward's weakest cells (hdim 64 x 512 and 1k tokens, hdim 128 causal
 #                 16k): flashtune's passes and kernel beside cuDNN's, durations, launch, warp stalls
+#   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k) beside cuDNN's: details
+#                 page of both, our kernel's SASS page with per-instruction stalls (lab/ncu_sass_summary.py)
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
 #   ceiling-h64   tune --tiles 128x128 at hdim 64, non-causal: the 128-row tile's TFLOPS (the KV-cache kernel's
 #                 ceiling for MQA with 4 tokens at hdim 64, which needs ~490 TFLOPS for 90% of the H200's copy)
@@ -216,6 +218,14 @@ for step in "$@"; do case $step in
            -o "$OUT/ncu-bwd-sm80" python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
          run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' --page source --csv --print-source sass \
            | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'" ;;
+  ncu-bwd-wg) run ncu-bwd-wg 200 ncu --clock-control none --profile-from-start off --section LaunchStats \
+           --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
+           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+           -k 'regex:flashtune_bwd.*_wg2_sm90a$|cudnn_generated.*bprop' \
+           -o "$OUT/ncu-bwd-wg" python3 lab/ncu_cells.py h200 bwd:128:0:4096
+         run ncu-bwd-wg-details 60 ncu -i "$OUT/ncu-bwd-wg.ncu-rep" --page details
+         run ncu-bwd-wg-source 60 sh -c "ncu -i '$OUT/ncu-bwd-wg.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv \
+           --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
