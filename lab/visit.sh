@@ -17,6 +17,9 @@
 #                 launch and warp stalls, flashtune beside SDPA cuDNN
 #   ncu-bwd       Nsight Compute on the backward's weakest cells (hdim 64 x 512 and 1k tokens, hdim 128 causal
 #                 16k): flashtune's passes and kernel beside cuDNN's, durations, launch, warp stalls
+#   bwd-ab-wg     lab/bwd_ab.py with today's wgmma backward beside the release's (make_release.sh) and cuDNN
+#   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
+#   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
 #   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k) beside cuDNN's: details
 #                 page of both, our kernel's SASS page with per-instruction stalls (lab/ncu_sass_summary.py)
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
@@ -206,6 +209,11 @@ for step in "$@"; do case $step in
   bwd-ab) run bwd-ab 450 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
   bwd-ab-mma) run bwd-ab-mma 450 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
            mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
+  bwd-ab-wg) run bwd-ab-wg 300 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" wgmma-tma,release ;;
+  bwd-tests-h200) FLASHTUNE_PROFILE=h200 run bwd-tests-h200 240 python3 -m pytest -q -n 16 --tb=short \
+           -p no:cacheprovider tests/test_backward_gpu.py ;;
+  bench-bwd-h200) run bench-bwd-h200 200 python3 -m flashtune bench --profile h200 --pass bwd --hdims 64,128 \
+           --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_h200.json" ;;
   bwd-tests-sm80) FLASHTUNE_PROFILE=h200-sm80 run bwd-tests-h200-sm80 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_backward_gpu.py ;;
   bwd-sanitize-sm80) for tool in memcheck racecheck synccheck; do

@@ -198,6 +198,13 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
+// Two adjacent floats from shared memory (an LDS.64: a generic load of a shared address waits on
+// the L1TEX scoreboard, far longer).
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
 // Four 8x8 16-bit matrices from mma accumulator fragments (register i: matrix i's row lane / 4,
 // columns 2 (lane % 4), +1) to shared memory; lane l gives the address of row l % 8 of matrix
 // l / 8 (16 contiguous bytes): a warp stores 512 bytes in one instruction.

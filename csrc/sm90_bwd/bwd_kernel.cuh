@@ -48,7 +48,9 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& 
   if (threadIdx.x == 0) Barriers<T>::shared().init();
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / 128;
+  // Read through a shuffle from lane 0, the compiler knows it is the same across the warp: the
+  // descriptors built from it then live in uniform registers (no R2UR before every wgmma).
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / 32;

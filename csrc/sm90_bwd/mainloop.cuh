@@ -1,13 +1,17 @@
 // One consumer warpgroup of the Hopper backward: its 64 keys' GEMMs over every query block that
 // sees them. The forward kept only O and the LSE; per query block (FlashAttention-2's algorithm,
 // with keys as the rows of every accumulator, as FlashAttention-3 does on Hopper):
-//   S^T  = K Q^T, dP^T = V dO^T          issued together, A and B from shared memory (K-major)
+//   S^T  = K Q^T, dP^T = V dO^T          issued together, A and B from shared memory (K-major);
+//                                         the block's statistics read meanwhile
 //   P^T  = exp2(scale_log2 S^T - LSE)     while dP^T runs
 //   dV  += P^T dO                         P^T's accumulators are the A fragments (registers)
 //   dS^T = P^T (dP^T - rowsum(dO O))
-//   dK  += dS^T Q                         likewise
 //   dQ   = dS K                           one 64 x 64 piece per warpgroup from dS^T in shared memory
 //                                         (both MN-major); added to the fp32 sum in global memory
+//                                         while the next GEMM runs:
+//   dK  += dS^T Q                         dS^T's accumulators as the A fragments
+// (dQ's piece going out under dK's GEMM, the statistics by LDS under S^T's, and descriptors built
+// once were 1.08x at hdim 128 on an H100, docs/design.md.)
 // Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
 // are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
 // shared memory; each warpgroup's threads meet at named barrier 2 + cw (128 threads) before they
@@ -38,25 +42,29 @@ struct Mainloop {
   float acc_s[T::kSRegs], acc_dp[T::kSRegs];
   float acc_dk[T::kDRegs], acc_dv[T::kDRegs], acc_dq[T::kDqRegs];
   uint32_t frag_p[T::kMSteps][4], frag_ds[T::kMSteps][4];
+  // The query block's statistics at this thread's accumulator columns 8 j + 2 t (+1): the LSE (log2
+  // units) and rowsum(dO O), read from the slot into registers ahead of their use.
+  float2 lse[T::kSRegs / 4], dsum[T::kSRegs / 4];
 
   __device__ __forceinline__ Mainloop(const SmemTiles<T>& smem_, int cw_, int tid)
       : smem(smem_), cw(cw_), warp(tid / 32), g((tid % 32) >> 2), t(tid & 3), lane(tid % 32) {}
 
-  // This warpgroup's 64 rows of a K or V tile (K-major A operand), k step kk of the head dim.
-  __device__ __forceinline__ uint64_t key_rows_desc(const unsigned char* tile, int kk) const {
-    return kmajor_desc<128>(smem_u32(tile) + cw * 64 * 128 + (kk / 4) * T::kPanelBytesK + 32 * (kk % 4));
+  // This warpgroup's 64 rows of a K or V tile as the K-major A operand; a query block's Q or dO as
+  // the K-major B operand of S^T / dP^T. Built once; each k step is one add (desc_advance).
+  __device__ __forceinline__ uint64_t key_rows_desc(const unsigned char* tile) const {
+    return kmajor_desc<128>(smem_u32(tile) + cw * 64 * 128);
   }
-  // A query block's Q or dO as the K-major B operand of S^T / dP^T, k step kk of the head dim.
-  __device__ __forceinline__ uint64_t query_rows_desc(const unsigned char* tile, int kk) const {
-    return kmajor_desc<128>(smem_u32(tile) + (kk / 4) * T::kPanelBytesQ + 32 * (kk % 4));
+  __device__ __forceinline__ static uint64_t query_rows_desc(const unsigned char* tile) {
+    return kmajor_desc<128>(smem_u32(tile));
   }
 
-  // acc (64 keys x BM queries) = rows of `a` (K or V) times the query block's `b` (Q or dO) transposed.
-  __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[T::kSRegs], const unsigned char* a,
-                                                        const unsigned char* b) {
+  // acc (64 keys x BM queries) = rows of `a` (K or V) times the query block's `b` (Q or dO) transposed:
+  // k step kk is 32 B into 64-column panel kk / 4 of each.
+  __device__ __forceinline__ void issue_keys_by_queries(float (&acc)[T::kSRegs], uint64_t a, uint64_t b) {
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk)
-      Wgmma<Elem, BM>::ss(acc, key_rows_desc(a, kk), query_rows_desc(b, kk), kk > 0);
+      Wgmma<Elem, BM>::ss(acc, desc_advance(a, (kk / 4) * T::kPanelBytesK + 32 * (kk % 4)),
+                          desc_advance(b, (kk / 4) * T::kPanelBytesQ + 32 * (kk % 4)), kk > 0);
     wgmma_commit();
   }
   // acc (64 keys x D) += frag (64 keys x BM queries, A fragments) times `b` (Q or dO: MN-major B).
@@ -93,15 +101,25 @@ struct Mainloop {
   __device__ __forceinline__ int acc_row(int i) const { return 16 * warp + g + 8 * ((i >> 1) & 1); }
   __device__ __forceinline__ int acc_col(int i) const { return 8 * (i / 4) + 2 * t + (i & 1); }
 
-  // P^T from S^T: exp2(scale_log2 S - LSE of the query), 0 where masked (mask: keys past the end,
-  // or causal keys a query does not see).
-  __device__ __forceinline__ void softmax_p(const Work<T>& w, const float* lse, float scale_log2, int q0,
-                                            bool mask) {
+  // A slot's statistics into registers: LDS.64 pairs, columns 8 j + 2 t and +1.
+  __device__ __forceinline__ void load_stats(float2 (&to)[T::kSRegs / 4], const float* from) const {
+#pragma unroll
+    for (int j = 0; j < T::kSRegs / 4; ++j) to[j] = ld_shared_f32x2(smem_u32(from + 8 * j + 2 * t));
+  }
+  // The statistic of accumulator i's column.
+  __device__ __forceinline__ static float at_col(const float2 (&stat)[T::kSRegs / 4], int i) {
+    return i & 1 ? stat[i / 4].y : stat[i / 4].x;
+  }
+
+  // P^T from S^T: exp2(scale_log2 S - LSE of the query), 0 where masked (kMask: keys past the end,
+  // or causal keys a query does not see; a block without either skips the compares).
+  template <bool kMask>
+  __device__ __forceinline__ void softmax_p(const Work<T>& w, float scale_log2, int q0) {
     const int key_base = w.key0() + cw * 64;
 #pragma unroll
     for (int i = 0; i < T::kSRegs; ++i) {
-      const float p = fast_exp2(fmaf(acc_s[i], scale_log2, -lse[acc_col(i)]));
-      if (mask) {
+      const float p = fast_exp2(fmaf(acc_s[i], scale_log2, -at_col(lse, i)));
+      if (kMask) {
         const int key = key_base + acc_row(i), query = q0 + acc_col(i);
         const bool hidden = key >= w.seqlen_k || (T::kCausal && key > query + w.causal_shift());
         acc_s[i] = hidden ? 0.f : p;
@@ -113,11 +131,11 @@ struct Mainloop {
   // dS^T = P^T (dP^T - rowsum(dO O)) into acc_dp. With 128 queries a step (hdim 64) P is read back
   // from its 16-bit fragments: S^T's 64 fp32 registers would otherwise stay live beside dP^T's, and
   // spill; P is rounded to 16 bits for dV anyway.
-  __device__ __forceinline__ void softmax_ds(const float* dsum) {
+  __device__ __forceinline__ void softmax_ds() {
 #pragma unroll
     for (int i = 0; i < T::kSRegs; ++i) {
       const float p = T::kDsFromPackedP ? unpack_half<Elem>(frag_p[i / 8][(i % 8) / 2], i & 1) : acc_s[i];
-      acc_dp[i] = p * (acc_dp[i] - dsum[acc_col(i)]);
+      acc_dp[i] = p * (acc_dp[i] - at_col(dsum, i));
     }
   }
   // Accumulators as wgmma A fragments: k slice s is accumulators 8s .. 8s+7 (two n8 column groups).
@@ -183,6 +201,7 @@ struct Mainloop {
     Barriers<T>& bars = Barriers<T>::shared();
 #pragma unroll
     for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    const uint64_t desc_k = key_rows_desc(smem.k()), desc_v = key_rows_desc(smem.v());
     mbarrier_wait(&bars.bar_kv, 0);
     for (int m = w.m_begin, it = 0; m < w.m_end; ++m, ++it) {
       const int stage = it % T::kStages, q0 = m * BM;
@@ -194,19 +213,22 @@ struct Mainloop {
       forget(acc_s);
       forget(acc_dp);
       wgmma_fence();
-      issue_keys_by_queries(acc_s, smem.k(), q);
-      issue_keys_by_queries(acc_dp, smem.v(), dout);
+      issue_keys_by_queries(acc_s, desc_k, query_rows_desc(q));
+      issue_keys_by_queries(acc_dp, desc_v, query_rows_desc(dout));
+      load_stats(lse, smem.lse(stage));  // under the GEMMs
       wgmma_wait<1>();  // S^T
       fence_operands(acc_s);
-      softmax_p(w, smem.lse(stage), bp.fwd.softmax_scale_log2, q0, w.needs_mask(q0));
+      if (w.needs_mask(q0)) softmax_p<true>(w, bp.fwd.softmax_scale_log2, q0);
+      else softmax_p<false>(w, bp.fwd.softmax_scale_log2, q0);
       pack(frag_p, acc_s);
       fence_operands(acc_dv);
       fence_operands(frag_p);
       wgmma_fence();
       issue_frag_by_rows(acc_dv, frag_p, dout);  // dV += P^T dO, under dS's arithmetic
+      load_stats(dsum, smem.dsum(stage));
       wgmma_wait<1>();  // dP^T
       fence_operands(acc_dp);
-      softmax_ds(smem.dsum(stage));
+      softmax_ds();
       pack(frag_ds, acc_dp);
       store_ds(ds);
       fence_proxy_async_smem();  // dS^T's stores, seen by the wgmma's reads
@@ -215,14 +237,16 @@ struct Mainloop {
       fence_operands(frag_ds);
       forget(acc_dq);
       wgmma_fence();
+      issue_dq(ds);  // first: its piece goes out while dK's GEMM runs
       issue_frag_by_rows(acc_dk, frag_ds, q);  // dK += dS^T Q
-      issue_dq(ds);
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // dQ
+      fence_operands(acc_dq);
+      reduce_dq(maps, w, q0, it == 0);
+      wgmma_wait<0>();  // dK (and dV)
       fence_operands(acc_dv);
       fence_operands(acc_dk);
-      fence_operands(acc_dq);
+      fence_operands(frag_ds);
       mbarrier_arrive(&bars.empty[stage]);  // Q, dO and the statistics of this slot are read
-      reduce_dq(maps, w, q0, it == 0);
     }
     drain_dq();
   }
