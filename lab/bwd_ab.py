@@ -7,7 +7,7 @@ Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small sl
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
 Usage: python3 lab/bwd_ab.py OUT.json [NAME,...]   (NAME: the variants and release kernels to time
-beside cuDNN; all by default)"""
+beside cuDNN; all by default. BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)"""
 import json
 import os
 import statistics
@@ -88,6 +88,8 @@ CELLS = [(hdim, causal, seqlen, 1) for hdim in (64, 128) for causal in (False, T
          for seqlen in (512, 1024, 4096, 16384)]
 CELLS += [(hdim, True, seqlen, 4) for hdim in (64, 128) for seqlen in (1024, 4096)]
 CELLS += [(256, causal, seqlen, 1) for causal in (False, True) for seqlen in (1024, 4096)]
+if os.environ.get("BWD_AB_HDIMS"):  # a short run: these head dims' cells without GQA
+    CELLS = [c for c in CELLS if str(c[0]) in os.environ["BWD_AB_HDIMS"].split(",") and c[3] == 1]
 NOT_AT_256 = ("wgmma-tma", "release")  # hdim 256: the mma.sync kernels only
 ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []))
 CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL

@@ -1,8 +1,8 @@
 // One consumer warpgroup of the Hopper backward: its 64 keys' GEMMs over every query block that
 // sees them. The forward kept only O and the LSE; per query block (FlashAttention-2's algorithm,
 // with keys as the rows of every accumulator, as FlashAttention-3 does on Hopper):
-//   S^T  = K Q^T, dP^T = V dO^T          issued together, A and B from shared memory (K-major);
-//                                         the block's statistics read meanwhile
+//   S^T  = K Q^T, dP^T = V dO^T          issued together, A and B from shared memory (K-major),
+//                                         right after the block's LSE is read
 //   P^T  = exp2(scale_log2 S^T - LSE)     while dP^T runs
 //   dV  += P^T dO                         P^T's accumulators are the A fragments (registers)
 //   dS^T = P^T (dP^T - rowsum(dO O))
@@ -10,7 +10,7 @@
 //                                         (both MN-major); added to the fp32 sum in global memory
 //                                         while the next GEMM runs:
 //   dK  += dS^T Q                         dS^T's accumulators as the A fragments
-// (dQ's piece going out under dK's GEMM, the statistics by LDS under S^T's, and descriptors built
+// (dQ's piece going out under dK's GEMM, the statistics by LDS, and descriptors built
 // once were 1.08x at hdim 128 on an H100, docs/design.md.)
 // Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
 // are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
@@ -210,12 +210,14 @@ struct Mainloop {
       const unsigned char* dout = smem.dout(stage);
       unsigned char* ds = smem.ds(it & 1);
 
+      // Before the GEMMs: behind their operand reads, the LDS results came after S^T's wait
+      // (short scoreboard on the first FFMAs, 8% of stall samples on an H100).
+      load_stats(lse, smem.lse(stage));
       forget(acc_s);
       forget(acc_dp);
       wgmma_fence();
       issue_keys_by_queries(acc_s, desc_k, query_rows_desc(q));
       issue_keys_by_queries(acc_dp, desc_v, query_rows_desc(dout));
-      load_stats(lse, smem.lse(stage));  // under the GEMMs
       wgmma_wait<1>();  // S^T
       fence_operands(acc_s);
       if (w.needs_mask(q0)) softmax_p<true>(w, bp.fwd.softmax_scale_log2, q0);
