@@ -17,9 +17,8 @@ struct Work {
 
   __device__ __forceinline__ Work(const BwdParams& bp) {
     const FwdParams& p = bp.fwd;
-    // The last key block first: with causal masks the lightest (the first keys see the most
-    // queries), so a (head, batch)'s heaviest block starts last (branch exp/bwd-wg-heavy-first
-    // reverses this; not yet measured).
+    // The last key block first: under a causal mask the lightest (the first keys see the most
+    // queries), so a (head, batch)'s heaviest block starts last.
     n_block = int(gridDim.x) - 1 - int(blockIdx.x);
     head = int(blockIdx.y), batch = int(blockIdx.z);
     kv_head = head / p.head_ratio;
