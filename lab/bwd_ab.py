@@ -1,6 +1,7 @@
 """A/B of the backward kernels in one process (lab, not shipped): today's wgmma kernel and mma.sync
 kernel (4 warps, and 8 warps: 128 keys a CTA), the release's (lab/release-src, lab/make_release.sh:
-its h200 profile's backward, and its mma.sync kernel with 4 and 8 warps, where present) and cuDNN's
+its h200 profile's backward, and its mma.sync kernel with 4 and 8 warps, where present), other
+trees' (lab/NAME-src, `make_release.sh COMMIT NAME`: variant NAME, its h200 profile's backward) and cuDNN's
 backward through SDPA, on the FA grid's
 cells from 512 tokens and on GQA 4:1; at hdim 256 (1k and 4k tokens) the mma.sync kernels beside cuDNN.
 Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
@@ -8,6 +9,7 @@ shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ c
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
 Usage: python3 lab/bwd_ab.py OUT.json [NAME,...]   (NAME: the variants and release kernels to time
 beside cuDNN; all by default. BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)"""
+import importlib
 import json
 import os
 import statistics
@@ -36,6 +38,18 @@ if RELEASE.is_dir():
     import flashtune_release.runtime.backward as release_backward
 
     release.use_profile("h200")
+# Other trees (lab/make_release.sh COMMIT NAME: lab/NAME-src, package flashtune_NAME), each timed as
+# variant NAME with its own h200 profile's backward, its build cache in /tmp/ftc-NAME unless set.
+TREES = {}
+for src in sorted(Path(__file__).resolve().parent.glob("*-src")):
+    name = src.name.removesuffix("-src")
+    if name == "release":
+        continue
+    os.environ.setdefault(f"FLASHTUNE_{name.upper()}_CACHE_DIR", f"/tmp/ftc-{name}")
+    sys.path.insert(0, str(src))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])
+    TREES[name] = importlib.import_module(f"flashtune_{name}")
+    TREES[name].use_profile("h200")
 # the release's mma.sync kernels, by the spec class of its own code
 RELEASE_VARIANTS = {} if release is None else {
     "release-mma.sync": lambda h, c: release_bwd_spec.BwdSpec("sm_90a", "bfloat16", h, 4, c),
@@ -66,6 +80,7 @@ def select(name):
     elif name.startswith("release"):
         release_backward.bwd_spec_for = (with_spec(RELEASE_VARIANTS[name]) if name in RELEASE_VARIANTS
                                          else RELEASE_PROFILE_SPEC)
+    # a tree of TREES runs its profile's choice, left as it is
 
 
 def grads_of(name, q, k, v, dout, causal):
@@ -73,6 +88,8 @@ def grads_of(name, q, k, v, dout, causal):
     select(name)
     if name.startswith("release"):
         out = release.flash_attn_func(*leaves, causal=causal)
+    elif name in TREES:
+        out = TREES[name].flash_attn_func(*leaves, causal=causal)
     elif name == "sdpa-cudnn":
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=causal,
@@ -90,8 +107,8 @@ CELLS += [(hdim, True, seqlen, 4) for hdim in (64, 128) for seqlen in (1024, 409
 CELLS += [(256, causal, seqlen, 1) for causal in (False, True) for seqlen in (1024, 4096)]
 if os.environ.get("BWD_AB_HDIMS"):  # a short run: these head dims' cells without GQA
     CELLS = [c for c in CELLS if str(c[0]) in os.environ["BWD_AB_HDIMS"].split(",") and c[3] == 1]
-NOT_AT_256 = ("wgmma-tma", "release")  # hdim 256: the mma.sync kernels only
-ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []))
+NOT_AT_256 = ("wgmma-tma", "release", *TREES)  # hdim 256: the mma.sync kernels only
+ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []), *TREES)
 CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL
 unknown = [n for n in CHOSEN if n not in ALL]
 if unknown:
