@@ -18,7 +18,8 @@
 #   ncu-bwd       Nsight Compute on the backward's weakest cells (hdim 64 x 512 and 1k tokens, hdim 128 causal
 #                 16k): flashtune's passes and kernel beside cuDNN's, durations, launch, warp stalls
 #   bwd-ab-wg     lab/bwd_ab.py with today's wgmma backward beside the release's (make_release.sh) and cuDNN;
-#                 bwd-ab-wg-short: the FA grid's hdim 64/128 cells alone (no GQA)
+#                 bwd-ab-wg-short: the FA grid's hdim 64/128 cells alone (no GQA); bwd-ab-trees: those cells
+#                 with every other lab/NAME-src tree's wgmma backward too (make_release.sh COMMIT NAME)
 #   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
 #   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k) beside cuDNN's: details
@@ -213,6 +214,9 @@ for step in "$@"; do case $step in
   bwd-ab-wg) run bwd-ab-wg 300 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" wgmma-tma,release ;;
   bwd-ab-wg-short) run bwd-ab-wg 230 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" \
            wgmma-tma,release ;;
+  bwd-ab-trees) trees=$(for d in lab/*-src; do n=${d#lab/}; n=${n%-src}; [ "$n" = release ] || printf ',%s' "$n"; done)
+         run bwd-ab-trees 450 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_trees.json" \
+           "wgmma-tma,release$trees" ;;
   bwd-tests-h200) FLASHTUNE_PROFILE=h200 run bwd-tests-h200 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_backward_gpu.py ;;
   bench-bwd-h200) run bench-bwd-h200 200 python3 -m flashtune bench --profile h200 --pass bwd --hdims 64,128 \
