@@ -203,13 +203,14 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   // so P is finite, and P^T dO and dS = P (V dO^T - 0) are 0. The LSE stays in natural-log units
   // (+inf for a row that sees no key: P = 0).
   auto load_block = [&](int q0, int stage) {
-    const uint32_t base = sK + T::kQOffset + stage * T::kStageBytes;
-    load_rows_async<T, BM>(base, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0, tid);
-    load_rows_async<T, BM>(base + T::kQBytes, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
+    const uint32_t base = sK + stage * T::kStageBytes;  // the stage's offsets from K's
+    load_rows_async<T, BM>(base + T::kQOffset, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0,
+                           tid);
+    load_rows_async<T, BM>(base + T::kdOOffset, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
                            seqlen_q - q0, tid);
     if (tid < BM) {
       const bool valid = q0 + tid < seqlen_q;
-      const uint32_t stats = base + 2 * T::kQBytes + 4 * tid;
+      const uint32_t stats = base + T::kStatsOffset + 4 * tid;
       cp_async_4(stats, gLse + (valid ? q0 + tid : 0), valid);
       cp_async_4(stats + 4 * BM, gDsum + (valid ? q0 + tid : 0), valid);
     }
@@ -241,7 +242,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
       load_block(q0 + BM, stage ^ 1);
       cp_async_commit();
     }
-    const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sQ + T::kQBytes;
+    const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sK + T::kdOOffset + stage * T::kStageBytes;
     const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
     const float* dsum_tile = lse_tile + BM;
 
