@@ -50,6 +50,8 @@ for src in sorted(Path(__file__).resolve().parent.glob("*-src")):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])
     TREES[name] = importlib.import_module(f"flashtune_{name}")
     TREES[name].use_profile("h200")
+    importlib.import_module(f"flashtune_{name}.runtime.backward")  # for the kernels' prebuild below
+    importlib.import_module(f"flashtune_{name}.kernels.build")
 # the release's mma.sync kernels, by the spec class of its own code
 RELEASE_VARIANTS = {} if release is None else {
     "release-mma.sync": lambda h, c: release_bwd_spec.BwdSpec("sm_90a", "bfloat16", h, 4, c),
@@ -122,6 +124,18 @@ for table, build in ((VARIANTS, build_specs), (RELEASE_VARIANTS, release and rel
     _, failures = build(specs, jobs=16)
     if failures:
         sys.exit(f"bwd_ab: {len(failures)} kernel(s) failed to build: {failures[0][1]}")
+# ... and the kernels the release's and the other trees' profiles choose (else each is built on its
+# first call, one at a time)
+PROFILE_CHOICES = {**({"release": (RELEASE_PROFILE_SPEC, release_build.build_specs)} if release else {}),
+                   **{n: (m.runtime.backward.bwd_spec_for, m.kernels.build.build_specs) for n, m in TREES.items()}}
+for name, (choose, build) in PROFILE_CHOICES.items():
+    if name not in CHOSEN:
+        continue
+    specs = [choose(torch.device("cuda", 0), DT, h, c) for h in {cell[0] for cell in CELLS} - {256}
+             for c in (False, True)]
+    _, failures = build(specs, jobs=16)
+    if failures:
+        sys.exit(f"bwd_ab: {len(failures)} of {name}'s kernel(s) failed to build: {failures[0][1]}")
 rows = []
 for hdim, causal, seqlen, group in CELLS:
     if hdim == 256 and all(n in NOT_AT_256 for n in CHOSEN):
