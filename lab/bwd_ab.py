@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -115,27 +116,26 @@ CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL
 unknown = [n for n in CHOSEN if n not in ALL]
 if unknown:
     sys.exit(f"bwd_ab: unknown variant(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-# every chosen kernel built first, 16 at a time (today's and the release's, by their own build code)
+# every chosen kernel built first: today's and the release's variants, and the kernels the
+# release's and the other trees' profiles choose, each tree by its own build code, the trees side
+# by side (else each kernel is built on its first call, one at a time)
+BUILDS = []  # (what, build function, specs)
 for table, build in ((VARIANTS, build_specs), (RELEASE_VARIANTS, release and release_build.build_specs)):
     specs = [table[n](h, c) for n in CHOSEN if n in table for h in {cell[0] for cell in CELLS}
              for c in (False, True) if not (h == 256 and n in NOT_AT_256)]
-    if not specs:
-        continue
-    _, failures = build(specs, jobs=16)
-    if failures:
-        sys.exit(f"bwd_ab: {len(failures)} kernel(s) failed to build: {failures[0][1]}")
-# ... and the kernels the release's and the other trees' profiles choose (else each is built on its
-# first call, one at a time)
+    if specs:
+        BUILDS.append(("today's" if table is VARIANTS else "the release's", build, specs))
 PROFILE_CHOICES = {**({"release": (RELEASE_PROFILE_SPEC, release_build.build_specs)} if release else {}),
                    **{n: (m.runtime.backward.bwd_spec_for, m.kernels.build.build_specs) for n, m in TREES.items()}}
 for name, (choose, build) in PROFILE_CHOICES.items():
-    if name not in CHOSEN:
-        continue
-    specs = [choose(torch.device("cuda", 0), DT, h, c) for h in {cell[0] for cell in CELLS} - {256}
-             for c in (False, True)]
-    _, failures = build(specs, jobs=16)
+    if name in CHOSEN:
+        BUILDS.append((f"{name}'s", build, [choose(torch.device("cuda", 0), DT, h, c)
+                                            for h in {cell[0] for cell in CELLS} - {256} for c in (False, True)]))
+with ThreadPoolExecutor(max(1, len(BUILDS))) as pool:
+    results = list(pool.map(lambda job: job[1](job[2], jobs=8), BUILDS))
+for (what, _, _), (_, failures) in zip(BUILDS, results):
     if failures:
-        sys.exit(f"bwd_ab: {len(failures)} of {name}'s kernel(s) failed to build: {failures[0][1]}")
+        sys.exit(f"bwd_ab: {len(failures)} of {what} kernel(s) failed to build: {failures[0][1]}")
 rows = []
 for hdim, causal, seqlen, group in CELLS:
     if hdim == 256 and all(n in NOT_AT_256 for n in CHOSEN):
