@@ -20,7 +20,6 @@ from flashtune.runtime import backward  # noqa: E402
 DEV = "cuda"
 
 
-
 def randn(*shape, seed, dtype):
     g = torch.Generator(device=DEV).manual_seed(seed)
     return torch.randn(*shape, device=DEV, dtype=dtype, generator=g)

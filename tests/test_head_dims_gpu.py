@@ -19,7 +19,6 @@ DEV = "cuda"
 ODD_DIMS = (32, 40, 80, 96, 112, 136, 192)
 
 
-
 def close_to(out, ref, dtype):
     """Within 3x the rounding of the fp32 reference to the output dtype."""
     assert not torch.isnan(out).any(), "an output element was never written"

@@ -25,7 +25,6 @@ DEV = "cuda"
 BF16 = torch.bfloat16
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def built_kernels():
     profile = active_profile(torch.device(DEV))

@@ -24,7 +24,6 @@ from flashtune.runtime.selection import active_profile  # noqa: E402
 DEV = "cuda"
 
 
-
 def rotate_ref(x, cos, sin, interleaved):
     """fp32 rotary of x (b, s, h, d) with cos/sin (b, s, rd/2), written independently of kvcache.py."""
     x = x.float()

@@ -15,7 +15,6 @@ from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E40
 DEV = "cuda"
 
 
-
 def randn(*shape, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     return torch.randn(*shape, device=DEV, dtype=torch.bfloat16, generator=g)

@@ -17,7 +17,6 @@ from flashtune.measure.timing import kernel_names  # noqa: E402
 DEV = "cuda"
 
 
-
 def randn(*shape, seed, dtype=torch.bfloat16):
     return torch.randn(*shape, device=DEV, dtype=dtype, generator=torch.Generator(device=DEV).manual_seed(seed))
 

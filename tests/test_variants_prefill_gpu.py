@@ -20,7 +20,6 @@ CASES = [  # (window, softcap, sinks, alibi)
 ]
 
 
-
 def randn(*shape, seed, dtype=torch.bfloat16):
     return torch.randn(*shape, device=DEV, dtype=dtype, generator=torch.Generator(device=DEV).manual_seed(seed))
 

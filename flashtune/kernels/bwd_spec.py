@@ -308,18 +308,27 @@ def bwd_spec_of_tile(arch: str, dtype: str, hdim: int, causal: bool, tile: BwdTi
     return BwdSpec(arch, dtype, hdim, tile.warps, causal, deterministic, nvcc_flags)
 
 
-def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts) -> list[str]:
-    """Why a backward tile cannot run at this head dim on this arch (empty: it can)."""
+def bwd_tile_problems(hdim: int, tile: BwdTile, arch: ArchFacts, deterministic: bool = False) -> list[str]:
+    """Why a backward tile cannot run at this head dim on this arch (empty: it can); deterministic:
+    as the fixed-order build (its dQ kernel's shared memory too; an mma.sync tile of
+    DETERMINISTIC_BWD_WARPS)."""
     if hdim not in BWD_HEAD_DIMS:
         return [f"the backward kernels take head dims {', '.join(map(str, BWD_HEAD_DIMS))}, not {hdim}"]
     if tile not in (*WGMMA_TILES, *MMA_SYNC_TILES):
         return [f"{tile}: not a backward tile; allowed: kernel wgmma, or kernel mma_sync "
                 f"with warps {' or '.join(map(str, BWD_WARPS))}"]
     try:
-        bwd_spec_of_tile(arch.name, "bfloat16", hdim, False, tile)
+        bwd_spec_of_tile(arch.name, "bfloat16", hdim, False, tile, deterministic)
     except SpecError as err:
         return [str(err)]
     return []
+
+
+def _first_that_fits(tiles: list[BwdTile], arch: ArchFacts, hdim: int, deterministic: bool = False) -> BwdTile:
+    for tile in tiles:
+        if not bwd_tile_problems(hdim, tile, arch, deterministic):
+            return tile
+    return tiles[-1]  # its spec says why it does not fit
 
 
 @functools.cache  # Profile.backward_tile asks on every backward call; the answer is fixed per arch
@@ -328,25 +337,14 @@ def default_bwd_tile(family: str, arch: ArchFacts, hdim: int) -> BwdTile:
     warps where its shared memory fits the arch, else 4, else 2."""
     if family == "sm90" and not bwd_tile_problems(hdim, WGMMA_TILES[0], arch):
         return WGMMA_TILES[0]
-    defaults = [BwdTile("mma_sync", w) for w in DEFAULT_BWD_WARPS]
-    for tile in defaults:
-        if not bwd_tile_problems(hdim, tile, arch):
-            return tile
-    return defaults[-1]  # its spec says why it does not fit
+    return _first_that_fits([BwdTile("mma_sync", w) for w in DEFAULT_BWD_WARPS], arch, hdim)
 
 
 @functools.cache
 def default_deterministic_tile(arch: ArchFacts, hdim: int) -> BwdTile:
     """deterministic=True's mma.sync tile where the profile's cannot be: the first of
     DETERMINISTIC_BWD_WARPS whose kernels (the dQ kernel's shared memory included) fit the arch."""
-    tiles = [BwdTile("mma_sync", w) for w in DETERMINISTIC_BWD_WARPS]
-    for tile in tiles:
-        try:
-            BwdSpec(arch.name, "bfloat16", hdim, tile.warps, False, deterministic=True)
-            return tile
-        except SpecError:
-            continue
-    return tiles[-1]  # its spec says why it does not fit
+    return _first_that_fits([BwdTile("mma_sync", w) for w in DETERMINISTIC_BWD_WARPS], arch, hdim, True)
 
 
 def default_bwd_spec(arch: str, dtype: str, hdim: int, causal: bool, deterministic: bool = False,
