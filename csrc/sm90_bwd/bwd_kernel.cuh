@@ -1,5 +1,6 @@
 // The Hopper backward (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, in the layout of
-// FlashAttention-3's: a CTA per key block of one (batch, query head), a producer warpgroup
+// FlashAttention-3's: a persistent CTA per SM over the key blocks of every (batch, query head)
+// (work.cuh), a producer warpgroup
 // (producer.cuh: K and V once, each query block's Q, dO and statistics onto a ring) and two
 // consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
 // the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller
@@ -43,8 +44,6 @@ template <class T>
 __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& maps) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SmemTiles<T> smem(smem_raw);
-  const Work<T> w(bp);
-  if (!w.has_keys()) return;  // varlen: a sequence shorter than this key block (uniform over the CTA)
   if (threadIdx.x == 0) Barriers<T>::shared().init();
   __syncthreads();
 
@@ -54,14 +53,17 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& 
   if (warpgroup == 0) {
     setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0) load_tiles<T>(maps, smem, w);
-    else if (warp == 1) load_stats<T>(bp, smem, w, threadIdx.x % 32);
+    if (threadIdx.x == 0) load_tiles<T>(bp, maps, smem);
+    else if (warp == 1) load_stats<T>(bp, smem, threadIdx.x % 32);
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
   Mainloop<T> ml(smem, warpgroup - 1, threadIdx.x % 128);
-  ml.run(bp, maps, w);
-  store_dkdv<T>(bp, w, ml);
+  for_each_tile<T>(bp, [&](const Work<T>& w, int k) {
+    ml.run(bp, maps, w, k);
+    store_dkdv<T>(bp, w, ml);  // from registers, while the next tile's K and V load
+  });
+  ml.drain_dq();
 }
 
 }  // namespace sm90_bwd

@@ -37,9 +37,16 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (err) return int(cudaErrorInvalidValue);  // a tensor the TMA cannot describe (python checks come first)
   const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (attr != cudaSuccess) return int(attr);
-  const dim3 grid((p.seqlen_k + T::kBlockN - 1) / T::kBlockN, p.heads_q, p.batch);
-  if (p.batch == 0 || grid.x == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
-  kernel<<<grid, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(bp, maps);
+  const int64_t tiles = int64_t((p.seqlen_k + T::kBlockN - 1) / T::kBlockN) * p.heads_q * p.batch;
+  if (tiles == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
+  // Persistent: one CTA per SM (its 199 KB of shared memory hold one) striding over the tiles.
+  int device = 0, sms = 0;
+  cudaError_t err_sm = cudaGetDevice(&device);
+  if (err_sm == cudaSuccess) err_sm = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err_sm != cudaSuccess) return int(err_sm);
+  const int ctas = int(tiles < sms ? tiles : sms);
+  if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);  // the tile index would wrap
+  kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(bp, maps);
   return int(cudaGetLastError());
 }
 

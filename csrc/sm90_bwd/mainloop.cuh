@@ -12,8 +12,9 @@
 //   dK  += dS^T Q                         dS^T's accumulators as the A fragments
 // (dQ's piece going out under dK's GEMM, the statistics by LDS, and descriptors built
 // once were 1.08x at hdim 128 on an H100, docs/design.md.)
-// Barriers: waits on bar_kv once and on full per block; arrives on empty when its reads of a slot
-// are done; the consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
+// Barriers: per tile waits on bar_kv, on full per block, and arrives on kv_empty once its last GEMM
+// (the last to read K and V) is complete; arrives on empty when its reads of a slot are done; the
+// consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
 // shared memory; each warpgroup's threads meet at named barrier 2 + cw (128 threads) before they
 // write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers:
 // a warpgroup writes block m+1's only after passing block m's barrier, which the other passed
@@ -39,6 +40,7 @@ struct Mainloop {
 
   const SmemTiles<T>& smem;
   const int cw, warp, g, t, lane;
+  int it = 0;  // query blocks done over the CTA's tiles: the ring's slot and phase, dS^T's buffer
   float acc_s[T::kSRegs], acc_dp[T::kSRegs];
   float acc_dk[T::kDRegs], acc_dv[T::kDRegs], acc_dq[T::kDqRegs];
   uint32_t frag_p[T::kMSteps][4], frag_ds[T::kMSteps][4];
@@ -191,19 +193,20 @@ struct Mainloop {
       bulk_commit_group();
     }
   }
-  // The last reduces complete before the CTA exits (their source is its shared memory).
+  // The last reduces complete before the CTA exits (their source is its shared memory); after its
+  // last tile.
   __device__ __forceinline__ void drain_dq() const {
     if (warp == 0 && lane == 0) bulk_wait_group0();
   }
 
-  // Every query block of the CTA's range; dK and dV accumulate in registers.
-  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w) {
+  // Every query block of the k-th tile's range; dK and dV accumulate in registers.
+  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w, int k) {
     Barriers<T>& bars = Barriers<T>::shared();
 #pragma unroll
     for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
     const uint64_t desc_k = key_rows_desc(smem.k()), desc_v = key_rows_desc(smem.v());
-    mbarrier_wait(&bars.bar_kv, 0);
-    for (int m = w.m_begin, it = 0; m < w.m_end; ++m, ++it) {
+    mbarrier_wait(&bars.bar_kv, k & 1);
+    for (int m = w.m_begin; m < w.m_end; ++m, ++it) {
       const int stage = it % T::kStages, q0 = m * BM;
       mbarrier_wait(&bars.full[stage], (it / T::kStages) & 1);
       const unsigned char* q = smem.q(stage);
@@ -250,7 +253,7 @@ struct Mainloop {
       fence_operands(frag_ds);
       mbarrier_arrive(&bars.empty[stage]);  // Q, dO and the statistics of this slot are read
     }
-    drain_dq();
+    mbarrier_arrive(&bars.kv_empty);  // every GEMM of the tile is complete: the next K and V may load
   }
 };
 

@@ -1,9 +1,10 @@
-// The Hopper backward's loads and the barriers the CTA shares. The producer warpgroup's warp 0
-// (one thread) brings K and V once (bar_kv), then each query block's Q and dO by TMA onto a ring of
-// kStages slots (full: the bytes arrived); its warp 1 writes the block's statistics into the same
-// slot (the LSE in log2 units, +inf past the sequence's end so that P is 0 there, and rowsum(dO O))
-// and arrives on full with its 32 threads. Both wait on empty (every consumer thread released the
-// slot) before refilling it.
+// The Hopper backward's loads and the barriers the CTA shares. Per tile, the producer warpgroup's
+// warp 0 (one thread) brings K and V (bar_kv; first waiting on kv_empty: every consumer thread is
+// done with the last tile's), then each query block's Q and dO by TMA onto a ring of kStages slots
+// (full: the bytes arrived); its warp 1 writes the block's statistics into the same slot (the LSE in
+// log2 units, +inf past the sequence's end so that P is 0 there, and rowsum(dO O)) and arrives on
+// full with its 32 threads. Both wait on empty (every consumer thread released the slot) before
+// refilling it. The ring runs on across tiles: a tile's first blocks load under the last one's end.
 #pragma once
 #include "backward/params.h"
 #include "sm90/ptx_sm90.cuh"
@@ -28,7 +29,7 @@ struct BwdTmaMaps {
 template <class T>
 struct Barriers {
   static constexpr int kStatsThreads = 32;
-  uint64_t bar_kv, full[T::kStages], empty[T::kStages];
+  uint64_t bar_kv, kv_empty, full[T::kStages], empty[T::kStages];
 
   static __device__ __forceinline__ Barriers& shared() {
     __shared__ __align__(8) Barriers bars;
@@ -36,6 +37,7 @@ struct Barriers {
   }
   __device__ __forceinline__ void init() {  // one thread, before the CTA's barrier
     mbarrier_init(&bar_kv, 1);
+    mbarrier_init(&kv_empty, 128 * T::kConsumers);
     for (int s = 0; s < T::kStages; ++s) {
       mbarrier_init(&full[s], 1 + kStatsThreads);  // the TMA thread's expect_tx and the statistics warp
       mbarrier_init(&empty[s], 128 * T::kConsumers);
@@ -64,51 +66,59 @@ struct SmemTiles {
   __device__ __forceinline__ float* dsum(int stage) const { return lse(stage) + T::kBlockM; }
 };
 
-// Warp 0's thread 0: K and V, then every query block's Q and dO.
+// Warp 0's thread 0: per tile K and V, then every query block's Q and dO; `i` counts the ring's
+// slots over all of the CTA's tiles.
 template <class T>
-__device__ __forceinline__ void load_tiles(const BwdTmaMaps& maps, const SmemTiles<T>& smem, const Work<T>& w) {
+__device__ __forceinline__ void load_tiles(const BwdParams& bp, const BwdTmaMaps& maps, const SmemTiles<T>& smem) {
   Barriers<T>& bars = Barriers<T>::shared();
-  const int key_row = w.k_row0 + w.key0();
-  mbarrier_arrive_expect_tx(&bars.bar_kv, 2 * T::kKBytes);
-  for (int c = 0; c < T::kPanels; ++c) {
-    tma_load_4d(smem.k() + c * T::kPanelBytesK, &maps.k, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
-    tma_load_4d(smem.v() + c * T::kPanelBytesK, &maps.v, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
-  }
-  for (int m = w.m_begin, i = 0; m < w.m_end; ++m, ++i) {
-    const int stage = i % T::kStages;
-    if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&bars.full[stage], 2 * T::kQBytes);
-    const int row = w.q_row0 + m * T::kBlockM;
+  int i = 0;
+  for_each_tile<T>(bp, [&](const Work<T>& w, int k) {
+    if (k > 0) mbarrier_wait(&bars.kv_empty, (k - 1) & 1);
+    const int key_row = w.k_row0 + w.key0();
+    mbarrier_arrive_expect_tx(&bars.bar_kv, 2 * T::kKBytes);
     for (int c = 0; c < T::kPanels; ++c) {
-      tma_load_4d(smem.q(stage) + c * T::kPanelBytesQ, &maps.q, &bars.full[stage], 64 * c, row, w.head, w.tma_batch);
-      tma_load_4d(smem.dout(stage) + c * T::kPanelBytesQ, &maps.dout, &bars.full[stage], 64 * c, row, w.head,
-                  w.tma_batch);
+      tma_load_4d(smem.k() + c * T::kPanelBytesK, &maps.k, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
+      tma_load_4d(smem.v() + c * T::kPanelBytesK, &maps.v, &bars.bar_kv, 64 * c, key_row, w.kv_head, w.tma_batch);
     }
-  }
+    for (int m = w.m_begin; m < w.m_end; ++m, ++i) {
+      const int stage = i % T::kStages;
+      if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&bars.full[stage], 2 * T::kQBytes);
+      const int row = w.q_row0 + m * T::kBlockM;
+      for (int c = 0; c < T::kPanels; ++c) {
+        tma_load_4d(smem.q(stage) + c * T::kPanelBytesQ, &maps.q, &bars.full[stage], 64 * c, row, w.head,
+                    w.tma_batch);
+        tma_load_4d(smem.dout(stage) + c * T::kPanelBytesQ, &maps.dout, &bars.full[stage], 64 * c, row, w.head,
+                    w.tma_batch);
+      }
+    }
+  });
 }
 
-// Warp 1: each query block's statistics, one row per lane and pass.
+// Warp 1: each query block's statistics, one row per lane and pass; the slots as load_tiles counts them.
 template <class T>
-__device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<T>& smem, const Work<T>& w,
-                                           int lane) {
+__device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<T>& smem, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
   Barriers<T>& bars = Barriers<T>::shared();
-  const float* lse = bp.fwd.lse + w.lse;
-  const float* dsum = bp.dsum + w.lse;
-  for (int m = w.m_begin, i = 0; m < w.m_end; ++m, ++i) {
-    const int stage = i % T::kStages;
-    if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
-    float* lse_tile = smem.lse(stage);
-    float* dsum_tile = smem.dsum(stage);
+  int i = 0;
+  for_each_tile<T>(bp, [&](const Work<T>& w, int) {
+    const float* lse = bp.fwd.lse + w.lse;
+    const float* dsum = bp.dsum + w.lse;
+    for (int m = w.m_begin; m < w.m_end; ++m, ++i) {
+      const int stage = i % T::kStages;
+      if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
+      float* lse_tile = smem.lse(stage);
+      float* dsum_tile = smem.dsum(stage);
 #pragma unroll
-    for (int r = lane; r < T::kBlockM; r += 32) {
-      const int row = m * T::kBlockM + r;
-      const bool valid = row < w.seqlen_q;
-      lse_tile[r] = valid ? lse[row] * kLog2e : INFINITY;
-      dsum_tile[r] = valid ? dsum[row] : 0.f;
+      for (int r = lane; r < T::kBlockM; r += 32) {
+        const int row = m * T::kBlockM + r;
+        const bool valid = row < w.seqlen_q;
+        lse_tile[r] = valid ? lse[row] * kLog2e : INFINITY;
+        dsum_tile[r] = valid ? dsum[row] : 0.f;
+      }
+      mbarrier_arrive(&bars.full[stage]);  // release: the writes above are seen by whoever waits on full
     }
-    mbarrier_arrive(&bars.full[stage]);  // release: the writes above are seen by whoever waits on full
-  }
+  });
 }
 
 }  // namespace sm90_bwd

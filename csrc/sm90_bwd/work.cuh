@@ -1,6 +1,7 @@
-// What one CTA of the Hopper backward works on: its key block of one (batch, query head), the
-// sequence's lengths and first rows, and the query blocks that see its keys. Every thread computes
-// it the same from the grid position and the parameters; producer and consumers walk one range.
+// What the Hopper backward works on: tiles, each a key block of one (batch, query head) with the
+// sequence's lengths and first rows and the query blocks that see its keys, and the order a CTA
+// takes them in. Every thread computes them the same from the parameters; producer and consumers
+// walk the same tiles and ranges.
 #pragma once
 #include "backward/params.h"
 
@@ -15,12 +16,13 @@ struct Work {
   int64_t lse;                    // the sequence's first entry of the LSE and rowsum(dO O) rows
   int m_begin, m_end;             // query blocks that see any of the keys
 
-  __device__ __forceinline__ Work(const BwdParams& bp) {
+  // Tile `tile` of (key block, head, batch), the key block fastest: a (head, batch)'s key blocks are
+  // taken together (they share its Q and dO in L2), its first (under a causal mask the heaviest:
+  // the first keys see the most queries) first.
+  __device__ __forceinline__ Work(const BwdParams& bp, int tile, int n_blocks) {
     const FwdParams& p = bp.fwd;
-    // The last key block first: under a causal mask the lightest (the first keys see the most
-    // queries), so a (head, batch)'s heaviest block starts last.
-    n_block = int(gridDim.x) - 1 - int(blockIdx.x);
-    head = int(blockIdx.y), batch = int(blockIdx.z);
+    n_block = tile % n_blocks;
+    head = (tile / n_blocks) % p.heads_q, batch = tile / n_blocks / p.heads_q;
     kv_head = head / p.head_ratio;
     if (p.cu_seqlens_q == nullptr) {
       seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
@@ -39,13 +41,26 @@ struct Work {
   }
   __device__ __forceinline__ int key0() const { return n_block * T::kBlockN; }
   __device__ __forceinline__ int causal_shift() const { return seqlen_k - seqlen_q; }
-  __device__ __forceinline__ bool has_keys() const { return key0() < seqlen_k; }  // else the CTA leaves
+  __device__ __forceinline__ bool has_keys() const { return key0() < seqlen_k; }  // else the tile is skipped
   // Whether the query block at q0 needs a mask: keys past the end, or (causal) keys that some of its
   // queries do not see. Uniform across the CTA.
   __device__ __forceinline__ bool needs_mask(int q0) const {
     return key0() + T::kBlockN > seqlen_k || (T::kCausal && key0() + T::kBlockN - 1 > q0 + causal_shift());
   }
 };
+
+// The CTA's tiles in order, f(work, k) for the k-th with keys: a persistent grid (one CTA an SM,
+// launch.cuh) strides over them, so the next tile's loads run under this one's last blocks and
+// epilogue instead of behind a new CTA's start.
+template <class T, class F>
+__device__ __forceinline__ void for_each_tile(const BwdParams& bp, F&& f) {
+  const int n_blocks = (bp.fwd.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  const int tiles = n_blocks * bp.fwd.heads_q * bp.fwd.batch;  // launch.cuh checks it fits an int
+  for (int tile = int(blockIdx.x), k = 0; tile < tiles; tile += int(gridDim.x)) {
+    const Work<T> w(bp, tile, n_blocks);
+    if (w.has_keys()) f(w, k++);  // varlen: a sequence shorter than this key block has none
+  }
+}
 
 }  // namespace sm90_bwd
 }  // namespace flashtune
