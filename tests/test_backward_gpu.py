@@ -50,6 +50,22 @@ def test_gradients_match_the_fp32_reference(dtype, hdim, causal, seqlen_q, seqle
     assert_close_grads(ours, ref, lowp)
 
 
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_more_key_blocks_than_the_gpu_has_sms(hdim):
+    """4 x 1024 tokens x 16 query heads over 4 KV heads: 512 tiles of 128 keys, more than any GPU has
+    SMs, so that a persistent grid's CTA takes several in turn (its K/V, ring and dQ staging carried
+    from tile to tile); causal (a CTA per tile) and not."""
+    dtype = torch.bfloat16
+    q, dout = (randn(4, 1024, 16, hdim, seed=hdim + s, dtype=dtype) for s in (0, 1))
+    k, v = (randn(4, 1024, 4, hdim, seed=hdim + s, dtype=dtype) for s in (2, 3))
+    for causal in (False, True):
+        ours = gradients(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+        ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in (q, k, v)],
+                        dout.float())
+        lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+        assert_close_grads(ours, ref, lowp)
+
+
 def test_varlen_gradients_with_empty_sequences_and_padded_keys():
     lens_q, lens_k = [5, 0, 130, 64, 1], [9, 3, 200, 0, 70]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=DEV)

@@ -1,8 +1,7 @@
 // The Hopper backward (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, in the layout of
-// FlashAttention-3's: a persistent CTA per SM over the key blocks of every (batch, query head)
-// (work.cuh), a producer warpgroup
-// (producer.cuh: K and V once, each query block's Q, dO and statistics onto a ring) and two
-// consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
+// FlashAttention-3's: CTAs over the key blocks of every (batch, query head) (work.cuh; persistent
+// where they cost the same), a producer warpgroup (producer.cuh: per tile K and V, each query
+// block's Q, dO and statistics onto a ring) and two consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
 // the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller
 // sums a KV head's group), stored straight from the accumulators. dQ is added in fp32 by the
 // mainloop; the caller scales and converts it.

@@ -7,8 +7,8 @@
 namespace flashtune {
 namespace sm90_bwd {
 
-// One CTA owns kBlockN = 128 keys of one (batch, query head): K and V stay in shared memory while
-// it walks the query blocks that see them, kBlockM queries at a time, Q, dO and their statistics
+// A tile is kBlockN = 128 keys of one (batch, query head): K and V stay in the CTA's shared memory
+// while it walks the query blocks that see them, kBlockM queries at a time, Q, dO and their statistics
 // on a ring of kStages slots. Two consumer warpgroups each own 64 of the keys (their rows of S^T,
 // dP^T, dK and dV: no reduction across warpgroups); a producer warpgroup loads.
 // dQ = dS K needs every key of the block: dS^T goes through shared memory (two buffers, one per

@@ -39,12 +39,18 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (attr != cudaSuccess) return int(attr);
   const int64_t tiles = int64_t((p.seqlen_k + T::kBlockN - 1) / T::kBlockN) * p.heads_q * p.batch;
   if (tiles == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
-  // Persistent: one CTA per SM (its 199 KB of shared memory hold one) striding over the tiles.
-  int device = 0, sms = 0;
-  cudaError_t err_sm = cudaGetDevice(&device);
-  if (err_sm == cudaSuccess) err_sm = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err_sm != cudaSuccess) return int(err_sm);
-  const int ctas = int(tiles < sms ? tiles : sms);
+  // Persistent where the tiles cost the same (no causal mask, one length): one CTA per SM (its
+  // ~195 KiB of shared memory hold one) striding over them. Causal and varlen tiles differ in cost,
+  // and a fixed stride would give some CTAs the heavy ones (with 132 SMs and 4 key blocks a head
+  // every CTA keeps one key block): one CTA per tile, which the GPU hands out as SMs free up.
+  int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
+  if (!T::kCausal && p.cu_seqlens_q == nullptr) {
+    int device = 0, sms = 0;
+    cudaError_t err_sm = cudaGetDevice(&device);
+    if (err_sm == cudaSuccess) err_sm = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err_sm != cudaSuccess) return int(err_sm);
+    ctas = int(tiles < sms ? tiles : sms);
+  }
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);  // the tile index would wrap
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(bp, maps);
   return int(cudaGetLastError());

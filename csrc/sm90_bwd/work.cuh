@@ -50,8 +50,9 @@ struct Work {
 };
 
 // The CTA's tiles in order, f(work, k) for the k-th with keys: a persistent grid (one CTA an SM,
-// launch.cuh) strides over them, so the next tile's loads run under this one's last blocks and
-// epilogue instead of behind a new CTA's start.
+// launch.cuh: without a causal mask or varlen) strides over them, so the next tile's Q, dO and
+// statistics load under this one's last blocks and its K and V under its epilogue, instead of all
+// behind a new CTA's start; otherwise a CTA per tile, a loop of one.
 template <class T, class F>
 __device__ __forceinline__ void for_each_tile(const BwdParams& bp, F&& f) {
   const int n_blocks = (bp.fwd.seqlen_k + T::kBlockN - 1) / T::kBlockN;
