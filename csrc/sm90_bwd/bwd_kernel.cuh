@@ -1,10 +1,10 @@
 // The Hopper backward (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, in the layout of
 // FlashAttention-3's: CTAs over the key blocks of every (batch, query head) (work.cuh; persistent
 // where they cost the same), a producer warpgroup (producer.cuh: per tile K and V, each query
-// block's Q, dO and statistics onto a ring) and two consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
-// the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller
-// sums a KV head's group), stored straight from the accumulators. dQ is added in fp32 by the
-// mainloop; the caller scales and converts it.
+// block's Q, dO and statistics onto a ring, and the consumers' dQ pieces added to the fp32 sum) and
+// two consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
+// the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller sums a
+// KV head's group), stored straight from the accumulators. The caller scales and converts dQ.
 #pragma once
 #include "backward/params.h"
 #include "common/convert.cuh"
@@ -54,15 +54,15 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& 
     const int warp = threadIdx.x / 32;
     if (threadIdx.x == 0) load_tiles<T>(bp, maps, smem);
     else if (warp == 1) load_stats<T>(bp, smem, threadIdx.x % 32);
+    else if (warp == 2) write_dq<T>(bp, maps, smem, threadIdx.x % 32);
     return;
   }
   setmaxnreg_inc<T::kConsumerRegs>();
   Mainloop<T> ml(smem, warpgroup - 1, threadIdx.x % 128);
   for_each_tile<T>(bp, [&](const Work<T>& w, int k) {
-    ml.run(bp, maps, w, k);
+    ml.run(bp, w, k);
     store_dkdv<T>(bp, w, ml);  // from registers, while the next tile's K and V load
   });
-  ml.drain_dq();
 }
 
 }  // namespace sm90_bwd

@@ -16,8 +16,8 @@ namespace sm90_bwd {
 // 64-column panel of the head dim at hdim 128 (kBlockM = 64), its 64 query rows at hdim 64
 // (kBlockM = 128).
 // The piece goes to global memory by one TMA reduce-add (fp32) per 32 columns from a staging tile
-// in shared memory, one per warpgroup (float2 atomic adds from registers measured 0.85x; see
-// docs/experiments.md).
+// in shared memory, one per warpgroup, issued by a producer warp (float2 atomic adds from registers
+// measured 0.85x; see docs/experiments.md).
 template <typename Elem_, int kHeadDim_, bool kCausal_>
 struct Traits {
   using Elem = Elem_;
@@ -45,9 +45,20 @@ struct Traits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kStatsBytes = 2 * kBlockM * 4;  // a slot's LSE (log2 units) and rowsum(dO O)
-  // A warpgroup's 64 x 64 fp32 dQ piece as two boxes of 32 columns, [64 rows][128 B], 128B swizzle.
+  // A warpgroup's 64 x 64 fp32 dQ piece as two boxes of 32 columns, [64 rows][128 B], 128B swizzle:
+  // its query panel and head-dim panel of the block's dQ.
   static constexpr int kDqBoxBytes = 64 * 128;
   static constexpr int kDqStageBytes = 2 * kDqBoxBytes;
+  __device__ static constexpr int dq_query_panel(int cw) { return kQPanels > 1 ? cw : 0; }
+  __device__ static constexpr int dq_dim_panel(int cw) { return kPanels > 1 ? cw : 0; }
+
+  // Named barriers: the consumers' exchange of dS^T (256 threads); per consumer warpgroup cw, its dQ
+  // staging tile full (the warpgroup arrives, the producer's dQ warp waits) and empty (the reverse),
+  // 128 + 32 threads each.
+  static constexpr int kDsBarrier = 1;
+  static constexpr int kDqFullBarrier = 2;   // + cw
+  static constexpr int kDqEmptyBarrier = 2 + kConsumers;  // + cw
+  static constexpr int kDqBarrierThreads = 128 + 32;
 
   // Shared memory from a 1024-byte aligned base: K, V, kStages Q, kStages dO, two dS^T, the
   // consumers' dQ staging tiles, then the statistics' slots.

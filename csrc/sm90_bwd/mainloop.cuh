@@ -14,9 +14,10 @@
 // once were 1.08x at hdim 128 on an H100, docs/design.md.)
 // Barriers: per tile waits on bar_kv, on full per block, and arrives on kv_empty once its last GEMM
 // (the last to read K and V) is complete; arrives on empty when its reads of a slot are done; the
-// consumers meet at named barrier 1 (256 threads) once both halves of dS^T are in
-// shared memory; each warpgroup's threads meet at named barrier 2 + cw (128 threads) before they
-// write their dQ staging tile (its last TMA reduce has read it) and after. dS^T has two buffers:
+// consumers meet at named barrier kDsBarrier (256 threads) once both halves of dS^T are in shared
+// memory; a warpgroup waits on kDqEmptyBarrier + cw before it writes its dQ staging tile (the
+// producer's dQ warp saw its last reduces read it) and arrives on kDqFullBarrier + cw after, which
+// that warp waits on before the reduces (producer.cuh, write_dq). dS^T has two buffers:
 // a warpgroup writes block m+1's only after passing block m's barrier, which the other passed
 // only after its dQ of block m-1 (the same buffer) was complete.
 #pragma once
@@ -36,7 +37,6 @@ template <class T>
 struct Mainloop {
   using Elem = typename T::Elem;
   static constexpr int BM = T::kBlockM, D = T::kHeadDim;
-  static constexpr int kDsBarrier = 1;
 
   const SmemTiles<T>& smem;
   const int cw, warp, g, t, lane;
@@ -79,11 +79,9 @@ struct Mainloop {
   }
   // dQ's piece of this warpgroup: query panel qp, head-dim panel dp; dS^T's panel qp (keys x 64
   // queries) as the MN-major A operand, K's panel dp (keys x 64 dims) as the MN-major B.
-  __device__ __forceinline__ int dq_query_panel() const { return T::kQPanels > 1 ? cw : 0; }
-  __device__ __forceinline__ int dq_dim_panel() const { return T::kPanels > 1 ? cw : 0; }
   __device__ __forceinline__ void issue_dq(const unsigned char* ds) {
-    const uint64_t desc_a = mnmajor_sw128_desc(smem_u32(ds) + dq_query_panel() * T::kPanelBytesDs, T::kPanelBytesDs);
-    const uint64_t desc_b = mnmajor_sw128_desc(smem_u32(smem.k()) + dq_dim_panel() * T::kPanelBytesK, T::kPanelBytesK);
+    const uint64_t desc_a = mnmajor_sw128_desc(smem_u32(ds) + T::dq_query_panel(cw) * T::kPanelBytesDs, T::kPanelBytesDs);
+    const uint64_t desc_b = mnmajor_sw128_desc(smem_u32(smem.k()) + T::dq_dim_panel(cw) * T::kPanelBytesK, T::kPanelBytesK);
 #pragma unroll
     for (int s = 0; s < T::kBlockN / 16; ++s)
       Wgmma<Elem, 64>::ss_mn(acc_dq, desc_advance(desc_a, 2048 * s), desc_advance(desc_b, 2048 * s), s > 0);
@@ -160,18 +158,12 @@ struct Mainloop {
       stmatrix_x4(addr, frag_ds[s][0], frag_ds[s][1], frag_ds[s][2], frag_ds[s][3]);
     }
   }
-  // The warpgroup's dQ piece added to the fp32 sum (dq_accum, unscaled): through its staging tile
-  // (two boxes of 32 columns, 16-byte chunk c of row r at c ^ (r % 8)) and one thread's TMA
-  // reduce-adds. Rows past a sequence's end are 0
-  // (their P is) or outside the tensor map: adding them changes nothing.
-  __device__ __forceinline__ void reduce_dq(const BwdTmaMaps& maps, const Work<T>& w, int q0, bool first) const {
-    const int barrier = 2 + cw;
-    const bool leader = warp == 0 && lane == 0;
+  // The warpgroup's dQ piece into its staging tile (two boxes of 32 columns, 16-byte chunk c of row r
+  // at c ^ (r % 8)), for the producer's dQ warp to add to the fp32 sum (write_dq); `first`: the
+  // CTA's first, else once that warp has seen the last piece's reduces read the tile.
+  __device__ __forceinline__ void stage_dq(bool first) const {
     unsigned char* stage = smem.dq(cw);
-    if (!first) {
-      if (leader) bulk_wait_group_read0();  // the last piece's reduces have read the tile
-      named_barrier_sync(barrier, 128);
-    }
+    if (!first) named_barrier_sync(T::kDqEmptyBarrier + cw, T::kDqBarrierThreads);
     // Rows 16 warp + g (+8): row % 8 is g. The base is made here, opaque: else ptxas keeps the
     // 16 stores' addresses live through the main loop, and spills at hdim 64.
     const uint32_t base = opaque(smem_u32(stage) + acc_row(0) * 128 + 8 * (t & 1));
@@ -184,23 +176,11 @@ struct Mainloop {
       st_shared_f32x2(at + 8 * 128, acc_dq[i + 2], acc_dq[i + 3]);
     }
     fence_proxy_async_smem();  // the stores, seen by the TMA
-    named_barrier_sync(barrier, 128);
-    if (leader) {
-      const int row = w.q_row0 + q0 + dq_query_panel() * 64;
-      for (int box = 0; box < 2; ++box)
-        tma_reduce_add_4d(&maps.dq, stage + box * T::kDqBoxBytes, dq_dim_panel() * 64 + 32 * box, row, w.head,
-                          w.tma_batch);
-      bulk_commit_group();
-    }
-  }
-  // The last reduces complete before the CTA exits (their source is its shared memory); after its
-  // last tile.
-  __device__ __forceinline__ void drain_dq() const {
-    if (warp == 0 && lane == 0) bulk_wait_group0();
+    named_barrier_arrive(T::kDqFullBarrier + cw, T::kDqBarrierThreads);
   }
 
   // Every query block of the k-th tile's range; dK and dV accumulate in registers.
-  __device__ __forceinline__ void run(const BwdParams& bp, const BwdTmaMaps& maps, const Work<T>& w, int k) {
+  __device__ __forceinline__ void run(const BwdParams& bp, const Work<T>& w, int k) {
     Barriers<T>& bars = Barriers<T>::shared();
 #pragma unroll
     for (int i = 0; i < T::kDRegs; ++i) acc_dk[i] = acc_dv[i] = 0.f;
@@ -237,7 +217,7 @@ struct Mainloop {
       pack(frag_ds, acc_dp);
       store_ds(ds);
       fence_proxy_async_smem();  // dS^T's stores, seen by the wgmma's reads
-      named_barrier_sync(kDsBarrier, 128 * T::kConsumers);
+      named_barrier_sync(T::kDsBarrier, 128 * T::kConsumers);
       fence_operands(acc_dk);
       fence_operands(frag_ds);
       forget(acc_dq);
@@ -246,7 +226,7 @@ struct Mainloop {
       issue_frag_by_rows(acc_dk, frag_ds, q);  // dK += dS^T Q
       wgmma_wait<1>();  // dQ
       fence_operands(acc_dq);
-      reduce_dq(maps, w, q0, it == 0);
+      stage_dq(it == 0);
       wgmma_wait<0>();  // dK (and dV)
       fence_operands(acc_dv);
       fence_operands(acc_dk);

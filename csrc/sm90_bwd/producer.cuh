@@ -19,6 +19,7 @@ using sm90::mbarrier_arrive_expect_tx;
 using sm90::mbarrier_init;
 using sm90::mbarrier_wait;
 using sm90::tma_load_4d;
+using sm90::tma_reduce_add_4d;
 
 // The tensor maps, 4-D (dim, rows, heads, batch) as the forward's (sm90/producer.cuh); varlen
 // tensors are one batch entry of total rows. dq: the fp32 dQ sum.
@@ -119,6 +120,38 @@ __device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<
       mbarrier_arrive(&bars.full[stage]);  // release: the writes above are seen by whoever waits on full
     }
   });
+}
+
+// Warp 2: each block's dQ pieces, added to the fp32 sum (dq_accum, unscaled) by two TMA reduce-adds
+// each (one per 32 columns), issued by lane 0 once consumer warpgroup cw has staged its piece
+// (kDqFullBarrier + cw); the staging tiles are released (kDqEmptyBarrier + cw) once the reduces have
+// read them, which the next block's writers wait for. Rows past a sequence's end are 0 (their P is)
+// or outside the tensor map: adding them changes nothing. The consumers thus never wait on the TMA.
+template <class T>
+__device__ __forceinline__ void write_dq(const BwdParams& bp, const BwdTmaMaps& maps, const SmemTiles<T>& smem,
+                                         int lane) {
+  int i = 0;
+  for_each_tile<T>(bp, [&](const Work<T>& w, int) {
+    for (int m = w.m_begin; m < w.m_end; ++m, ++i) {
+      if (i > 0) {  // the last block's reduces have read the staging tiles
+        if (lane == 0) sm90::bulk_wait_group_read0();
+        __syncwarp();
+        for (int cw = 0; cw < T::kConsumers; ++cw)
+          sm90::named_barrier_arrive(T::kDqEmptyBarrier + cw, T::kDqBarrierThreads);
+      }
+      for (int cw = 0; cw < T::kConsumers; ++cw) {
+        sm90::named_barrier_sync(T::kDqFullBarrier + cw, T::kDqBarrierThreads);
+        if (lane == 0) {
+          const int row = w.q_row0 + m * T::kBlockM + T::dq_query_panel(cw) * 64;
+          for (int box = 0; box < 2; ++box)
+            tma_reduce_add_4d(&maps.dq, smem.dq(cw) + box * T::kDqBoxBytes, T::dq_dim_panel(cw) * 64 + 32 * box, row,
+                              w.head, w.tma_batch);
+          sm90::bulk_commit_group();
+        }
+      }
+    }
+  });
+  if (lane == 0) sm90::bulk_wait_group0();  // complete before the CTA exits (the source is its shared memory)
 }
 
 }  // namespace sm90_bwd
