@@ -70,8 +70,8 @@ struct Traits {
   static constexpr int kStatsOffset = kDqOffset + kConsumers * kDqStageBytes;
   static constexpr int kSmemBytes = kStatsOffset + kStages * kStatsBytes + 1024;  // + alignment slack
 
-  // Register split (setmaxnreg) over the pool of 65536 / 384 = 168 per thread: the producer's two
-  // working warps need few.
+  // Register split (setmaxnreg) over the pool of 65536 / 384 = 168 per thread: the producer's three
+  // working warps (loads, statistics, dQ's reduce-adds) need few.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 

@@ -5,6 +5,8 @@
 // log2 units, +inf past the sequence's end so that P is 0 there, and rowsum(dO O)) and arrives on
 // full with its 32 threads. Both wait on empty (every consumer thread released the slot) before
 // refilling it. The ring runs on across tiles: a tile's first blocks load under the last one's end.
+// Its warp 2 adds the consumers' dQ pieces to the fp32 sum (write_dq, below: named barriers
+// kDqFullBarrier / kDqEmptyBarrier + cw with each consumer warpgroup).
 #pragma once
 #include "backward/params.h"
 #include "sm90/ptx_sm90.cuh"
