@@ -22,7 +22,8 @@
 #                 with every other lab/NAME-src tree's wgmma backward too (make_release.sh COMMIT NAME)
 #   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
-#   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k) beside cuDNN's: details
+#   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k; NCU_CELL=bwd:D:CAUSAL:N
+#                 another) beside cuDNN's: details
 #                 page of both, our kernel's SASS page with per-instruction stalls (lab/ncu_sass_summary.py)
 #   mqa-rows      lab/decode_mqa_rows.py: MQA one-token short calls on 16-row tiles and 32 x 32 beside the runtime's 32 x 16
 #   ceiling-h64   tune --tiles 128x128 at hdim 64, non-causal: the 128-row tile's TFLOPS (the KV-cache kernel's
@@ -237,7 +238,7 @@ for step in "$@"; do case $step in
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
            -k 'regex:flashtune_bwd.*_wg2_sm90a$|cudnn_generated.*bprop' \
-           -o "$OUT/ncu-bwd-wg" python3 lab/ncu_cells.py h200 bwd:128:0:4096
+           -o "$OUT/ncu-bwd-wg" python3 lab/ncu_cells.py h200 "${NCU_CELL:-bwd:128:0:4096}"
          run ncu-bwd-wg-details 60 ncu -i "$OUT/ncu-bwd-wg.ncu-rep" --page details
          run ncu-bwd-wg-source 60 sh -c "ncu -i '$OUT/ncu-bwd-wg.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
