@@ -8,12 +8,16 @@ Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small sl
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
 Usage: python3 lab/bwd_ab.py OUT.json [NAME,...]   (NAME: the variants and release kernels to time
-beside cuDNN; all by default. BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)"""
+beside cuDNN; all by default. BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)
+A call that runs past BWD_AB_CALL_LIMIT seconds (120) is taken for a hang: the script names it, writes
+the rows so far and exits with 3 (a hung kernel cannot be interrupted; this keeps the device's time)."""
 import importlib
 import json
 import os
 import statistics
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -137,6 +141,32 @@ for (what, _, _), (_, failures) in zip(BUILDS, results):
     if failures:
         sys.exit(f"bwd_ab: {len(failures)} of {what} kernel(s) failed to build: {failures[0][1]}")
 rows = []
+
+
+def dump():
+    json.dump({"command": " ".join(["python3 lab/bwd_ab.py", *sys.argv[1:]]), "gpu": torch.cuda.get_device_name(),
+               "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+
+CALL_LIMIT = float(os.environ.get("BWD_AB_CALL_LIMIT", "120"))
+WATCHED = {"what": "", "since": 0.0}  # what runs now, since when (time.monotonic)
+
+
+def watch(what):
+    WATCHED.update(what=what, since=time.monotonic())
+
+
+def watchdog():
+    while True:
+        time.sleep(1)
+        if WATCHED["what"] and time.monotonic() - WATCHED["since"] > CALL_LIMIT:
+            print(f"bwd_ab: {WATCHED['what']} (or the launch before it: launches are asynchronous) still "
+                  f"running after {CALL_LIMIT:.0f} s: taken for a hang; {len(rows)} rows written", flush=True)
+            dump()
+            os._exit(3)
+
+
+threading.Thread(target=watchdog, daemon=True).start()
 for hdim, causal, seqlen, group in CELLS:
     if hdim == 256 and all(n in NOT_AT_256 for n in CHOSEN):
         continue  # cuDNN alone
@@ -150,9 +180,11 @@ for hdim, causal, seqlen, group in CELLS:
     ref = [t.float().requires_grad_() for t in small[:3]]
     attention_reference(*ref, causal)[0].backward(small[3].float())
     timed, errors = {}, {}
+    cell = f"h{hdim} {'causal' if causal else 'full'} {seqlen} {group}:1"
     for name in (*CHOSEN, "sdpa-cudnn"):
         if hdim == 256 and name in NOT_AT_256:
             continue
+        watch(f"{name} on {cell}")
         o, leaves = grads_of(name, *small[:3], small[3], causal)
         o.backward(small[3])
         errors[name] = [rel_l2(a.grad.float(), b.grad) for a, b in zip(leaves, ref)]
@@ -162,6 +194,7 @@ for hdim, causal, seqlen, group in CELLS:
             select(name)
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
         timed[name] = [run]
+    watch(f"the timing of {cell}")
     times, failed = time_interleaved(timed, warmup=3, repeats=30)
     flops = 2.5 * 4 * batch * heads * seqlen * seqlen * hdim / (2 if causal else 1)
     row = {"hdim": hdim, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads,
@@ -174,5 +207,5 @@ for hdim, causal, seqlen, group in CELLS:
     print(f"h{hdim} {'causal' if causal else 'full  '} {seqlen:>6} {group}:1: " + "  ".join(
         f"{n} {row[n]['tflops']:.0f} TF ({base / row[n]['ms']:.2f}x cudnn, dq {row[n]['rel_l2'][0]:.1e})"
         for n in times), flush=True)
-json.dump({"command": " ".join(["python3 lab/bwd_ab.py", *sys.argv[1:]]), "gpu": torch.cuda.get_device_name(),
-           "rows": rows}, open(sys.argv[1], "w"), indent=1)
+watch("")
+dump()

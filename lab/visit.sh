@@ -219,11 +219,11 @@ for step in "$@"; do case $step in
          run bwd-ab-trees 450 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_trees.json" \
            "wgmma-tma,release$trees" ;;
   bwd-tests-h200) FLASHTUNE_PROFILE=h200 run bwd-tests-h200 240 python3 -m pytest -q -n 16 --tb=short \
-           -p no:cacheprovider tests/test_backward_gpu.py ;;
+           -p no:cacheprovider -o faulthandler_timeout=120 tests/test_backward_gpu.py ;;
   bench-bwd-h200) run bench-bwd-h200 200 python3 -m flashtune bench --profile h200 --pass bwd --hdims 64,128 \
            --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_h200.json" ;;
   bwd-tests-sm80) FLASHTUNE_PROFILE=h200-sm80 run bwd-tests-h200-sm80 240 python3 -m pytest -q -n 16 --tb=short \
-           -p no:cacheprovider tests/test_backward_gpu.py ;;
+           -p no:cacheprovider -o faulthandler_timeout=120 tests/test_backward_gpu.py ;;
   bwd-sanitize-sm80) for tool in memcheck racecheck synccheck; do
               run bwd-sm80-$tool 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py \
                 h200-sm80 --backward
@@ -245,6 +245,7 @@ for step in "$@"; do case $step in
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+             -o faulthandler_timeout=120 \
              tests/test_backward_gpu.py
          done ;;
   bwd-sanitize) for tool in memcheck racecheck synccheck; do
