@@ -135,6 +135,30 @@ for name, (choose, build) in PROFILE_CHOICES.items():
     if name in CHOSEN:
         BUILDS.append((f"{name}'s", build, [choose(torch.device("cuda", 0), DT, h, c)
                                             for h in {cell[0] for cell in CELLS} - {256} for c in (False, True)]))
+
+
+def forward_specs(pkg, cells):
+    """The forward kernels `pkg` (flashtune, the release's or a tree's package) picks for the cells'
+    timed calls and their correctness checks, by its own selection: built up front beside the
+    backward's (on their first call they were built one tree at a time, for minutes)."""
+    selection = importlib.import_module(f"{pkg.__name__}.runtime.selection")
+    profile = selection.active_profile(torch.device("cuda", 0))
+    specs = {}
+    for hdim, causal, seqlen, group in cells:
+        batch, heads = max(1, 16384 // seqlen), 2048 // hdim
+        for n, b, heads_kv in ((seqlen, batch, heads // group), (min(seqlen, 2048), 1, 2)):
+            spec = selection.kernel_for(profile, DT, hdim, causal, n, n, head_ratio=group,
+                                        key_rows=b * heads_kv * n, device_index=0)
+            specs[spec.name] = spec
+    return list(specs.values())
+
+
+if any(n in VARIANTS for n in CHOSEN):
+    BUILDS.append(("today's forward", build_specs, forward_specs(flashtune, CELLS)))
+for name, pkg in [*([("release", release)] if release else []), *TREES.items()]:
+    if name in CHOSEN or (name == "release" and any(n.startswith("release") for n in CHOSEN)):
+        BUILDS.append((f"{name}'s forward", importlib.import_module(f"{pkg.__name__}.kernels.build").build_specs,
+                       forward_specs(pkg, [c for c in CELLS if c[0] != 256])))
 with ThreadPoolExecutor(max(1, len(BUILDS))) as pool:
     results = list(pool.map(lambda job: job[1](job[2], jobs=8), BUILDS))
 for (what, _, _), (_, failures) in zip(BUILDS, results):
