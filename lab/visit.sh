@@ -22,6 +22,8 @@
 #                 with every other lab/NAME-src tree's wgmma backward too (make_release.sh COMMIT NAME)
 #   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
+#   ncu-bwd-l2    Nsight Compute's L2 hit rates of the wgmma backward's dQ reduce-adds and loads, and its DRAM
+#                 bytes, at hdim 64 x 512 and 16k tokens (does a short sequence's first add to each dQ line miss?)
 #   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k; NCU_CELL=bwd:D:CAUSAL:N
 #                 another) beside cuDNN's: details
 #                 page of both, our kernel's SASS page with per-instruction stalls (lab/ncu_sass_summary.py)
@@ -242,6 +244,9 @@ for step in "$@"; do case $step in
          run ncu-bwd-wg-details 60 ncu -i "$OUT/ncu-bwd-wg.ncu-rep" --page details
          run ncu-bwd-wg-source 60 sh -c "ncu -i '$OUT/ncu-bwd-wg.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
+  ncu-bwd-l2) run ncu-bwd-l2 200 ncu --clock-control none --profile-from-start off -k 'regex:flashtune_bwd.*_wg2_sm90a$' \
+           --metrics gpu__time_duration.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_red_lookup_hit.sum,lts__t_sectors_op_red_lookup_miss.sum,lts__t_sectors_op_read_lookup_hit.sum,lts__t_sectors_op_read_lookup_miss.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+           python3 lab/ncu_cells.py h200 bwd:64:0:512 bwd:64:0:16384 ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
            FLASHTUNE_PROFILE=$prof run bwd-tests-$prof 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
