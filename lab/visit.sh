@@ -245,7 +245,8 @@ for step in "$@"; do case $step in
          run ncu-bwd-wg-source 60 sh -c "ncu -i '$OUT/ncu-bwd-wg.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
   ncu-bwd-l2) run ncu-bwd-l2 200 ncu --clock-control none --profile-from-start off -k 'regex:flashtune_bwd.*_wg2_sm90a$' \
-           --metrics gpu__time_duration.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_red_lookup_hit.sum,lts__t_sectors_op_red_lookup_miss.sum,lts__t_sectors_op_read_lookup_hit.sum,lts__t_sectors_op_read_lookup_miss.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+           --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+           --print-details all \
            python3 lab/ncu_cells.py h200 bwd:64:0:512 bwd:64:0:16384 ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
