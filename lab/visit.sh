@@ -246,7 +246,6 @@ for step in "$@"; do case $step in
            --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
   ncu-bwd-l2) run ncu-bwd-l2 200 ncu --clock-control none --profile-from-start off -k 'regex:flashtune_bwd.*_wg2_sm90a$' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-           --print-details all \
            python3 lab/ncu_cells.py h200 bwd:64:0:512 bwd:64:0:16384 ;;
   tune-bwd) run tune-bwd 300 python3 -m flashtune tune --backward --profile h200 --out "$OUT/h200-bwd-tuned.yaml" ;;
   bwd-tests) for prof in h200 h200-sm80; do
