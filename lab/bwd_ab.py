@@ -140,7 +140,7 @@ for name, (choose, build) in PROFILE_CHOICES.items():
 def forward_specs(pkg, cells):
     """The forward kernels `pkg` (flashtune, the release's or a tree's package) picks for the cells'
     timed calls and their correctness checks, by its own selection: built up front beside the
-    backward's (on their first call they were built one tree at a time, for minutes)."""
+    backward's (else each is built on its first call, one at a time and inside the hang watchdog's limit)."""
     selection = importlib.import_module(f"{pkg.__name__}.runtime.selection")
     profile = selection.active_profile(torch.device("cuda", 0))
     specs = {}
