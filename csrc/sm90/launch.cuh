@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "common/persistent_grid.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/tma_host.h"
 
@@ -42,11 +43,8 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   // tiles; otherwise one CTA per tile, a loop of one.
   int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
   if constexpr (T::kPersistent) {
-    int device = 0, sms = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    const cudaError_t err = persistent_ctas(tiles, &ctas);
     if (err != cudaSuccess) return int(err);
-    ctas = int(tiles < sms ? tiles : sms);
   }
   // The kernel's next tile index (t + ctas, or ctas + the counter) must not wrap around.
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);

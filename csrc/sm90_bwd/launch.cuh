@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "common/persistent_grid.h"
 #include "sm90/tma_host.h"
 #include "sm90_bwd/bwd_kernel.cuh"
 
@@ -45,11 +46,8 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   // every CTA keeps one key block): one CTA per tile, which the GPU hands out as SMs free up.
   int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
   if (!T::kCausal && p.cu_seqlens_q == nullptr) {
-    int device = 0, sms = 0;
-    cudaError_t err_sm = cudaGetDevice(&device);
-    if (err_sm == cudaSuccess) err_sm = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    const cudaError_t err_sm = persistent_ctas(tiles, &ctas);
     if (err_sm != cudaSuccess) return int(err_sm);
-    ctas = int(tiles < sms ? tiles : sms);
   }
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);  // the tile index would wrap
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(bp, maps);
