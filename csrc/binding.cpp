@@ -234,6 +234,9 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
 
   const c10::cuda::CUDAGuard guard(q.device());  // the launcher's passes write dq even without keys
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const auto [tile_counter, zeroed] = tile_counter_for(q, stream);  // the wgmma kernel's, causal or varlen
+  p.fwd.tile_counter = tile_counter.data_ptr<int32_t>();
+  p.fwd.tile_counter_zeroed = zeroed ? 1 : 0;
   auto fn = reinterpret_cast<flashtune::BwdLaunchFn>(launcher);
   const int err = fn(&p, stream);
   TORCH_CHECK(err == 0, "flashtune: backward kernel launch failed: ",

@@ -54,7 +54,7 @@ def test_gradients_match_the_fp32_reference(dtype, hdim, causal, seqlen_q, seqle
 def test_more_key_blocks_than_the_gpu_has_sms(hdim):
     """4 x 1024 tokens x 16 query heads over 4 KV heads: 512 tiles of 128 keys, more than any GPU has
     SMs, so that a persistent grid's CTA takes several in turn (its K/V, ring and dQ staging carried
-    from tile to tile); causal (a CTA per tile) and not."""
+    from tile to tile); not causal (by a stride) and causal (from the launch's counter)."""
     dtype = torch.bfloat16
     q, dout = (randn(4, 1024, 16, hdim, seed=hdim + s, dtype=dtype) for s in (0, 1))
     k, v = (randn(4, 1024, 4, hdim, seed=hdim + s, dtype=dtype) for s in (2, 3))
@@ -64,6 +64,47 @@ def test_more_key_blocks_than_the_gpu_has_sms(hdim):
                         dout.float())
         lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
         assert_close_grads(ours, ref, lowp)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_backward_captured_in_a_cuda_graph_replays_on_new_inputs(causal):
+    """Forward and backward captured in a CUDA graph, replayed on new inputs three times with the
+    gradients poisoned before each replay; eager calls on the capture stream between replays. A
+    causal call takes its tiles from a counter the kernels leave at 0; a captured one zeroes a
+    counter of its own in the graph."""
+    dtype, hdim = torch.bfloat16, 128
+    q, k, v = (randn(2, 700, heads, hdim, seed=s, dtype=dtype).requires_grad_()
+               for s, heads in ((1, 8), (2, 2), (3, 2)))
+    dout = randn(2, 700, 8, hdim, seed=4, dtype=dtype)
+
+    def step():
+        return torch.autograd.grad(flashtune.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the capture (module loads)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (10, 20, 30):
+        with torch.no_grad():
+            for i, t in enumerate((q, k, v, dout)):
+                t.copy_(randn(*t.shape, seed=seed + i, dtype=dtype))
+            for g in captured:
+                g.fill_(float("nan"))
+        graph.replay()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            eager = step()
+        torch.cuda.synchronize()
+        inputs = [t.detach() for t in (q, k, v)]
+        ref = gradients(lambda q, k, v: attention_reference(q, k, v, causal)[0], [t.float() for t in inputs],
+                        dout.float())
+        lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), inputs, dout)
+        assert_close_grads(list(captured), ref, lowp)
+        assert_close_grads(list(eager), ref, lowp)
 
 
 def test_varlen_gradients_with_empty_sequences_and_padded_keys():

@@ -1,10 +1,11 @@
 // The Hopper backward (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, in the layout of
-// FlashAttention-3's: CTAs over the key blocks of every (batch, query head) (work.cuh; persistent
-// where they cost the same), a producer warpgroup (producer.cuh: per tile K and V, each query
-// block's Q, dO and statistics onto a ring, and the consumers' dQ pieces added to the fp32 sum) and
-// two consumer warpgroups (mainloop.cuh: each 64 of the keys), then this file's epilogue: dK (times
-// the softmax scale: S was scaled) and dV of the warpgroup's keys, per query head (the caller sums a
-// KV head's group), stored straight from the accumulators. The caller scales and converts dQ.
+// FlashAttention-3's: persistent CTAs over the key blocks of every (batch, query head) (work.cuh:
+// by a stride, or from a counter where they differ in cost), a producer warpgroup (producer.cuh:
+// per tile K and V, each query block's Q, dO and statistics onto a ring, and the consumers' dQ
+// pieces added to the fp32 sum) and two consumer warpgroups (mainloop.cuh: each 64 of the keys),
+// then this file's epilogue: dK (times the softmax scale: S was scaled) and dV of the warpgroup's
+// keys, per query head (the caller sums a KV head's group), stored straight from the accumulators.
+// The caller scales and converts dQ.
 #pragma once
 #include "backward/params.h"
 #include "common/convert.cuh"
@@ -43,7 +44,10 @@ template <class T>
 __device__ __forceinline__ void bwd_body(const BwdParams& bp, const BwdTmaMaps& maps) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SmemTiles<T> smem(smem_raw);
-  if (threadIdx.x == 0) Barriers<T>::shared().init();
+  if (threadIdx.x == 0) {
+    TileRing<T>::shared().init();
+    Barriers<T>::shared().init();  // and the fence that makes both inits visible
+  }
   __syncthreads();
 
   // Read through a shuffle from lane 0, the compiler knows it is the same across the warp: the

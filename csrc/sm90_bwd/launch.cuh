@@ -40,17 +40,26 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (attr != cudaSuccess) return int(attr);
   const int64_t tiles = int64_t((p.seqlen_k + T::kBlockN - 1) / T::kBlockN) * p.heads_q * p.batch;
   if (tiles == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
-  // Persistent where the tiles cost the same (no causal mask, one length): one CTA per SM (its
-  // ~195 KiB of shared memory hold one) striding over them. Causal and varlen tiles differ in cost,
-  // and a fixed stride would give some CTAs the heavy ones (with 132 SMs and 4 key blocks a head
-  // every CTA keeps one key block): one CTA per tile, which the GPU hands out as SMs free up.
-  int ctas = int(tiles < INT32_MAX ? tiles : INT32_MAX);
-  if (!T::kCausal && p.cu_seqlens_q == nullptr) {
-    const cudaError_t err_sm = persistent_ctas(tiles, &ctas);
-    if (err_sm != cudaSuccess) return int(err_sm);
-  }
+  // Persistent: one CTA per SM (its ~195 KiB of shared memory hold one) walking the tiles, so that
+  // a tile's loads run under the last one's end. Tiles of one cost (no causal mask, one length) by a
+  // fixed stride; causal and varlen tiles differ in cost (a fixed stride gave CTAs 1.3-1.7x the mean
+  // load), so there the next free CTA takes the next tile from the launch's counter, as the GPU hands
+  // out CTAs (work.cuh, schedule_tiles).
+  int ctas = 0;
+  const cudaError_t err_sm = persistent_ctas(tiles, &ctas);
+  if (err_sm != cudaSuccess) return int(err_sm);
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);  // the tile index would wrap
-  kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(bp, maps);
+  BwdParams args = bp;
+  if (!T::kCausal && p.cu_seqlens_q == nullptr) {
+    args.fwd.tile_counter = nullptr;  // the kernel strides by gridDim.x
+  } else if (p.tile_counter == nullptr) {
+    return int(cudaErrorInvalidValue);
+  } else if (!p.tile_counter_zeroed) {  // a fresh counter (graph capture): zeroed on the stream first
+    const cudaError_t err_set =
+        cudaMemsetAsync(args.fwd.tile_counter, 0, 2 * sizeof(int32_t), static_cast<cudaStream_t>(stream));
+    if (err_set != cudaSuccess) return int(err_set);
+  }
+  kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);
   return int(cudaGetLastError());
 }
 

@@ -69,13 +69,13 @@ struct SmemTiles {
   __device__ __forceinline__ float* dsum(int stage) const { return lse(stage) + T::kBlockM; }
 };
 
-// Warp 0's thread 0: per tile K and V, then every query block's Q and dO; `i` counts the ring's
-// slots over all of the CTA's tiles.
+// Warp 0's thread 0, also the tile scheduler: per tile K and V, then every query block's Q and dO;
+// `i` counts the ring's slots over all of the CTA's tiles.
 template <class T>
 __device__ __forceinline__ void load_tiles(const BwdParams& bp, const BwdTmaMaps& maps, const SmemTiles<T>& smem) {
   Barriers<T>& bars = Barriers<T>::shared();
   int i = 0;
-  for_each_tile<T>(bp, [&](const Work<T>& w, int k) {
+  schedule_tiles<T>(bp, [&](const Work<T>& w, int k) {
     if (k > 0) mbarrier_wait(&bars.kv_empty, (k - 1) & 1);
     const int key_row = w.k_row0 + w.key0();
     mbarrier_arrive_expect_tx(&bars.bar_kv, 2 * T::kKBytes);

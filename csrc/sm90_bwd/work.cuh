@@ -1,9 +1,10 @@
 // What the Hopper backward works on: tiles, each a key block of one (batch, query head) with the
 // sequence's lengths and first rows and the query blocks that see its keys, and the order a CTA
-// takes them in. Every thread computes them the same from the parameters; producer and consumers
-// walk the same tiles and ranges.
+// takes them in: one thread picks them and publishes each (the tile ring, below), and every role
+// walks the same tiles and computes each one's fields the same from the parameters.
 #pragma once
 #include "backward/params.h"
+#include "sm90/ptx_sm90.cuh"
 
 namespace flashtune {
 namespace sm90_bwd {
@@ -49,17 +50,82 @@ struct Work {
   }
 };
 
-// The CTA's tiles in order, f(work, k) for the k-th with keys: a persistent grid (one CTA an SM,
-// launch.cuh: without a causal mask or varlen) strides over them, so the next tile's Q, dO and
-// statistics load under this one's last blocks and its K and V under its epilogue, instead of all
-// behind a new CTA's start; otherwise a CTA per tile, a loop of one.
+// The CTA's tiles reach every role through the tile ring: the producer's load thread (the
+// scheduler, schedule_tiles) picks each next tile and publishes its index in one of two slots
+// (full[s]: one arrival, its store released by it); each of the other warps (the statistics and dQ
+// warps, the consumers' eight) reads it and releases the slot (empty[s], lane 0 once its warp has
+// read). An index of -1 ends the walk. So one thread decides, and every role walks the same tiles.
+template <class T>
+struct TileRing {
+  static constexpr int kSlots = 2;
+  static constexpr int kReaderWarps = 2 + 4 * T::kConsumers;
+  uint64_t full[kSlots], empty[kSlots];
+  int tile[kSlots];
+
+  static __device__ __forceinline__ TileRing& shared() {
+    __shared__ __align__(8) TileRing ring;
+    return ring;
+  }
+  __device__ __forceinline__ void init() {  // one thread, before the CTA's barrier (and the init fence)
+    for (int s = 0; s < kSlots; ++s) {
+      sm90::mbarrier_init(&full[s], 1);
+      sm90::mbarrier_init(&empty[s], kReaderWarps);
+    }
+  }
+};
+
+__device__ __forceinline__ int key_blocks(const BwdParams& bp, int block_n) {
+  return (bp.fwd.seqlen_k + block_n - 1) / block_n;
+}
+
+// The scheduler (one thread): CTA c starts at tile c; the next is the grid's stride on, or (causal
+// and varlen calls, whose tiles differ in cost: bp.fwd.tile_counter) the launch counter's next, taken
+// once f has issued the tile's last load, so that whichever CTA frees first takes it, as the GPU hands
+// out CTAs. Tiles without keys (varlen) are skipped. f(work, k) for the k-th tile, after its index is
+// published; at the end -1, and the counter left at 0 for the next launch (the last CTA out resets it,
+// as sm90/tile_scheduler.cuh does).
+template <class T, class F>
+__device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
+  TileRing<T>& ring = TileRing<T>::shared();
+  const int n_blocks = key_blocks(bp, T::kBlockN);
+  const int tiles = n_blocks * bp.fwd.heads_q * bp.fwd.batch;  // launch.cuh checks it fits an int
+  int* const counter = bp.fwd.tile_counter;
+  auto next = [&](int t) {
+    return counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
+  };
+  int t = int(blockIdx.x);
+  for (int k = 0;; ++k) {
+    while (t < tiles && !Work<T>(bp, t, n_blocks).has_keys()) t = next(t);  // varlen: too short a sequence
+    const int s = k % TileRing<T>::kSlots;
+    if (k >= TileRing<T>::kSlots) sm90::mbarrier_wait(&ring.empty[s], ((k / TileRing<T>::kSlots) & 1) ^ 1);
+    ring.tile[s] = t < tiles ? t : -1;
+    sm90::mbarrier_arrive(&ring.full[s]);
+    if (t >= tiles) break;
+    f(Work<T>(bp, t, n_blocks), k);
+    t = next(t);
+  }
+  if (counter != nullptr) {  // every CTA's last take is done once all have counted themselves out
+    __threadfence();
+    if (atomicAdd(counter + 1, 1) == int(gridDim.x) - 1) {
+      atomicExch(counter, 0);
+      atomicExch(counter + 1, 0);
+    }
+  }
+}
+
+// Every other role's walk, by whole warps: the published tiles in order, f(work, k) for the k-th.
 template <class T, class F>
 __device__ __forceinline__ void for_each_tile(const BwdParams& bp, F&& f) {
-  const int n_blocks = (bp.fwd.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  const int tiles = n_blocks * bp.fwd.heads_q * bp.fwd.batch;  // launch.cuh checks it fits an int
-  for (int tile = int(blockIdx.x), k = 0; tile < tiles; tile += int(gridDim.x)) {
-    const Work<T> w(bp, tile, n_blocks);
-    if (w.has_keys()) f(w, k++);  // varlen: a sequence shorter than this key block has none
+  TileRing<T>& ring = TileRing<T>::shared();
+  const int n_blocks = key_blocks(bp, T::kBlockN);
+  for (int k = 0;; ++k) {
+    const int s = k % TileRing<T>::kSlots;
+    sm90::mbarrier_wait(&ring.full[s], (k / TileRing<T>::kSlots) & 1);
+    const int t = ring.tile[s];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) sm90::mbarrier_arrive(&ring.empty[s]);
+    if (t < 0) break;
+    f(Work<T>(bp, t, n_blocks), k);
   }
 }
 
