@@ -72,10 +72,10 @@ def test_a_backward_captured_in_a_cuda_graph_replays_on_new_inputs(causal):
     gradients poisoned before each replay; eager calls on the capture stream between replays. A
     causal call takes its tiles from a counter the kernels leave at 0; a captured one zeroes a
     counter of its own in the graph."""
-    dtype, hdim = torch.bfloat16, 128
-    q, k, v = (randn(2, 700, heads, hdim, seed=s, dtype=dtype).requires_grad_()
-               for s, heads in ((1, 8), (2, 2), (3, 2)))
-    dout = randn(2, 700, 8, hdim, seed=4, dtype=dtype)
+    dtype, hdim = torch.bfloat16, 128  # 512 tiles of 128 keys, more than any GPU has SMs: CTAs take several
+    q, k, v = (randn(4, 1024, heads, hdim, seed=s, dtype=dtype).requires_grad_()
+               for s, heads in ((1, 16), (2, 4), (3, 4)))
+    dout = randn(4, 1024, 16, hdim, seed=4, dtype=dtype)
 
     def step():
         return torch.autograd.grad(flashtune.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)

@@ -107,6 +107,7 @@ __device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
   if (counter != nullptr) {  // every CTA's last take is done once all have counted themselves out
     __threadfence();
     if (atomicAdd(counter + 1, 1) == int(gridDim.x) - 1) {
+      __threadfence();  // the others' takes, seen before the reset
       atomicExch(counter, 0);
       atomicExch(counter + 1, 0);
     }
