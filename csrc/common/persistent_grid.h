@@ -16,4 +16,15 @@ inline cudaError_t persistent_ctas(int64_t tiles, int* ctas) {
   return err;
 }
 
+// A CTA's scheduling thread, once it has taken its last tile from a launch's tile counter ([0]: the
+// next tile, [1]: the CTAs done): every CTA's last take is done once all have counted themselves
+// out, and the last one out sets both back to 0 for the next launch on the stream.
+__device__ __forceinline__ void release_tile_counter(int* counter) {
+  __threadfence();
+  if (atomicAdd(counter + 1, 1) == int(gridDim.x) - 1) {
+    atomicExch(counter, 0);
+    atomicExch(counter + 1, 0);
+  }
+}
+
 }  // namespace flashtune

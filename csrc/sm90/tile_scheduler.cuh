@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/params.h"
+#include "common/persistent_grid.h"
 
 namespace flashtune {
 namespace sm90 {
@@ -146,13 +147,7 @@ struct TileScheduler {
   // Leave the counter at 0 for the next launch on the stream (the launcher then needs no
   // memset): every CTA has taken its last tile once all have counted themselves done.
   __device__ __forceinline__ void finish() {
-    if (T::kPersistent && p.tile_counter != nullptr) {
-      __threadfence();
-      if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
-        atomicExch(p.tile_counter, 0);
-        atomicExch(p.tile_counter + 1, 0);
-      }
-    }
+    if (T::kPersistent && p.tile_counter != nullptr) release_tile_counter(p.tile_counter);
   }
 };
 

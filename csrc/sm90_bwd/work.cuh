@@ -4,6 +4,7 @@
 // walks the same tiles and computes each one's fields the same from the parameters.
 #pragma once
 #include "backward/params.h"
+#include "common/persistent_grid.h"
 #include "sm90/ptx_sm90.cuh"
 
 namespace flashtune {
@@ -82,8 +83,8 @@ __device__ __forceinline__ int key_blocks(const BwdParams& bp, int block_n) {
 // and varlen calls, whose tiles differ in cost: bp.fwd.tile_counter) the launch counter's next, taken
 // once f has issued the tile's last load, so that whichever CTA frees first takes it, as the GPU hands
 // out CTAs. Tiles without keys (varlen) are skipped. f(work, k) for the k-th tile, after its index is
-// published; at the end -1, and the counter left at 0 for the next launch (the last CTA out resets it,
-// as sm90/tile_scheduler.cuh does).
+// published; at the end -1, and the counter left at 0 for the next launch (release_tile_counter, as
+// the forward's scheduler).
 template <class T, class F>
 __device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
   TileRing<T>& ring = TileRing<T>::shared();
@@ -104,14 +105,7 @@ __device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
     f(Work<T>(bp, t, n_blocks), k);
     t = next(t);
   }
-  if (counter != nullptr) {  // every CTA's last take is done once all have counted themselves out
-    __threadfence();
-    if (atomicAdd(counter + 1, 1) == int(gridDim.x) - 1) {
-      __threadfence();  // the others' takes, seen before the reset
-      atomicExch(counter, 0);
-      atomicExch(counter + 1, 0);
-    }
-  }
+  if (counter != nullptr) release_tile_counter(counter);
 }
 
 // Every other role's walk, by whole warps: the published tiles in order, f(work, k) for the k-th.
