@@ -99,25 +99,34 @@ __device__ __forceinline__ void load_tiles(const BwdParams& bp, const BwdTmaMaps
 }
 
 // Warp 1: each query block's statistics, one row per lane and pass; the slots as load_tiles counts them.
+// A block's global loads are all issued before its slot's wait, and land in registers: written
+// through generic pointers one by one (which may alias the loads), they were eight round trips in a
+// row at hdim 64, longer than the consumers' block, whose waits on `full` they became (Nsight Compute).
 template <class T>
 __device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<T>& smem, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int kPasses = T::kBlockM / 32;
   Barriers<T>& bars = Barriers<T>::shared();
   int i = 0;
   for_each_tile<T>(bp, [&](const Work<T>& w, int) {
     const float* lse = bp.fwd.lse + w.lse;
     const float* dsum = bp.dsum + w.lse;
     for (int m = w.m_begin; m < w.m_end; ++m, ++i) {
+      float lse_rows[kPasses], dsum_rows[kPasses];
+#pragma unroll
+      for (int j = 0; j < kPasses; ++j) {
+        const int row = m * T::kBlockM + 32 * j + lane;
+        const bool valid = row < w.seqlen_q;
+        lse_rows[j] = valid ? __ldg(lse + row) * kLog2e : INFINITY;
+        dsum_rows[j] = valid ? __ldg(dsum + row) : 0.f;
+      }
       const int stage = i % T::kStages;
       if (i >= T::kStages) mbarrier_wait(&bars.empty[stage], ((i / T::kStages) & 1) ^ 1);
-      float* lse_tile = smem.lse(stage);
-      float* dsum_tile = smem.dsum(stage);
+      const uint32_t lse_tile = sm90::smem_u32(smem.lse(stage)), dsum_tile = sm90::smem_u32(smem.dsum(stage));
 #pragma unroll
-      for (int r = lane; r < T::kBlockM; r += 32) {
-        const int row = m * T::kBlockM + r;
-        const bool valid = row < w.seqlen_q;
-        lse_tile[r] = valid ? lse[row] * kLog2e : INFINITY;
-        dsum_tile[r] = valid ? dsum[row] : 0.f;
+      for (int j = 0; j < kPasses; ++j) {
+        sm90::st_shared_f32(lse_tile + 4 * (32 * j + lane), lse_rows[j]);
+        sm90::st_shared_f32(dsum_tile + 4 * (32 * j + lane), dsum_rows[j]);
       }
       mbarrier_arrive(&bars.full[stage]);  // release: the writes above are seen by whoever waits on full
     }
