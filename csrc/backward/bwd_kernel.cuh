@@ -20,6 +20,7 @@
 #include "backward/kernel_traits.cuh"
 #include "backward/params.h"
 #include "common/ptx_sm80.cuh"
+#include "common/quad_store.cuh"
 #include "sm80/kernel_traits.cuh"
 
 namespace flashtune {
@@ -348,19 +349,24 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     }
   }
 
-  // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys.
+  // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys, in whole
+  // sectors, 8 bytes a thread (common/quad_store.cuh; every lane shuffles, then the rows in range store)
   Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
   Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + key_group * 16 + g + 8 * r;
-    if (key < seqlen_k) {
-      const int64_t row = int64_t(key) * bp.dkv_row_stride + part * (D / T::kKvSplit) + 2 * t;
+    const int64_t row = int64_t(key) * bp.dkv_row_stride + part * (D / T::kKvSplit) + 4 * t;
 #pragma unroll
-      for (int dt = 0; dt < KVT; ++dt) {
-        *reinterpret_cast<uint32_t*>(gdK + row + dt * 8) =
-            pack2<Elem>(acc_dk[dt][2 * r] * p.softmax_scale, acc_dk[dt][2 * r + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(gdV + row + dt * 8) = pack2<Elem>(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
+    for (int dt = 0; dt < KVT; dt += 2) {  // n8 tiles dt and dt + 1: 16 columns
+      const float sc = p.softmax_scale;
+      const uint2 dk = quad_chunk_of_16(pack2<Elem>(acc_dk[dt][2 * r] * sc, acc_dk[dt][2 * r + 1] * sc),
+                                        pack2<Elem>(acc_dk[dt + 1][2 * r] * sc, acc_dk[dt + 1][2 * r + 1] * sc), lane);
+      const uint2 dv = quad_chunk_of_16(pack2<Elem>(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]),
+                                        pack2<Elem>(acc_dv[dt + 1][2 * r], acc_dv[dt + 1][2 * r + 1]), lane);
+      if (key < seqlen_k) {
+        *reinterpret_cast<uint2*>(gdK + row + dt * 8) = dk;
+        *reinterpret_cast<uint2*>(gdV + row + dt * 8) = dv;
       }
     }
   }

@@ -9,6 +9,7 @@
 #pragma once
 #include "backward/params.h"
 #include "common/convert.cuh"
+#include "common/quad_store.cuh"
 #include "sm90/ptx_sm90.cuh"
 #include "sm90_bwd/kernel_traits.cuh"
 #include "sm90_bwd/mainloop.cuh"
@@ -19,31 +20,21 @@ namespace flashtune {
 namespace sm90_bwd {
 
 // Accumulator i of the 64 x D tiles: key row acc_row(i), head-dim column acc_col(i), a pair of
-// columns per register pair. Stored as they lie, a warp's 4-byte stores used half of each 32-byte
-// sector (twice the sectors, Nsight Compute: the stores' lg throttle, 11% of stall samples): a quad
-// first trades pairs by two shuffles so that thread t holds columns 4t..4t+3 of each 16-column
-// chunk, and the quad stores whole sectors, 8 bytes a thread.
+// columns per register pair; stored in whole sectors, 8 bytes a thread (common/quad_store.cuh).
 template <class T>
 __device__ __forceinline__ void store_rows_8b(typename T::Elem* to, const float (&acc)[T::kDRegs], float scale,
                                               const BwdParams& bp, const Work<T>& w, const Mainloop<T>& ml) {
   using Elem = typename T::Elem;
-  const int t = ml.t, quad = ml.lane & ~3;
-  // Round 1 brings a pair from thread [0, 2, 1, 3][t], round 2 from [1, 3, 0, 2][t]; an odd thread
-  // sends its second group's pair first.
-  const int from1 = quad | ((t & 1) << 1 | t >> 1), from2 = quad | (((t & 1) << 1 | t >> 1) ^ 1);
 #pragma unroll
   for (int chunk = 0; chunk < T::kHeadDim / 16; ++chunk) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // rows +0 and +8
       const int i0 = 8 * chunk + 2 * half, i1 = i0 + 4;  // the chunk's two n8 groups
-      const uint32_t w0 = pack2<Elem>(acc[i0] * scale, acc[i0 + 1] * scale);
-      const uint32_t w1 = pack2<Elem>(acc[i1] * scale, acc[i1 + 1] * scale);
-      const uint32_t r1 = __shfl_sync(0xffffffffu, t & 1 ? w1 : w0, from1);
-      const uint32_t r2 = __shfl_sync(0xffffffffu, t & 1 ? w0 : w1, from2);
+      const uint2 cols = quad_chunk_of_16(pack2<Elem>(acc[i0] * scale, acc[i0 + 1] * scale),
+                                          pack2<Elem>(acc[i1] * scale, acc[i1 + 1] * scale), ml.lane);
       const int key = w.key0() + ml.cw * 64 + ml.acc_row(i0);
       if (key < w.seqlen_k)
-        *reinterpret_cast<uint2*>(to + int64_t(key) * bp.dkv_row_stride + 16 * chunk + 4 * t) =
-            t >= 2 ? make_uint2(r2, r1) : make_uint2(r1, r2);
+        *reinterpret_cast<uint2*>(to + int64_t(key) * bp.dkv_row_stride + 16 * chunk + 4 * ml.t) = cols;
     }
   }
 }
