@@ -69,8 +69,8 @@
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
-#   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), at most 100 s
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
+#   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), at most 100 s
 #   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
 #   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
 #   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
