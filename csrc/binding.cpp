@@ -29,6 +29,15 @@ int64_t stride_of(const at::Tensor& t, int d) {
   return dense;
 }
 
+// Whether every row (the last dimension) of t starts 16-byte aligned, strides of size-1 dimensions
+// aside: the backward's passes and epilogues move 8 or 16 bytes a lane.
+bool rows_16b_aligned(const at::Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (stride_of(t, d) * t.element_size() % 16 != 0) return false;
+  return true;
+}
+
 // The tile counter of the kernels that hand out tiles from one (FwdParams::tile_counter): two
 // int32 per (device, stream), zeroed once, which every kernel that uses them leaves at 0 when it
 // ends. Kernels on one stream run one after another, so no two share a count, and a call needs no
@@ -195,9 +204,10 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(dout.sizes() == q.sizes() && dq_accum.sizes() == q.sizes() && dk.sizes() == dv.sizes() &&
                   dk.strides() == dv.strides() && dk.size(r + 1) == q.size(r + 1) && dk.size(r) == k.size(r),
               "flashtune: gradient shapes");
-  TORCH_CHECK(dout.stride(-1) == 1 && dq_accum.stride(-1) == 1 && dk.stride(-1) == 1 &&
-                  reinterpret_cast<uintptr_t>(dout.data_ptr()) % 16 == 0,
-              "flashtune: gradients with a contiguous last dimension, dout 16-byte aligned");
+  TORCH_CHECK(dout.stride(-1) == 1 && dq_accum.stride(-1) == 1 && dk.stride(-1) == 1,
+              "flashtune: gradients with a contiguous last dimension");
+  for (const at::Tensor* t : {&dout, &out, &dq_accum, &dq, &dk, &dv})
+    TORCH_CHECK(rows_16b_aligned(*t), "flashtune: dout, out and the gradients with 16-byte aligned rows");
   TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dsum.scalar_type() == at::kFloat &&
                   dsum.strides() == lse.strides() && dsum.sizes() == lse.sizes(),
               "flashtune: dq_accum float32, dsum float32 in lse's layout");
@@ -224,8 +234,9 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
   if (dk_kv.has_value()) {
     TORCH_CHECK(dk_kv->sizes() == k.sizes() && dv_kv->sizes() == k.sizes() && dk_kv->strides() == dv_kv->strides() &&
                     dk_kv->stride(-1) == 1 && dk_kv->scalar_type() == dk.scalar_type() &&
-                    dv_kv->scalar_type() == dv.scalar_type(),
-                "flashtune: dk_kv and dv_kv in k's shape and dtype, one layout, a contiguous last dimension");
+                    dv_kv->scalar_type() == dv.scalar_type() && rows_16b_aligned(*dk_kv) && rows_16b_aligned(*dv_kv),
+                "flashtune: dk_kv and dv_kv in k's shape and dtype, one layout, a contiguous last dimension, "
+                "16-byte aligned rows");
     p.dk_kv = dk_kv->data_ptr();
     p.dv_kv = dv_kv->data_ptr();
     p.dkv_kv_batch_stride = varlen ? 0 : dk_kv->stride(0);

@@ -353,13 +353,14 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   // sectors, 8 bytes a thread (common/quad_store.cuh; every lane shuffles, then the rows in range store)
   Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
   Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
+  static_assert(KVT % 2 == 0, "pairs of n8 tiles: 16 columns");
+  const float sc = p.softmax_scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + key_group * 16 + g + 8 * r;
     const int64_t row = int64_t(key) * bp.dkv_row_stride + part * (D / T::kKvSplit) + 4 * t;
 #pragma unroll
     for (int dt = 0; dt < KVT; dt += 2) {  // n8 tiles dt and dt + 1: 16 columns
-      const float sc = p.softmax_scale;
       const uint2 dk = quad_chunk_of_16(pack2<Elem>(acc_dk[dt][2 * r] * sc, acc_dk[dt][2 * r + 1] * sc),
                                         pack2<Elem>(acc_dk[dt + 1][2 * r] * sc, acc_dk[dt + 1][2 * r + 1] * sc), lane);
       const uint2 dv = quad_chunk_of_16(pack2<Elem>(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]),

@@ -47,11 +47,12 @@ struct FwdParams {
   int32_t alibi_batch_stride;  // heads_q for (batch, heads_q) slopes, else 0
 
   // The tile counter of kernels that hand out work tiles from it (the sm90 family's persistent
-  // grid, for causal and varlen calls): two int32 on the device, [0] the tiles handed out, [1]
-  // the CTAs done; the last CTA out sets both back to 0. tile_counter_zeroed = 1: they are 0
-  // already (a per-stream pair that every such kernel leaves at 0), so the launcher does not
-  // zero them first; 0: any value, zeroed on the stream first. May be null: those kernels then
-  // take tiles by a fixed stride.
+  // grids, forward and backward, for causal and varlen calls): two int32 on the device, [0] the
+  // tiles handed out, [1] the CTAs done; the last CTA out sets both back to 0.
+  // tile_counter_zeroed = 1: they are 0 already (a per-stream pair that every such kernel leaves
+  // at 0), so the launcher does not zero them first; 0: any value, zeroed on the stream first. May
+  // be null for the forward, which then takes tiles by a fixed stride; the backward's launcher
+  // refuses a causal or varlen call without one.
   int32_t* tile_counter;
   int32_t tile_counter_zeroed;
 

@@ -4,8 +4,8 @@
 // per tile K and V, each query block's Q, dO and statistics onto a ring, and the consumers' dQ
 // pieces added to the fp32 sum) and two consumer warpgroups (mainloop.cuh: each 64 of the keys),
 // then this file's epilogue: dK (times the softmax scale: S was scaled) and dV of the warpgroup's
-// keys, per query head (the caller sums a KV head's group), stored straight from the accumulators.
-// The caller scales and converts dQ.
+// keys, per query head (the caller sums a KV head's group), stored from the accumulators' registers
+// in whole sectors (common/quad_store.cuh). The caller scales and converts dQ.
 #pragma once
 #include "backward/params.h"
 #include "common/convert.cuh"

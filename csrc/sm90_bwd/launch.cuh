@@ -42,7 +42,7 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (tiles == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
   // Persistent: one CTA per SM (its ~195 KiB of shared memory hold one) walking the tiles, so that
   // a tile's loads run under the last one's end. Tiles of one cost (no causal mask, one length) by a
-  // fixed stride; causal and varlen tiles differ in cost (a fixed stride gave CTAs 1.3-1.7x the mean
+  // fixed stride; causal and varlen tiles differ in cost (a fixed stride gave CTAs 1.3-1.9x the mean
   // load), so there the next free CTA takes the next tile from the launch's counter, as the GPU hands
   // out CTAs (work.cuh, schedule_tiles).
   int ctas = 0;

@@ -99,9 +99,9 @@ __device__ __forceinline__ void load_tiles(const BwdParams& bp, const BwdTmaMaps
 }
 
 // Warp 1: each query block's statistics, one row per lane and pass; the slots as load_tiles counts them.
-// A block's global loads are all issued before its slot's wait, and land in registers: written
-// through generic pointers one by one (which may alias the loads), they were eight round trips in a
-// row at hdim 64, longer than the consumers' block, whose waits on `full` they became (Nsight Compute).
+// A block's global loads are all issued before its slot's wait, into registers, then stored by
+// st.shared (loads each followed by a generic store, which may alias them, were eight round trips
+// in a row at hdim 64: longer than the consumers' block).
 template <class T>
 __device__ __forceinline__ void load_stats(const BwdParams& bp, const SmemTiles<T>& smem, int lane) {
   constexpr float kLog2e = 1.4426950408889634f;
