@@ -8,7 +8,8 @@ Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small sl
 shapes) and the median time of the backward alone (the rowsum pre-pass, the dQ conversion and the
 GQA sums included for ours, as attention_bwd runs them), TFLOPS counting 2.5 forwards.
 Usage: python3 lab/bwd_ab.py OUT.json [NAME,...]   (NAME: the variants and release kernels to time
-beside cuDNN; all by default. BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)
+beside cuDNN, and sdpa-flash for SDPA's FlashAttention-2 backward; all but sdpa-flash by default.
+BWD_AB_HDIMS=64,128: only those head dims' cells without GQA)
 A call that runs past BWD_AB_CALL_LIMIT seconds (120) is taken for a hang: the script names it, writes
 the rows so far and exits with 3 (a hung kernel cannot be interrupted; this keeps the device's time)."""
 import importlib
@@ -63,6 +64,9 @@ RELEASE_VARIANTS = {} if release is None else {
     "release-mma.sync-w8": lambda h, c: release_bwd_spec.BwdSpec("sm_90a", "bfloat16", h, 8, c),
 }
 DT = torch.bfloat16
+# SDPA's backends: cuDNN's, every cell's base; FlashAttention-2's, by name (the sm80 family's bar)
+SDPA = {"sdpa-cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
+        "sdpa-flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION}
 VARIANTS = {
     "wgmma-tma": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 8, c, wgmma=True),
     "mma.sync": lambda h, c: BwdSpec("sm_90a", "bfloat16", h, 4, c),
@@ -97,8 +101,8 @@ def grads_of(name, q, k, v, dout, causal):
         out = release.flash_attn_func(*leaves, causal=causal)
     elif name in TREES:
         out = TREES[name].flash_attn_func(*leaves, causal=causal)
-    elif name == "sdpa-cudnn":
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+    elif name in SDPA:
+        with torch.nn.attention.sdpa_kernel(SDPA[name]):
             out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves), is_causal=causal,
                                                  enable_gqa=True).transpose(1, 2)
     else:
@@ -115,8 +119,8 @@ CELLS += [(256, causal, seqlen, 1) for causal in (False, True) for seqlen in (10
 if os.environ.get("BWD_AB_HDIMS"):  # a short run: these head dims' cells without GQA
     CELLS = [c for c in CELLS if str(c[0]) in os.environ["BWD_AB_HDIMS"].split(",") and c[3] == 1]
 NOT_AT_256 = ("wgmma-tma", "release", *TREES)  # hdim 256: the mma.sync kernels only
-ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []), *TREES)
-CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL
+ALL = (*VARIANTS, *(["release", *RELEASE_VARIANTS] if release else []), *TREES, "sdpa-flash")
+CHOSEN = sys.argv[2].split(",") if len(sys.argv) > 2 else ALL[:-1]
 unknown = [n for n in CHOSEN if n not in ALL]
 if unknown:
     sys.exit(f"bwd_ab: unknown variant(s) {', '.join(unknown)}; known: {', '.join(ALL)}")

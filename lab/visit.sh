@@ -70,7 +70,7 @@
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
-#   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), at most 100 s
+#   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), and SDPA flash's, at most 130 s
 #   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
 #   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
 #   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
@@ -215,8 +215,8 @@ for step in "$@"; do case $step in
   bwd-ab) run bwd-ab 450 python3 lab/bwd_ab.py "$OUT/bwd_ab.json" ;;
   bwd-ab-mma) run bwd-ab-mma 450 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
            mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
-  bwd-ab-mma-short) run bwd-ab-mma 100 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
-           mma.sync-w8,release-mma.sync-w8 ;;
+  bwd-ab-mma-short) run bwd-ab-mma 130 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
+           mma.sync-w8,release-mma.sync-w8,sdpa-flash ;;
   bwd-ab-wg) run bwd-ab-wg 300 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" wgmma-tma,release ;;
   bwd-ab-wg-short) run bwd-ab-wg 230 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" \
            wgmma-tma,release ;;
