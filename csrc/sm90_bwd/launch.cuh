@@ -38,7 +38,7 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   if (err) return int(cudaErrorInvalidValue);  // a tensor the TMA cannot describe (python checks come first)
   const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
   if (attr != cudaSuccess) return int(attr);
-  const int64_t tiles = int64_t((p.seqlen_k + T::kBlockN - 1) / T::kBlockN) * p.heads_q * p.batch;
+  const int64_t tiles = tile_count<T>(bp);
   if (tiles == 0) return int(cudaSuccess);  // no keys: dK and dV are empty, dQ stays 0
   // Persistent: one CTA per SM (its ~195 KiB of shared memory hold one) walking the tiles, so that
   // a tile's loads run under the last one's end. Tiles of one cost (no causal mask, one length) by a

@@ -75,8 +75,15 @@ struct TileRing {
   }
 };
 
-__device__ __forceinline__ int key_blocks(const BwdParams& bp, int block_n) {
-  return (bp.fwd.seqlen_k + block_n - 1) / block_n;
+// The key blocks of the longest sequence, and the launch's tiles, (key block, head, batch): the
+// launcher sizes the grid by the count the scheduler walks.
+template <class T>
+__host__ __device__ __forceinline__ int key_blocks(const BwdParams& bp) {
+  return (bp.fwd.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+}
+template <class T>
+__host__ __device__ __forceinline__ int64_t tile_count(const BwdParams& bp) {
+  return int64_t(key_blocks<T>(bp)) * bp.fwd.heads_q * bp.fwd.batch;
 }
 
 // The scheduler (one thread): CTA c starts at tile c; the next is the grid's stride on, or (causal
@@ -88,8 +95,8 @@ __device__ __forceinline__ int key_blocks(const BwdParams& bp, int block_n) {
 template <class T, class F>
 __device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
   TileRing<T>& ring = TileRing<T>::shared();
-  const int n_blocks = key_blocks(bp, T::kBlockN);
-  const int tiles = n_blocks * bp.fwd.heads_q * bp.fwd.batch;  // launch.cuh checks it fits an int
+  const int n_blocks = key_blocks<T>(bp);
+  const int tiles = int(tile_count<T>(bp));  // launch.cuh checks it fits an int
   int* const counter = bp.fwd.tile_counter;
   auto next = [&](int t) {
     return counter != nullptr ? int(gridDim.x) + atomicAdd(counter, 1) : t + int(gridDim.x);
@@ -112,7 +119,7 @@ __device__ __forceinline__ void schedule_tiles(const BwdParams& bp, F&& f) {
 template <class T, class F>
 __device__ __forceinline__ void for_each_tile(const BwdParams& bp, F&& f) {
   TileRing<T>& ring = TileRing<T>::shared();
-  const int n_blocks = key_blocks(bp, T::kBlockN);
+  const int n_blocks = key_blocks<T>(bp);
   for (int k = 0;; ++k) {
     const int s = k % TileRing<T>::kSlots;
     sm90::mbarrier_wait(&ring.full[s], (k / TileRing<T>::kSlots) & 1);
