@@ -32,7 +32,7 @@ def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
     assert f"{finish}(const flashtune::BwdParams params)" in source and f"finish_body<{elem}>(params)" in source
     assert f"{group}(const flashtune::BwdParams params)" in source and f"group_body<{elem}>(params)" in source
     launcher = source[source.index(f'extern "C" int {spec.launcher_symbol}'):]
-    assert f"launch_with_passes(\n      {prep}, {finish}, {group}, *params, stream," in launcher
+    assert f"launch_with_passes<{spec.hdim}>(\n      {prep}, {finish}, {group}, *params, stream," in launcher
     assert f"launch<Cfg>({spec.name}, " in launcher
 
 

@@ -267,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(flashtune::bwd::kPassThreads)
 }}
 
 extern "C" int {self.launcher_symbol}(const flashtune::BwdParams* params, void* stream) {{
-  return flashtune::bwd::launch_with_passes(
+  return flashtune::bwd::launch_with_passes<{self.hdim}>(
       {prep}, {finish}, {group}, *params, stream,
       [&] {{ return {main_launch}; }});
 }}
