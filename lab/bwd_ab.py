@@ -1,7 +1,8 @@
 """A/B of the backward kernels in one process (lab, not shipped): today's wgmma kernel and mma.sync
 kernel (4 warps, and 8 warps: 128 keys a CTA), the release's (lab/release-src, lab/make_release.sh:
 its h200 profile's backward, and its mma.sync kernel with 4 and 8 warps, where present), other
-trees' (lab/NAME-src, `make_release.sh COMMIT NAME`: variant NAME, its h200 profile's backward) and cuDNN's
+trees' (lab/NAME-src, `make_release.sh COMMIT NAME`: variant NAME, its h200 profile's backward, or
+BWD_AB_TREE_PROFILE's) and cuDNN's
 backward through SDPA, on the FA grid's
 cells from 512 tokens and on GQA 4:1; at hdim 256 (1k and 4k tokens) the mma.sync kernels beside cuDNN.
 Per cell: correctness (rel. L2 of dq, dk, dv against fp32 autograd on a small slice of the same
@@ -47,6 +48,7 @@ if RELEASE.is_dir():
 # Other trees (lab/make_release.sh COMMIT NAME: lab/NAME-src, package flashtune_NAME), each timed as
 # variant NAME with its own h200 profile's backward, its build cache in /tmp/ftc-NAME unless set.
 TREES = {}
+TREE_PROFILE = os.environ.get("BWD_AB_TREE_PROFILE", "h200")  # h200-sm80: the trees' mma.sync kernels
 for src in sorted(Path(__file__).resolve().parent.glob("*-src")):
     name = src.name.removesuffix("-src")
     if name == "release":
@@ -55,7 +57,7 @@ for src in sorted(Path(__file__).resolve().parent.glob("*-src")):
     sys.path.insert(0, str(src))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])
     TREES[name] = importlib.import_module(f"flashtune_{name}")
-    TREES[name].use_profile("h200")
+    TREES[name].use_profile(TREE_PROFILE)
     importlib.import_module(f"flashtune_{name}.runtime.backward")  # for the kernels' prebuild below
     importlib.import_module(f"flashtune_{name}.kernels.build")
 # the release's mma.sync kernels, by the spec class of its own code

@@ -4,6 +4,7 @@ SM) and where its time goes (SM, tensor, DRAM throughput, warp stalls). A cell i
 cell, HDIM:CAUSAL:SEQLEN (batch and heads as the grid's), its backward, bwd:HDIM:CAUSAL:SEQLEN (the
 gradients of one kept forward, as `bench --pass bwd` times them), or a `bench --decode` cell,
 decode:HDIM:HEADS_KV:BATCH:CACHE (32 query heads, one query token, contiguous cache).
+NCU_BACKENDS=flashtune,sdpa-flash: other backends than flashtune and sdpa-cudnn (prefill and backward cells).
 
 Run: ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy \
        --section SpeedOfLight python3 lab/ncu_cells.py PROFILE CELL...
@@ -11,6 +12,7 @@ e.g. ... lab/ncu_cells.py h200 64:1:512 256:1:512 decode:128:1:1:1024
 (--clock-control none leaves the clocks to the GPU, so a kernel after a pause may run at idle
 clocks: compare launches and stalls more than durations.)
 """
+import os
 import sys
 
 import torch
@@ -21,6 +23,8 @@ from flashtune.measure.decode_problem import DecodeProblem, make_decode_inputs
 from flashtune.measure.problem import fa_grid, make_inputs
 from flashtune.commands.bench import with_gradients
 from flashtune.runtime import ops
+
+NAMES = os.environ.get("NCU_BACKENDS", "flashtune,sdpa-cudnn").split(",")
 
 
 def runners(cell: str):
@@ -36,8 +40,8 @@ def runners(cell: str):
     case = Inputs(q, k, v, bool(causal), hdim ** -0.5)
     if backward:
         dout = torch.randn_like(q)
-        return {name: with_gradients(BACKENDS[name], "bwd", dout)(case) for name in ("flashtune", "sdpa-cudnn")}
-    return {name: BACKENDS[name](case) for name in ("flashtune", "sdpa-cudnn")}
+        return {name: with_gradients(BACKENDS[name], "bwd", dout)(case) for name in NAMES}
+    return {name: BACKENDS[name](case) for name in NAMES}
 
 
 ops.use_profile(sys.argv[1])

@@ -70,11 +70,13 @@
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
+#   bwd-ab-tiled  the 8-warp mma.sync kernels, hdim 64/128: today's, the release's, every other lab/NAME-src tree's
+#                 (its h200-sm80 profile's choice) and SDPA flash's
 #   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), and SDPA flash's, at most 130 s
 #   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
 #   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
-#   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80), with its SASS
-#                 page's per-instruction stall samples as CSV
+#   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80) beside SDPA
+#                 flash's (FlashAttention-2's), details of both, our SASS page's per-instruction stall samples as CSV
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
 #                 cuDNN's, bf16, hdim 64/128, 512-16k and GQA 4:1, correctness and time in one process, JSON in $OUT
 #   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
@@ -217,6 +219,9 @@ for step in "$@"; do case $step in
            mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
   bwd-ab-mma-short) run bwd-ab-mma 130 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
            mma.sync-w8,release-mma.sync-w8,sdpa-flash ;;
+  bwd-ab-tiled) run bwd-ab-tiled 200 env BWD_AB_HDIMS=64,128 BWD_AB_TREE_PROFILE=h200-sm80 python3 lab/bwd_ab.py \
+           "$OUT/bwd_ab_tiled.json" "mma.sync-w8,release-mma.sync-w8$(for d in lab/*-src; do n=${d#lab/}; n=${n%-src}; \
+           [ "$n" = release ] || printf ',%s' "$n"; done),sdpa-flash" ;;
   bwd-ab-wg) run bwd-ab-wg 300 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" wgmma-tma,release ;;
   bwd-ab-wg-short) run bwd-ab-wg 230 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" \
            wgmma-tma,release ;;
@@ -235,9 +240,11 @@ for step in "$@"; do case $step in
             done ;;
   ncu-bwd-sm80) run ncu-bwd-sm80 150 ncu --clock-control none --profile-from-start off --section LaunchStats \
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
-           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -k 'regex:flashtune_bwd.*_w8_sm90$' \
-           -o "$OUT/ncu-bwd-sm80" python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
-         run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' --page source --csv --print-source sass \
+           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+           -k 'regex:flashtune_bwd.*_w8_sm90$|flash_bwd_dq_dk_dv' -o "$OUT/ncu-bwd-sm80" \
+           env NCU_BACKENDS=flashtune,sdpa-flash python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
+         run ncu-bwd-sm80-details 60 ncu -i "$OUT/ncu-bwd-sm80.ncu-rep" --page details
+         run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv --print-source sass \
            | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'" ;;
   ncu-bwd-wg) run ncu-bwd-wg 200 ncu --clock-control none --profile-from-start off --section LaunchStats \
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
