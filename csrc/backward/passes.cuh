@@ -44,12 +44,14 @@ struct LaneSlice {
 
 // A lane's (row, head) pair: the row's batch entry and position in it (varlen: batch 0, the packed
 // row), or false past the last pair. Query rows and heads, or (keys) key rows and KV heads.
+// LaneSlice<kHeadDim>::kLanes lanes a pair.
+template <int kHeadDim>
 struct PassRow {
   int64_t batch, row, head;
-  // `lanes`: a pair's lanes (LaneSlice's kLanes).
-  __device__ __forceinline__ bool locate(const FwdParams& p, int lanes, bool queries = true) {
-    const int64_t pair = (int64_t(blockIdx.x) * kPassThreads + threadIdx.x) / 32 * (32 / lanes) +
-                         threadIdx.x % 32 / lanes;
+  __device__ __forceinline__ bool locate(const FwdParams& p, bool queries = true) {
+    using S = LaneSlice<kHeadDim>;
+    const int64_t pair = (int64_t(blockIdx.x) * kPassThreads + threadIdx.x) / 32 * S::kRowsPerWarp +
+                         threadIdx.x % 32 / S::kLanes;
     const int heads = queries ? p.heads_q : p.heads_kv;
     if (pair >= pass_rows(p, queries) * heads) return false;
     head = pair % heads;
@@ -95,8 +97,8 @@ template <typename Elem, int kHeadDim>
 __device__ __forceinline__ void prep_body(const BwdParams& p) {
   using S = LaneSlice<kHeadDim>;
   const FwdParams& f = p.fwd;
-  PassRow at;
-  const bool valid = at.locate(f, S::kLanes);
+  PassRow<kHeadDim> at;
+  const bool valid = at.locate(f);
   const int col = S::col();
   float sum = 0.f;
   if (valid) {
@@ -117,8 +119,8 @@ __device__ __forceinline__ void prep_body(const BwdParams& p) {
 
 template <typename Elem, int kHeadDim>
 __device__ __forceinline__ void finish_body(const BwdParams& p) {
-  PassRow at;
-  if (!at.locate(p.fwd, LaneSlice<kHeadDim>::kLanes)) return;
+  PassRow<kHeadDim> at;
+  if (!at.locate(p.fwd)) return;
   const int64_t offset = at.dq(p) + LaneSlice<kHeadDim>::col();  // dq has dq_accum's strides
   const float4* sum = reinterpret_cast<const float4*>(p.dq_accum + offset);
   const float4 lo = sum[0], hi = sum[1];
@@ -131,8 +133,8 @@ __device__ __forceinline__ void finish_body(const BwdParams& p) {
 template <typename Elem, int kHeadDim>
 __device__ __forceinline__ void group_body(const BwdParams& p) {
   const FwdParams& f = p.fwd;
-  PassRow at;
-  if (!at.locate(f, LaneSlice<kHeadDim>::kLanes, false)) return;
+  PassRow<kHeadDim> at;
+  if (!at.locate(f, false)) return;
   const int col = LaneSlice<kHeadDim>::col();
   const int64_t from = at.batch * p.dkv_batch_stride + at.row * p.dkv_row_stride +
                        at.head * f.head_ratio * p.dkv_head_stride + col;

@@ -16,6 +16,18 @@ inline cudaError_t persistent_ctas(int64_t tiles, int* ctas) {
   return err;
 }
 
+// The counter a persistent launch hands tiles out from ([0]: the next tile, [1]: the CTAs done):
+// where `counted` (tiles that differ in cost) the caller's, zeroed on the stream first unless
+// `zeroed` says it is 0 already (a fresh one under graph capture is not); else null, and the kernel
+// strides by gridDim.x. The error of the memset, if any.
+inline cudaError_t use_tile_counter(int32_t** counter, bool counted, bool zeroed, cudaStream_t stream) {
+  if (!counted) {
+    *counter = nullptr;
+    return cudaSuccess;
+  }
+  return zeroed ? cudaSuccess : cudaMemsetAsync(*counter, 0, 2 * sizeof(int32_t), stream);
+}
+
 // A CTA's scheduling thread, once it has taken its last tile from a launch's tile counter ([0]: the
 // next tile, [1]: the CTAs done): every CTA's last take is done once all have counted themselves
 // out, and the last one out sets both back to 0 for the next launch on the stream.

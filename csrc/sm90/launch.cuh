@@ -48,16 +48,13 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   }
   // The kernel's next tile index (t + ctas, or ctas + the counter) must not wrap around.
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);
-  // Causal and varlen tiles differ in cost: the persistent grid takes them from the counter.
-  const bool counted = T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr;
+  // Causal and varlen tiles differ in cost: the persistent grid takes them from the counter (without
+  // one, by a fixed stride).
   FwdParams args = p;
-  if (!counted) {
-    args.tile_counter = nullptr;  // the kernel then strides by gridDim.x
-  } else if (!p.tile_counter_zeroed) {  // a fresh counter (graph capture): zeroed on the stream first
-    const cudaError_t err =
-        cudaMemsetAsync(args.tile_counter, 0, 2 * sizeof(int32_t), static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) return int(err);
-  }
+  const cudaError_t err_counter =
+      use_tile_counter(&args.tile_counter, T::kPersistent && (T::kCausal || varlen) && p.tile_counter != nullptr,
+                       p.tile_counter_zeroed != 0, static_cast<cudaStream_t>(stream));
+  if (err_counter != cudaSuccess) return int(err_counter);
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);
   return int(cudaGetLastError());
 }

@@ -49,16 +49,12 @@ int launch(void (*kernel)(const BwdParams, const BwdTmaMaps), const BwdParams& b
   const cudaError_t err_sm = persistent_ctas(tiles, &ctas);
   if (err_sm != cudaSuccess) return int(err_sm);
   if (tiles > int64_t(INT32_MAX) - ctas) return int(cudaErrorInvalidConfiguration);  // the tile index would wrap
+  const bool counted = T::kCausal || p.cu_seqlens_q != nullptr;
+  if (counted && p.tile_counter == nullptr) return int(cudaErrorInvalidValue);
   BwdParams args = bp;
-  if (!T::kCausal && p.cu_seqlens_q == nullptr) {
-    args.fwd.tile_counter = nullptr;  // the kernel strides by gridDim.x
-  } else if (p.tile_counter == nullptr) {
-    return int(cudaErrorInvalidValue);
-  } else if (!p.tile_counter_zeroed) {  // a fresh counter (graph capture): zeroed on the stream first
-    const cudaError_t err_set =
-        cudaMemsetAsync(args.fwd.tile_counter, 0, 2 * sizeof(int32_t), static_cast<cudaStream_t>(stream));
-    if (err_set != cudaSuccess) return int(err_set);
-  }
+  const cudaError_t err_counter =
+      use_tile_counter(&args.fwd.tile_counter, counted, p.tile_counter_zeroed != 0, static_cast<cudaStream_t>(stream));
+  if (err_counter != cudaSuccess) return int(err_counter);
   kernel<<<ctas, T::kThreads, T::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(args, maps);
   return int(cudaGetLastError());
 }
