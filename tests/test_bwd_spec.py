@@ -43,12 +43,14 @@ def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
         BwdSpec("sm_90a", "bfloat16", 96, 4, False)
     with pytest.raises(SpecError, match="warps 16"):
         BwdSpec("sm_90a", "bfloat16", 64, 16, False)
-    # 8 warps: 128 keys x 64 queries; at hdim 128 112.5 KB, past the RTX parts' 99 KB
-    assert bwd_smem_bytes(128, 8) == 2 * (128 + 64) * 256 + 128 * 64 * 2 + 2 * 64 * 4
+    # 8 warps: 128 keys x 64 queries; at hdim 128 (the tiled layout: P^T beside dS^T) 128.5 KB, past the
+    # RTX parts' 99 KB; at hdim 64 one score tile
+    assert bwd_smem_bytes(128, 8) == 2 * (128 + 64) * 256 + 2 * 128 * 64 * 2 + 2 * 64 * 4
+    assert bwd_smem_bytes(64, 8) == 2 * (128 + 64) * 128 + 128 * 64 * 2 + 2 * 64 * 4
     wide = BwdSpec("sm_90a", "bfloat16", 128, 8, True)
     assert wide.name == "flashtune_bwd_bf16_h128_128x64_w8_c_sm90a" and wide.block_m == 64
     assert "Traits<__nv_bfloat16, 128, 8, true, false, 2>" in wide.source()
-    with pytest.raises(SpecError, match="needs 115200 bytes"):
+    with pytest.raises(SpecError, match="needs 131584 bytes"):
         BwdSpec("sm_89", "bfloat16", 128, 8, False)
     with pytest.raises(SpecError, match="the dQ kernel takes warps 4 or 2, not 8"):
         BwdSpec("sm_80", "bfloat16", 64, 8, False, deterministic=True)

@@ -35,6 +35,9 @@ struct Traits {
   static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
   static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
   static constexpr int kBlockN = 16 * kKeyGroups;              // keys per CTA
+  // 8 warps at hdim 128: tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by 32-row
+  // pieces, P^T and dS^T through shared memory; at hdim 64 it measured no faster: docs/experiments.md).
+  static constexpr bool kTiled = kWarps == 8 && kHeadDim == 128 && !kDeterministic;
   static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kWarps > 4 ? 64 : 16 * kWarps;  // queries a step
   static constexpr int kSQueries = kBlockM / kKvSplit;         // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kSQueries / 8;                // their n8 tiles
@@ -51,7 +54,7 @@ struct Traits {
   static constexpr int kdSRowBytes = kBlockM * 2;        // dS^T (and P^T) [keys][queries], 16-bit
   static constexpr int kdSBytes = kBlockN * kdSRowBytes;
   // Shared memory: K, V, then kQStages stages of a query block's Q, dO, LSE and rowsum(dO O) (both
-  // fp32, the LSE in natural-log units as the forward wrote it), then dS^T, with kKvSplit P^T.
+  // fp32, the LSE in natural-log units as the forward wrote it), then dS^T, with kKvSplit or kTiled P^T.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kStageBytes = 2 * kQBytes + kStatsBytes;
   static constexpr int kVOffset = kKBytes;
@@ -60,7 +63,7 @@ struct Traits {
   static constexpr int kStatsOffset = kdOOffset + kQBytes;
   static constexpr int kdSOffset = kQOffset + kQStages * kStageBytes;
   static constexpr int kPOffset = kdSOffset + kdSBytes;
-  static constexpr int kSmemBytes = kPOffset + (kKvSplit > 1 ? kdSBytes : 0);
+  static constexpr int kSmemBytes = kPOffset + (kKvSplit > 1 || kTiled ? kdSBytes : 0);
   // The dQ kernel's: K and V of kBlockN keys, Q and dO of kDqRows queries.
   static constexpr int kDqSmemBytes = 2 * kKBytes + 2 * kDqRows * kRowBytes;
 
@@ -75,9 +78,10 @@ struct Traits {
   static_assert((kBlockN * kHeadDim / 8) % kThreads == 0 && (kBlockM * kHeadDim / 8) % kThreads == 0,
                 "tile loads split evenly");
   static_assert(kDqTiles % kDqChunk == 0 && kDqChunk % 2 == 0, "dQ's n8 tiles in pairs, whole chunks");
-  // Live fp32 accumulators per thread: dK and dV throughout, with S^T and dP^T, later with dQ's.
+  // Live fp32 accumulators per thread: dK and dV throughout, with S^T and dP^T, later with dQ's
+  // (the 16-key layouts; tiled_kernel.cuh checks its own).
   static constexpr int kAccumulators = kKvTiles * 4 * 2 + (kQTiles * 4 * 2 > kDqChunk * 4 ? kQTiles * 4 * 2 : kDqChunk * 4);
-  static_assert(kAccumulators <= 192, "accumulators would not fit in registers");
+  static_assert(kTiled || kAccumulators <= 192, "accumulators would not fit in registers");
   static_assert(!kDeterministic || kDTiles * 4 + kBlockN / 8 * 4 * 2 <= 192, "the dQ kernel's accumulators");
 };
 

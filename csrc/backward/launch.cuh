@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "backward/bwd_kernel.cuh"
+#include "backward/tiled_kernel.cuh"
 #include "backward/dq_kernel.cuh"
 
 namespace flashtune {

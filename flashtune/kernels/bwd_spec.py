@@ -49,6 +49,12 @@ def mma_sync_bwd_keys(hdim: int, warps: int) -> int:
     return 16 * warps // (2 if hdim == KV_SPLIT_HEAD_DIM else 1)
 
 
+def mma_sync_bwd_tiled(hdim: int, warps: int) -> bool:
+    """csrc/backward/kernel_traits.cuh's kTiled: 8 warps at hdim 128 take tiled_kernel.cuh's layout,
+    P^T and dS^T through shared memory (deterministic=True takes 2 or 4 warps)."""
+    return warps == 8 and hdim == 128
+
+
 def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
     """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64; at hdim
     256 as many as the keys)."""
@@ -57,7 +63,7 @@ def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1) -> int:
     """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, q_stages of a query block's
-    Q, dO and two rows of statistics, dS^T (at hdim 256 and P^T); wgmma (csrc/sm90_bwd/): K, V, a
+    Q, dO and two rows of statistics, dS^T (at hdim 256 and in the tiled layout P^T too); wgmma (csrc/sm90_bwd/): K, V, a
     ring of Q, dO and statistics, two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging
     tiles and the 1024-byte alignment's slack."""
     if wgmma:
@@ -66,7 +72,7 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1
         return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
                 + dq_staging + 1024)
     keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps)
-    score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM else 1
+    score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM or mma_sync_bwd_tiled(hdim, warps) else 1
     stage = 2 * queries * 2 * hdim + 2 * queries * 4  # Q, dO, the LSE and rowsum(dO O)
     return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
@@ -243,7 +249,7 @@ using Cfg = flashtune::bwd::Traits<{elem}, {self.hdim}, {self.warps}, {flags}, {
 
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
 {self.name}(const flashtune::BwdParams params) {{
-  flashtune::bwd::bwd_body<Cfg>(params);
+  flashtune::bwd::dkdv_body<Cfg>(params);
 }}
 {dq_kernel}"""
             main_launch = f"flashtune::bwd::launch<Cfg>({self.name}, {dq or 'nullptr'}, *params, stream)"
