@@ -5,7 +5,7 @@
 //              shared memory as 16-bit tiles [keys][queries]
 //   dV, dK (128 keys x D):             4 x 2 warps of 32 keys x D/2 columns, P^T and dS^T read back
 //   dQ (BM queries x D):               BM/32 x 256/BM warps of 32 queries x BM*D/256 columns, added
-//                                      to the fp32 dQ by atomic adds
+//                                      to the fp32 dQ by atomic adds, between dV's GEMM and dK's
 // A warp keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps. (FlashAttention-2's
 // warp grid at this tile; 1.03x the 16-key layout on an H100. At hdim 64 it measured 1.00x with 128
 // queries a step and 0.94x with 64, so hdim 64 keeps bwd_kernel.cuh's: docs/experiments.md.)
@@ -245,11 +245,11 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
     }
     __syncthreads();  // P^T and dS^T complete
 
-    // ---- dV += P^T dO, dK += dS^T Q over the warp's keys and columns
+    // ---- dV += P^T dO over the warp's keys and columns
     scores_times_rows(acc_dv, sP, sdO);
-    scores_times_rows(acc_dk, sdS, sQ);
 
     // ---- dQ (the warp's 32 rows, DQC columns) += dS K, added to the fp32 sum in global memory
+    // before dK's GEMM, so that the adds drain while it runs (as FlashAttention-2 orders them)
     float acc_dq[MT][DQT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -273,25 +273,28 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
         }
       }
     }
+    // A row past the sequence's end has dS = 0 (its dO and statistics arrived as zeros), so its
+    // zeros go to the last row instead of a branch around the adds: no branch, so the compiler can
+    // place the adds among dK's HMMAs.
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = q0 + dq_r0 + mt * 16 + g + 8 * r;
-        if (row < seqlen_q) {
-          float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_c0 + 2 * t;
+        const int row = min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
+        float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_c0 + 2 * t;
 #pragma unroll
-          for (int dt = 0; dt < DQT; ++dt) {
+        for (int dt = 0; dt < DQT; ++dt) {
 #if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
-            atomicAdd(reinterpret_cast<float2*>(out + dt * 8),
-                      make_float2(acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]));
+          atomicAdd(reinterpret_cast<float2*>(out + dt * 8), make_float2(acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]));
 #else
-            atomicAdd(out + dt * 8, acc_dq[mt][dt][2 * r]);
-            atomicAdd(out + dt * 8 + 1, acc_dq[mt][dt][2 * r + 1]);
+          atomicAdd(out + dt * 8, acc_dq[mt][dt][2 * r]);
+          atomicAdd(out + dt * 8 + 1, acc_dq[mt][dt][2 * r + 1]);
 #endif
-          }
         }
       }
+
+    // ---- dK += dS^T Q over the warp's keys and columns
+    scores_times_rows(acc_dk, sdS, sQ);
   }
 
   // ---- Epilogue: dK (times the softmax scale) and dV of the warp's keys and columns, in whole
