@@ -122,6 +122,96 @@ __device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
           k_start * bp.dkv_row_stride, q_start};
 }
 
+// A dK/dV CTA's view of its (batch, query head): Q, dO, dQ and the statistics from its sequence's
+// first row, K and V from the CTA's first key, dK/dV's offset, the lengths and the query blocks that
+// see the CTA's keys (bwd_body and tiled_body alike).
+template <class T>
+struct KeyBlock {
+  using Elem = typename T::Elem;
+  const Elem *q, *dout, *k, *v;
+  float* dq;
+  const float *lse, *dsum;
+  int64_t dkv;  // dK and dV: element offset of the sequence's first row (of this head)
+  int seqlen_q, seqlen_k, key0;
+  int causal_shift;    // bottom-right causal: key j is visible to query i iff j <= i + shift
+  int m_begin, m_end;  // the query blocks (kBlockM rows) that see any of the CTA's keys
+};
+
+template <class T>
+__device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& bp, int n_block, int head, int batch) {
+  using Elem = typename T::Elem;
+  const FwdParams& p = bp.fwd;
+  const int kv_head = head / p.head_ratio;
+  const Sequence seq = sequence(bp, batch);
+  const int key0 = n_block * T::kBlockN;
+  KeyBlock<T> kb;
+  kb.q = static_cast<const Elem*>(p.q) + seq.q + int64_t(head) * p.q_head_stride;
+  kb.dout = static_cast<const Elem*>(bp.dout) + seq.dout + int64_t(head) * bp.do_head_stride;
+  kb.k = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride + int64_t(key0) * p.k_row_stride;
+  kb.v = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride + int64_t(key0) * p.v_row_stride;
+  kb.dq = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
+  kb.lse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
+  kb.dsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
+  kb.dkv = seq.dkv + int64_t(head) * bp.dkv_head_stride;
+  kb.seqlen_q = seq.seqlen_q;
+  kb.seqlen_k = seq.seqlen_k;
+  kb.key0 = key0;
+  kb.causal_shift = seq.seqlen_k - seq.seqlen_q;
+  kb.m_end = (seq.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  kb.m_begin = T::kCausal ? min(kb.m_end, max(0, key0 - kb.causal_shift) / T::kBlockM) : 0;
+  return kb;
+}
+
+// The CTA's K and V into shared memory by cp.async (keys past the end as zeros).
+template <class T>
+__device__ __forceinline__ void load_keys(uint32_t sK, uint32_t sV, const KeyBlock<T>& kb, const FwdParams& p, int tid) {
+  load_rows_async<T, T::kBlockN>(sK, kb.k, p.k_row_stride, kb.seqlen_k - kb.key0, tid);
+  load_rows_async<T, T::kBlockN>(sV, kb.v, p.v_row_stride, kb.seqlen_k - kb.key0, tid);
+}
+
+// The query block at q0's Q, dO and statistics into the stage at `stage` (its offsets from K's), all
+// by cp.async (thread i < kBlockM: statistics row i). Rows past the end arrive as zeros: Q's and
+// dO's make S = 0 and dO = 0 there, so P is finite, and P^T dO and dS = P (V dO^T - 0) are 0. The
+// LSE stays in natural-log units (+inf for a row that sees no key: P = 0).
+template <class T>
+__device__ __forceinline__ void load_query_block(uint32_t stage, const KeyBlock<T>& kb, const BwdParams& bp, int q0,
+                                                 int tid) {
+  const FwdParams& p = bp.fwd;
+  constexpr int BM = T::kBlockM;
+  load_rows_async<T, BM>(stage + T::kQOffset, kb.q + int64_t(q0) * p.q_row_stride, p.q_row_stride, kb.seqlen_q - q0,
+                         tid);
+  load_rows_async<T, BM>(stage + T::kdOOffset, kb.dout + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
+                         kb.seqlen_q - q0, tid);
+  if (tid < BM) {
+    const bool valid = q0 + tid < kb.seqlen_q;
+    const uint32_t stats = stage + T::kStatsOffset + 4 * tid;
+    cp_async_4(stats, kb.lse + (valid ? q0 + tid : 0), valid);
+    cp_async_4(stats + 4 * BM, kb.dsum + (valid ? q0 + tid : 0), valid);
+  }
+}
+
+// The top of query block m's step: its Q, dO and statistics complete and visible to every warp,
+// and every warp done with the last block; with two stages the next block's loads issued into the
+// other stage, to run under this block's math (with one, this block's loads wait for the last
+// block's math). Returns this block's stage.
+template <class T, class LoadBlock>
+__device__ __forceinline__ int begin_query_block(int m, int m_begin, int m_end, const LoadBlock& load_block) {
+  const int q0 = m * T::kBlockM;
+  const int stage = T::kQStages > 1 ? (m - m_begin) & 1 : 0;
+  if (T::kQStages == 1 && m > m_begin) {
+    __syncthreads();
+    load_block(q0, 0);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // this block's loads (and the first time K and V)
+  __syncthreads();
+  if (T::kQStages > 1 && m + 1 < m_end) {
+    load_block(q0 + T::kBlockM, stage ^ 1);
+    cp_async_commit();
+  }
+  return stage;
+}
+
 template <class T>
 __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
@@ -135,28 +225,10 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
   Elem* P_tile = reinterpret_cast<Elem*>(smem_raw + T::kPOffset);  // kKvSplit > 1 only
 
-  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / p.head_ratio;
-  const Sequence seq = sequence(bp, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-  if (n_block * BN >= seqlen_k) return;  // uniform across the CTA
-
-  const int key0 = n_block * BN;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + seq.q + int64_t(head) * p.q_head_stride;
-  const Elem* gdO = static_cast<const Elem*>(bp.dout) + seq.dout + int64_t(head) * bp.do_head_stride;
-  const Elem* gK = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride +
-                   int64_t(key0) * p.k_row_stride;
-  const Elem* gV = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride +
-                   int64_t(key0) * p.v_row_stride;
-  float* gdQ = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
-  const float* gLse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
-  const float* gDsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
-
-  // Bottom-right causal: key j is visible to query i iff j <= i + shift. The first query block
-  // that sees any of this CTA's keys:
-  const int causal_shift = seqlen_k - seqlen_q;
-  const int m_end = (seqlen_q + BM - 1) / BM;
-  const int m_begin = T::kCausal ? min(m_end, max(0, key0 - causal_shift) / BM) : 0;
+  const KeyBlock<T> kb = key_block<T>(bp, blockIdx.x, blockIdx.y, blockIdx.z);
+  const int seqlen_q = kb.seqlen_q, seqlen_k = kb.seqlen_k, key0 = kb.key0;
+  if (key0 >= seqlen_k) return;  // uniform across the CTA
+  const int causal_shift = kb.causal_shift, m_begin = kb.m_begin, m_end = kb.m_end;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -199,25 +271,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     bt_dq[j] = (mid * 8 + x) * kRowBytes + (((2 * (group % 4) + hi) ^ x) << 4) + (group / 4) * 128;
   }
 
-  // A query block's Q, dO and statistics into stage `stage`, all by cp.async (thread i < BM:
-  // statistics row i). Rows past the end arrive as zeros: Q's and dO's make S = 0 and dO = 0 there,
-  // so P is finite, and P^T dO and dS = P (V dO^T - 0) are 0. The LSE stays in natural-log units
-  // (+inf for a row that sees no key: P = 0).
-  auto load_block = [&](int q0, int stage) {
-    const uint32_t base = sK + stage * T::kStageBytes;  // the stage's offsets from K's
-    load_rows_async<T, BM>(base + T::kQOffset, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0,
-                           tid);
-    load_rows_async<T, BM>(base + T::kdOOffset, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
-                           seqlen_q - q0, tid);
-    if (tid < BM) {
-      const bool valid = q0 + tid < seqlen_q;
-      const uint32_t stats = base + T::kStatsOffset + 4 * tid;
-      cp_async_4(stats, gLse + (valid ? q0 + tid : 0), valid);
-      cp_async_4(stats + 4 * BM, gDsum + (valid ? q0 + tid : 0), valid);
-    }
-  };
-  load_rows_async<T, BN>(sK, gK, p.k_row_stride, seqlen_k - key0, tid);
-  load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
+  auto load_block = [&](int q0, int stage) { load_query_block<T>(sK + stage * T::kStageBytes, kb, bp, q0, tid); };
+  load_keys<T>(sK, sV, kb, p, tid);
   if (m_begin < m_end) load_block(m_begin * BM, 0);
   cp_async_commit();
 
@@ -230,19 +285,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
-    const int stage = T::kQStages > 1 ? (m - m_begin) & 1 : 0;
-    if (T::kQStages == 1 && m > m_begin) {  // one stage: this block's loads wait for the last one's math
-      __syncthreads();
-      load_block(q0, 0);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();  // this block's Q, dO and statistics (and the first time K and V)
-    __syncthreads();     // ... visible to every warp; every warp is done with the last block
-    // Two stages: the next block's loads, into the other stage, run under this block's math
-    if (T::kQStages > 1 && m + 1 < m_end) {
-      load_block(q0 + BM, stage ^ 1);
-      cp_async_commit();
-    }
+    const int stage = begin_query_block<T>(m, m_begin, m_end, load_block);
     const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sK + T::kdOOffset + stage * T::kStageBytes;
     const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
     const float* dsum_tile = lse_tile + BM;
@@ -333,7 +376,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
       for (int r = 0; r < 2; ++r) {
         const int row = q0 + dq_row0 + g + 8 * r;
         if (row < seqlen_q) {
-          float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_col0 + c * 8 + 2 * t;
+          float* out = kb.dq + int64_t(row) * bp.dq_row_stride + dq_col0 + c * 8 + 2 * t;
 #pragma unroll
           for (int dt = 0; dt < CH; ++dt) {
 #if __CUDA_ARCH__ >= 900  // sm_90 and sm_120 add two adjacent floats in one instruction (REDG.E.ADD.F32x2):
@@ -351,8 +394,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
 
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys, in whole
   // sectors, 8 bytes a thread (common/quad_store.cuh; every lane shuffles, then the rows in range store)
-  Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
-  Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
+  Elem* gdK = static_cast<Elem*>(bp.dk) + kb.dkv;
+  Elem* gdV = static_cast<Elem*>(bp.dv) + kb.dkv;
   static_assert(KVT % 2 == 0, "pairs of n8 tiles: 16 columns");
   const float sc = p.softmax_scale;
 #pragma unroll

@@ -49,27 +49,10 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sK = smem_addr(smem_raw), sV = sK + T::kVOffset, sdS = sK + T::kdSOffset, sP = sK + T::kPOffset;
 
-  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / p.head_ratio;
-  const Sequence seq = sequence(bp, batch);
-  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
-  if (n_block * BN >= seqlen_k) return;  // uniform across the CTA
-
-  const int key0 = n_block * BN;
-  const Elem* gQ = static_cast<const Elem*>(p.q) + seq.q + int64_t(head) * p.q_head_stride;
-  const Elem* gdO = static_cast<const Elem*>(bp.dout) + seq.dout + int64_t(head) * bp.do_head_stride;
-  const Elem* gK = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride +
-                   int64_t(key0) * p.k_row_stride;
-  const Elem* gV = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride +
-                   int64_t(key0) * p.v_row_stride;
-  float* gdQ = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
-  const float* gLse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
-  const float* gDsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
-
-  // Bottom-right causal: key j is visible to query i iff j <= i + shift.
-  const int causal_shift = seqlen_k - seqlen_q;
-  const int m_end = (seqlen_q + BM - 1) / BM;
-  const int m_begin = T::kCausal ? min(m_end, max(0, key0 - causal_shift) / BM) : 0;
+  const KeyBlock<T> kb = key_block<T>(bp, blockIdx.x, blockIdx.y, blockIdx.z);
+  const int seqlen_q = kb.seqlen_q, seqlen_k = kb.seqlen_k, key0 = kb.key0;
+  if (key0 >= seqlen_k) return;  // uniform across the CTA
+  const int causal_shift = kb.causal_shift, m_begin = kb.m_begin, m_end = kb.m_end;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -101,23 +84,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) ds_dq[mt] = 2 * swizzled<BM>(hi * 8 + x, dq_r0 + mt * 16 + mid * 8);
 
-  // A query block's Q, dO and statistics into stage `stage` (bwd_body's load_block: rows past the
-  // end arrive as zeros, so P is finite and P^T dO and dS are 0 there).
-  auto load_block = [&](int q0, int stage) {
-    const uint32_t base = sK + stage * T::kStageBytes;
-    load_rows_async<T, BM>(base + T::kQOffset, gQ + int64_t(q0) * p.q_row_stride, p.q_row_stride, seqlen_q - q0,
-                           tid);
-    load_rows_async<T, BM>(base + T::kdOOffset, gdO + int64_t(q0) * bp.do_row_stride, bp.do_row_stride,
-                           seqlen_q - q0, tid);
-    if (tid < BM) {
-      const bool valid = q0 + tid < seqlen_q;
-      const uint32_t stats = base + T::kStatsOffset + 4 * tid;
-      cp_async_4(stats, gLse + (valid ? q0 + tid : 0), valid);
-      cp_async_4(stats + 4 * BM, gDsum + (valid ? q0 + tid : 0), valid);
-    }
-  };
-  load_rows_async<T, BN>(sK, gK, p.k_row_stride, seqlen_k - key0, tid);
-  load_rows_async<T, BN>(sV, gV, p.v_row_stride, seqlen_k - key0, tid);
+  auto load_block = [&](int q0, int stage) { load_query_block<T>(sK + stage * T::kStageBytes, kb, bp, q0, tid); };
+  load_keys<T>(sK, sV, kb, p, tid);
   if (m_begin < m_end) load_block(m_begin * BM, 0);
   cp_async_commit();
 
@@ -180,18 +148,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
-    const int stage = T::kQStages > 1 ? (m - m_begin) & 1 : 0;
-    if (T::kQStages == 1 && m > m_begin) {  // one stage: this block's loads wait for the last one's math
-      __syncthreads();
-      load_block(q0, 0);
-      cp_async_commit();
-    }
-    cp_async_wait<0>();  // this block's Q, dO and statistics (and the first time K and V)
-    __syncthreads();     // ... visible to every warp; every warp is done with the last block's tiles
-    if (T::kQStages > 1 && m + 1 < m_end) {  // the next block's loads run under this block's math
-      load_block(q0 + BM, stage ^ 1);
-      cp_async_commit();
-    }
+    const int stage = begin_query_block<T>(m, m_begin, m_end, load_block);
     const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sK + T::kdOOffset + stage * T::kStageBytes;
     const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
     const float* dsum_tile = lse_tile + BM;
@@ -281,7 +238,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
-        float* out = gdQ + int64_t(row) * bp.dq_row_stride + dq_c0 + 2 * t;
+        float* out = kb.dq + int64_t(row) * bp.dq_row_stride + dq_c0 + 2 * t;
 #pragma unroll
         for (int dt = 0; dt < DQT; ++dt) {
 #if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
@@ -299,8 +256,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 
   // ---- Epilogue: dK (times the softmax scale) and dV of the warp's keys and columns, in whole
   // sectors (common/quad_store.cuh; every lane shuffles, then the rows in range store)
-  Elem* gdK = static_cast<Elem*>(bp.dk) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
-  Elem* gdV = static_cast<Elem*>(bp.dv) + seq.dkv + int64_t(head) * bp.dkv_head_stride;
+  Elem* gdK = static_cast<Elem*>(bp.dk) + kb.dkv;
+  Elem* gdV = static_cast<Elem*>(bp.dv) + kb.dkv;
   const float sc = p.softmax_scale;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
