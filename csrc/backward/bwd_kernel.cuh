@@ -392,6 +392,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     }
   }
 
+  cp_async_wait<0>();  // K and V's loads complete where no query block came (varlen: no queries)
+
   // ---- Epilogue: dK (times the softmax scale: S was scaled) and dV of the warp's keys, in whole
   // sectors, 8 bytes a thread (common/quad_store.cuh; every lane shuffles, then the rows in range store)
   Elem* gdK = static_cast<Elem*>(bp.dk) + kb.dkv;

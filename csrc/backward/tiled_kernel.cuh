@@ -59,8 +59,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
   // The warp's pieces: keys key_w .. + 32 (S^T, dP^T, dK, dV), queries s_q0 .. + SQ of S^T and
   // dP^T, columns kv_c0 .. + KVC of dK and dV, dQ's rows dq_r0 .. + 32 and columns dq_c0 .. + DQC.
-  const int key_w = (warp % 4) * 32, half = warp / 4;
-  const int s_q0 = half * SQ, kv_c0 = half * KVC;
+  const int key_w = (warp % 4) * 32, pair_half = warp / 4;  // pair_half: its half of the queries of S^T, of the columns of dK/dV
+  const int s_q0 = pair_half * SQ, kv_c0 = pair_half * KVC;
   const int dq_r0 = (warp % DQR) * 32, dq_c0 = (warp / DQR) * DQC;
 
   // ldmatrix lane addresses (bwd_body's schemes), per k step of 32 bytes one of 4 swizzled chunks:
@@ -253,6 +253,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
     // ---- dK += dS^T Q over the warp's keys and columns
     scores_times_rows(acc_dk, sdS, sQ);
   }
+
+  cp_async_wait<0>();  // K and V's loads complete where no query block came (varlen: no queries)
 
   // ---- Epilogue: dK (times the softmax scale) and dV of the warp's keys and columns, in whole
   // sectors (common/quad_store.cuh; every lane shuffles, then the rows in range store)
