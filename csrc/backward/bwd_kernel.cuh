@@ -164,7 +164,8 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& bp, int n_bloc
 
 // The CTA's K and V into shared memory by cp.async (keys past the end as zeros).
 template <class T>
-__device__ __forceinline__ void load_keys(uint32_t sK, uint32_t sV, const KeyBlock<T>& kb, const FwdParams& p, int tid) {
+__device__ __forceinline__ void load_keys(uint32_t sK, uint32_t sV, const KeyBlock<T>& kb, const FwdParams& p,
+                                          int tid) {
   load_rows_async<T, T::kBlockN>(sK, kb.k, p.k_row_stride, kb.seqlen_k - kb.key0, tid);
   load_rows_async<T, T::kBlockN>(sV, kb.v, p.v_row_stride, kb.seqlen_k - kb.key0, tid);
 }

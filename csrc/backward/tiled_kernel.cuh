@@ -59,7 +59,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
   // The warp's pieces: keys key_w .. + 32 (S^T, dP^T, dK, dV), queries s_q0 .. + SQ of S^T and
   // dP^T, columns kv_c0 .. + KVC of dK and dV, dQ's rows dq_r0 .. + 32 and columns dq_c0 .. + DQC.
-  const int key_w = (warp % 4) * 32, pair_half = warp / 4;  // pair_half: its half of the queries of S^T, of the columns of dK/dV
+  // pair_half: the warp's half of S^T's queries and of dK/dV's columns
+  const int key_w = (warp % 4) * 32, pair_half = warp / 4;
   const int s_q0 = pair_half * SQ, kv_c0 = pair_half * KVC;
   const int dq_r0 = (warp % DQR) * 32, dq_c0 = (warp / DQR) * DQC;
 
@@ -242,7 +243,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 #pragma unroll
         for (int dt = 0; dt < DQT; ++dt) {
 #if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
-          atomicAdd(reinterpret_cast<float2*>(out + dt * 8), make_float2(acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]));
+          atomicAdd(reinterpret_cast<float2*>(out + dt * 8),
+                    make_float2(acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]));
 #else
           atomicAdd(out + dt * 8, acc_dq[mt][dt][2 * r]);
           atomicAdd(out + dt * 8 + 1, acc_dq[mt][dt][2 * r + 1]);
