@@ -35,10 +35,11 @@ struct Traits {
   static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
   static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
   static constexpr int kBlockN = 16 * kKeyGroups;              // keys per CTA
-  // 8 warps at hdim 128: tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by 32-row
-  // pieces, P^T and dS^T through shared memory; at hdim 64 it measured no faster: docs/experiments.md).
-  static constexpr bool kTiled = kWarps == 8 && kHeadDim == 128 && !kDeterministic;
-  static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kWarps > 4 ? 64 : 16 * kWarps;  // queries a step
+  // 8 warps below hdim 256: tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by 32-row
+  // pieces, P^T and dS^T through shared memory), 128 queries a step at hdim 64 (FlashAttention-2's
+  // tile there; too large for the RTX cards' 99 KB), 64 at hdim 128.
+  static constexpr bool kTiled = kWarps == 8 && kKvSplit == 1 && !kDeterministic;
+  static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kTiled ? 8192 / kHeadDim : kWarps > 4 ? 64 : 16 * kWarps;
   static constexpr int kSQueries = kBlockM / kKvSplit;         // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kSQueries / 8;                // their n8 tiles
   static constexpr int kDTiles = kHeadDim / 8;                 // n8 tiles of a whole row

@@ -1,14 +1,13 @@
-// The 8-warp dK/dV kernel at hdim 128 (Traits::kTiled): the algorithm of bwd_kernel.cuh with each
+// The 8-warp dK/dV kernel below hdim 256 (Traits::kTiled): the algorithm of bwd_kernel.cuh with each
 // GEMM tiled over the 8 warps in pieces of 32 rows, where 16 keys a warp had every warp read all of
-// each query block's Q and dO four times (about 750 KB of shared memory a block, 610 here):
+// each query block's Q and dO four times (about 750 KB of shared memory a block at hdim 128, 610 here):
 //   S^T, dP^T (128 keys x BM queries): 4 x 2 warps of 32 keys x BM/2 queries; P^T and dS^T go to
 //              shared memory as 16-bit tiles [keys][queries]
 //   dV, dK (128 keys x D):             4 x 2 warps of 32 keys x D/2 columns, P^T and dS^T read back
 //   dQ (BM queries x D):               BM/32 x 256/BM warps of 32 queries x BM*D/256 columns, added
 //                                      to the fp32 dQ by atomic adds, between dV's GEMM and dK's
-// A warp keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps. (FlashAttention-2's
-// warp grid at this tile; 1.03x the 16-key layout on an H100. At hdim 64 it measured 1.00x with 128
-// queries a step and 0.94x with 64, so hdim 64 keeps bwd_kernel.cuh's: docs/experiments.md.)
+// with BM = 8192 / D (128 at hdim 64, 64 at 128: FlashAttention-2's tiles and warp grids). A warp
+// keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps.
 #pragma once
 
 #include "backward/bwd_kernel.cuh"

@@ -52,13 +52,15 @@ def mma_sync_bwd_keys(hdim: int, warps: int) -> int:
 def mma_sync_bwd_tiled(hdim: int, warps: int) -> bool:
     """csrc/backward/kernel_traits.cuh's kTiled: 8 warps at hdim 128 take tiled_kernel.cuh's layout,
     P^T and dS^T through shared memory (deterministic=True takes 2 or 4 warps)."""
-    return warps == 8 and hdim == 128
+    return warps == 8 and hdim != KV_SPLIT_HEAD_DIM
 
 
 def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
     """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64; at hdim
     256 as many as the keys)."""
-    return mma_sync_bwd_keys(hdim, warps) if hdim == KV_SPLIT_HEAD_DIM else min(64, 16 * warps)
+    if hdim == KV_SPLIT_HEAD_DIM:
+        return mma_sync_bwd_keys(hdim, warps)
+    return 8192 // hdim if mma_sync_bwd_tiled(hdim, warps) else min(64, 16 * warps)
 
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1) -> int:
