@@ -174,30 +174,40 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
             if (!unmasked && (key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift))) s = 0.f;
           }
       }
-    // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T; both tiles to shared memory: the
-    // accumulator (mt, nt) holds rows g and g + 8 of its 16, columns 2t and 2t + 1 of its 8
+    // ---- P^T and dS^T to shared memory: the accumulator (mt, nt) holds rows g and g + 8 of its 16,
+    // columns 2t and 2t + 1 of its 8; every row the thread writes is g modulo 8, so one swizzled
+    // chunk serves them all. P^T goes before dP^T's GEMM so that its stores drain under it.
+    auto score_at = [&](int mt, int nt, int r) {
+      const int chunk = s_q0 / 8 + nt;
+      return (key_w + g + mt * 16 + 8 * r) * BM + ((chunk & ~7) << 3) + (((chunk & 7) ^ g) << 3) + 2 * t;
+    };
+    {
+      Elem* P_tile = reinterpret_cast<Elem*>(smem_raw + T::kPOffset);
+#pragma unroll
+      for (int nt = 0; nt < QT; ++nt)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t*>(P_tile + score_at(mt, nt, r)) =
+                pack2<Elem>(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]);
+    }
+    // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
     {
       float acc_dp[MT][QT][4];
       keys_times_queries_t(acc_dp, a_v, sdO + s_q0 * kRowBytes);
       Elem* dS_tile = reinterpret_cast<Elem*>(smem_raw + T::kdSOffset);
-      Elem* P_tile = reinterpret_cast<Elem*>(smem_raw + T::kPOffset);
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt) {
-        // Every row the thread writes is g modulo 8, so one swizzled chunk serves them all.
-        const int chunk = s_q0 / 8 + nt;
-        const int at_nt = (key_w + g) * BM + ((chunk & ~7) << 3) + (((chunk & 7) ^ g) << 3) + 2 * t;
+        const int col = s_q0 + nt * 8 + 2 * t;
+        const float d0 = dsum_tile[col], d1 = dsum_tile[col + 1];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int col = s_q0 + nt * 8 + 2 * t;
-            const float p0 = acc_s[mt][nt][2 * r], p1 = acc_s[mt][nt][2 * r + 1];
-            const uint32_t ds = pack2<Elem>(p0 * (acc_dp[mt][nt][2 * r] - dsum_tile[col]),
-                                            p1 * (acc_dp[mt][nt][2 * r + 1] - dsum_tile[col + 1]));
-            const int at = at_nt + (mt * 16 + 8 * r) * BM;
-            *reinterpret_cast<uint32_t*>(dS_tile + at) = ds;
-            *reinterpret_cast<uint32_t*>(P_tile + at) = pack2<Elem>(p0, p1);
-          }
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t*>(dS_tile + score_at(mt, nt, r)) =
+                pack2<Elem>(acc_s[mt][nt][2 * r] * (acc_dp[mt][nt][2 * r] - d0),
+                            acc_s[mt][nt][2 * r + 1] * (acc_dp[mt][nt][2 * r + 1] - d1));
       }
     }
     __syncthreads();  // P^T and dS^T complete
