@@ -229,6 +229,20 @@ def test_the_other_query_stage_count_is_right(hdim):
             assert_spec_is_right(spec, seed=hdim + 2 * deterministic + causal)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_rtx_cards_8_warp_layout_is_right(causal):
+    """The 16-key layout's 8 warps at hdim 64 (kTiled false): what the RTX cards' 99 KB take, where
+    the H100/H200 and the A100 tile (pinned: `_k16`)."""
+    from flashtune.runtime.selection import active_profile
+
+    arch = active_profile(torch.device(DEV)).arch.name
+    spec = BwdSpec(arch, "bfloat16", 64, 8, causal, tiled=False)
+    if spec.tiled == spec.default_tiled:
+        pytest.skip(f"{arch} takes the 16-key layout itself (test_every_backward_tile_is_right runs it)")
+    assert "_k16_" in spec.name and spec.block_m == 64
+    assert_spec_is_right(spec, seed=64 + causal)
+
+
 def assert_spec_is_right(spec, seed):
     """One spec's gradients (2 x 333 queries, 6 heads over 2 KV heads and 290 keys) against fp32."""
     hdim, causal, dtype = spec.hdim, spec.causal, torch.bfloat16

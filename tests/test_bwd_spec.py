@@ -11,11 +11,11 @@ from flashtune.kernels.spec import SpecError
 def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
     spec = BwdSpec("sm_90a", "bfloat16", 128, 4, True)
     assert spec.name == "flashtune_bwd_bf16_h128_64x64_w4_c_sm90a"
-    assert "flashtune::bwd::Traits<__nv_bfloat16, 128, 4, true, false, 2>" in spec.source()
+    assert "flashtune::bwd::Traits<__nv_bfloat16, 128, 4, true, false, 2, false>" in spec.source()
     assert "nullptr, *params" in spec.source() and "_dq(" not in spec.source()
     det = BwdSpec("sm_80", "float16", 64, 2, False, deterministic=True)
     assert det.name == "flashtune_bwd_f16_h64_32x32_w2_det_sm80"
-    assert f"{det.name}_dq(" in det.source() and "Traits<__half, 64, 2, false, true, 2>" in det.source()
+    assert f"{det.name}_dq(" in det.source() and "Traits<__half, 64, 2, false, true, 2, false>" in det.source()
     assert det.source_hash() != BwdSpec("sm_80", "float16", 64, 2, False).source_hash()
 
 
@@ -45,12 +45,13 @@ def test_shared_memory_picks_the_warps_and_bad_specs_say_why():
         BwdSpec("sm_90a", "bfloat16", 64, 16, False)
     # 8 warps, the tiled layout (P^T beside dS^T): 128 keys x 64 queries at hdim 128, 128.5 KB, and
     # 128 x 128 at hdim 64, 129 KB: past the RTX parts' 99 KB
-    assert bwd_smem_bytes(128, 8) == 2 * (128 + 64) * 256 + 2 * 128 * 64 * 2 + 2 * 64 * 4
-    assert bwd_smem_bytes(64, 8) == 2 * (128 + 128) * 128 + 2 * 128 * 128 * 2 + 2 * 128 * 4
+    assert bwd_smem_bytes(128, 8, tiled=True) == 2 * (128 + 64) * 256 + 2 * 128 * 64 * 2 + 2 * 64 * 4
+    assert bwd_smem_bytes(64, 8, tiled=True) == 2 * (128 + 128) * 128 + 2 * 128 * 128 * 2 + 2 * 128 * 4
     wide = BwdSpec("sm_90a", "bfloat16", 128, 8, True)
-    assert wide.name == "flashtune_bwd_bf16_h128_128x64_w8_c_sm90a" and wide.block_m == 64
-    assert "Traits<__nv_bfloat16, 128, 8, true, false, 2>" in wide.source()
-    with pytest.raises(SpecError, match="needs 131584 bytes"):
+    assert wide.name == "flashtune_bwd_bf16_h128_128x64_w8_c_sm90a" and wide.block_m == 64 and wide.tiled
+    assert "Traits<__nv_bfloat16, 128, 8, true, false, 2, true>" in wide.source()
+    # the 16-key layout's 8 warps at hdim 128 (115200 bytes) do not fit the RTX parts either
+    with pytest.raises(SpecError, match="needs 115200 bytes"):
         BwdSpec("sm_89", "bfloat16", 128, 8, False)
     with pytest.raises(SpecError, match="the dQ kernel takes warps 4 or 2, not 8"):
         BwdSpec("sm_80", "bfloat16", 64, 8, False, deterministic=True)
@@ -65,19 +66,20 @@ def test_two_query_stages_where_they_fit_without_costing_ctas():
     from flashtune.kernels.bwd_spec import bwd_q_stages
     from flashtune.kernels.arch import get_arch
 
-    one, two = bwd_smem_bytes(128, 8), bwd_smem_bytes(128, 8, q_stages=2)
+    one, two = bwd_smem_bytes(128, 8, tiled=True), bwd_smem_bytes(128, 8, q_stages=2, tiled=True)
     assert two - one == 2 * 64 * 256 + 2 * 64 * 4  # Q, dO and two rows of statistics
     h100, rtx, a100 = get_arch("sm_90a"), get_arch("sm_89"), get_arch("sm_80")
     assert [bwd_q_stages(h100, h, w) for h in (64, 128, 256) for w in (4, 8)] == [2] * 6
     assert bwd_q_stages(rtx, 128, 4) == 1  # 105 KB would not fit the RTX parts' 99 KB
     assert bwd_q_stages(rtx, 64, 4) == 1  # 57 KB: one CTA an SM instead of two
+    assert bwd_q_stages(rtx, 64, 8) == 2  # 81 KB (the 16-key layout): 8 warps have the SM to themselves anyway
     assert bwd_q_stages(a100, 128, 4) == 1 and bwd_q_stages(a100, 128, 8) == 2
     assert bwd_q_stages(a100, 256, 8) == 1  # 209 KB past the A100's 163 KB
     spec = BwdSpec("sm_90a", "bfloat16", 128, 4, False)
     assert spec.q_stages == 2 and spec == BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=2)
     pinned = BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=1)
     assert pinned.name == "flashtune_bwd_bf16_h128_64x64_w4_q1_sm90a" and pinned.smem_bytes == bwd_smem_bytes(128, 4)
-    assert "Traits<__nv_bfloat16, 128, 4, false, false, 1>" in pinned.source()
+    assert "Traits<__nv_bfloat16, 128, 4, false, false, 1, false>" in pinned.source()
     assert pinned.source_hash() != spec.source_hash()
     with pytest.raises(SpecError, match="needs 107520 bytes of shared memory; sm_89 has"):
         BwdSpec("sm_89", "bfloat16", 128, 4, False, q_stages=2)
@@ -85,6 +87,37 @@ def test_two_query_stages_where_they_fit_without_costing_ctas():
         BwdSpec("sm_90a", "bfloat16", 128, 4, False, q_stages=3)
     with pytest.raises(SpecError, match="q_stages 1"):
         BwdSpec("sm_90a", "bfloat16", 128, 8, False, wgmma=True, q_stages=1)
+
+
+def test_8_warps_tile_where_the_layout_fits_and_the_rtx_cards_keep_16_keys_a_warp():
+    """kTiled: 8 warps below hdim 256 take tiled_kernel.cuh's layout where its one stage fits the
+    arch; the RTX parts' 99 KB keep the 16-key layout at hdim 64 (81 KB) rather than fall to 4 warps;
+    pinned off the arch's choice, the name says so."""
+    from flashtune.kernels.bwd_spec import mma_sync_bwd_tiled
+    from flashtune.kernels.arch import get_arch
+
+    h100, rtx, blackwell, a100 = (get_arch(a) for a in ("sm_90a", "sm_89", "sm_120", "sm_80"))
+    assert [mma_sync_bwd_tiled(h100, h, 8) for h in (64, 128, 256)] == [True, True, False]
+    assert [mma_sync_bwd_tiled(a100, h, 8) for h in (64, 128)] == [True, True]  # 162 KB of the A100's 163 with two stages
+    assert not any(mma_sync_bwd_tiled(h100, h, w) for h in (64, 128) for w in (2, 4))
+    for arch in ("sm_89", "sm_120"):
+        rtx64 = BwdSpec(arch, "bfloat16", 64, 8, False)
+        assert not rtx64.tiled and rtx64.block_m == 64 and rtx64.q_stages == 2
+        assert rtx64.name == f"flashtune_bwd_bf16_h64_128x64_w8_{arch.replace('_', '')}"
+        assert rtx64.smem_bytes == bwd_smem_bytes(64, 8, q_stages=2) <= get_arch(arch).max_smem_per_block
+    assert not mma_sync_bwd_tiled(rtx, 64, 8) and not mma_sync_bwd_tiled(blackwell, 64, 8)
+    tiled = BwdSpec("sm_90a", "bfloat16", 64, 8, True)
+    assert tiled.tiled and tiled.name == "flashtune_bwd_bf16_h64_128x128_w8_c_sm90a"
+    assert "Traits<__nv_bfloat16, 64, 8, true, false, 2, true>" in tiled.source()
+    pinned = BwdSpec("sm_90a", "bfloat16", 64, 8, True, tiled=False)
+    assert pinned.name == "flashtune_bwd_bf16_h64_128x64_w8_c_k16_sm90a" and pinned.block_m == 64
+    assert "Traits<__nv_bfloat16, 64, 8, true, false, 2, false>" in pinned.source()
+    assert pinned.source_hash() != tiled.source_hash()
+    for bad in (dict(warps=4), dict(hdim=256), dict(wgmma=True)):
+        with pytest.raises(SpecError, match="the tiled layout is the mma.sync kernel's at 8 warps below hdim 256"):
+            BwdSpec(**{**dict(arch="sm_90a", dtype="bfloat16", hdim=64, warps=8, causal=False, tiled=True), **bad})
+    with pytest.raises(SpecError, match="needs 165888 bytes of shared memory; sm_89 has"):
+        BwdSpec("sm_89", "bfloat16", 64, 8, False, tiled=True, q_stages=2)
 
 
 def test_build_takes_each_dtype_head_dim_and_mask_the_backward_has():
@@ -139,7 +172,7 @@ def test_hdim_256_shares_each_key_group_between_two_warps():
     small = BwdSpec("sm_89", "bfloat16", 256, 4, True)
     assert small.name == "flashtune_bwd_bf16_h256_32x32_w4_c_sm89" and small.block_m == 32
     assert small.smem_bytes == 4 * 32 * 512 + 2 * 32 * 32 * 2 + 2 * 32 * 4  # 68.3 KB: fits the RTX parts
-    assert "Traits<__nv_bfloat16, 256, 4, true, false, 1>" in small.source()
+    assert "Traits<__nv_bfloat16, 256, 4, true, false, 1, false>" in small.source()
     wide = BwdSpec("sm_80", "float16", 256, 8, False)
     assert wide.name == "flashtune_bwd_f16_h256_64x64_w8_sm80" and wide.smem_bytes == 147968
     with pytest.raises(SpecError, match="needs 147968 bytes of shared memory; sm_120 has"):

@@ -23,7 +23,12 @@ namespace bwd {
 // order, each warp 16 whole rows.
 // kQStages: 2 where shared memory holds two query blocks' Q, dO and statistics (the spec decides,
 // flashtune/kernels/bwd_spec.py: bwd_q_stages): the next block's load runs under this one's math.
-template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false, int kQStages_ = 1>
+// kTiled: 8 warps below hdim 256 in tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by
+// 32-row pieces, P^T and dS^T through shared memory), 128 queries a step at hdim 64 and 64 at 128
+// (FlashAttention-2's tiles), where it fits the arch (the spec decides: mma_sync_bwd_tiled); the
+// RTX cards' 99 KB take the 16-key layout's 8 warps at hdim 64.
+template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false, int kQStages_ = 1,
+          bool kTiled_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -35,10 +40,7 @@ struct Traits {
   static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
   static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
   static constexpr int kBlockN = 16 * kKeyGroups;              // keys per CTA
-  // 8 warps below hdim 256: tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by 32-row
-  // pieces, P^T and dS^T through shared memory), 128 queries a step at hdim 64 (FlashAttention-2's
-  // tile there; too large for the RTX cards' 99 KB), 64 at hdim 128.
-  static constexpr bool kTiled = kWarps == 8 && kKvSplit == 1 && !kDeterministic;
+  static constexpr bool kTiled = kTiled_;
   static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kTiled ? 8192 / kHeadDim : kWarps > 4 ? 64 : 16 * kWarps;
   static constexpr int kSQueries = kBlockM / kKvSplit;         // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kSQueries / 8;                // their n8 tiles
@@ -72,6 +74,7 @@ struct Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps (32, 64 or 128 keys)");
   static_assert(kQStages == 1 || kQStages == 2, "one or two query-block stages");
+  static_assert(!kTiled || (kWarps == 8 && kKvSplit == 1 && !kDeterministic), "tiled: 8 warps below hdim 256");
   static_assert(kBlockM <= kThreads, "a thread per statistics row");
   static_assert(kKvSplit == 1 || kWarps >= 4, "hdim 256: 4 or 8 warps (a warp's S^T is 16 queries or more)");
   static_assert(!kDeterministic || kDqSplit == 1 || kKvSplit > 1,

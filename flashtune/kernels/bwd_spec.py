@@ -49,50 +49,55 @@ def mma_sync_bwd_keys(hdim: int, warps: int) -> int:
     return 16 * warps // (2 if hdim == KV_SPLIT_HEAD_DIM else 1)
 
 
-def mma_sync_bwd_tiled(hdim: int, warps: int) -> bool:
-    """csrc/backward/kernel_traits.cuh's kTiled: 8 warps at hdim 128 take tiled_kernel.cuh's layout,
-    P^T and dS^T through shared memory (deterministic=True takes 2 or 4 warps)."""
-    return warps == 8 and hdim != KV_SPLIT_HEAD_DIM
-
-
-def mma_sync_bwd_queries(hdim: int, warps: int) -> int:
-    """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (16 per warp, at most 64; at hdim
-    256 as many as the keys)."""
+def mma_sync_bwd_queries(hdim: int, warps: int, tiled: bool = False) -> int:
+    """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (the 16-key layouts 16 per warp,
+    at most 64; at hdim 256 as many as the keys; tiled, 8192 / hdim: FlashAttention-2's tiles)."""
     if hdim == KV_SPLIT_HEAD_DIM:
         return mma_sync_bwd_keys(hdim, warps)
-    return 8192 // hdim if mma_sync_bwd_tiled(hdim, warps) else min(64, 16 * warps)
+    return 8192 // hdim if tiled else min(64, 16 * warps)
 
 
-def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1) -> int:
+def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1, tiled: bool = False) -> int:
     """The kernel traits' kSmemBytes. mma.sync (csrc/backward/): K, V, q_stages of a query block's
-    Q, dO and two rows of statistics, dS^T (at hdim 256 and in the tiled layout P^T too); wgmma (csrc/sm90_bwd/): K, V, a
-    ring of Q, dO and statistics, two dS^T, the two consumer warpgroups' 64 x 64 fp32 dQ staging
-    tiles and the 1024-byte alignment's slack."""
+    Q, dO and two rows of statistics, dS^T (at hdim 256 and in the tiled layout P^T too); wgmma
+    (csrc/sm90_bwd/): K, V, a ring of Q, dO and statistics, two dS^T, the two consumer warpgroups'
+    64 x 64 fp32 dQ staging tiles and the 1024-byte alignment's slack."""
     if wgmma:
         keys, queries, stages = WGMMA_BWD_KEYS, wgmma_bwd_queries(hdim), WGMMA_BWD_STAGES
         dq_staging = 2 * 64 * 64 * 4
         return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
                 + dq_staging + 1024)
-    keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps)
-    score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM or mma_sync_bwd_tiled(hdim, warps) else 1
+    keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps, tiled)
+    score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM or tiled else 1
     stage = 2 * queries * 2 * hdim + 2 * queries * 4  # Q, dO, the LSE and rowsum(dO O)
     return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
 
+def mma_sync_bwd_tiled(arch: ArchFacts, hdim: int, warps: int) -> bool:
+    """The arch's choice of kernel_traits.cuh's kTiled: 8 warps below hdim 256 take tiled_kernel.cuh's
+    layout (FlashAttention-2's warp grid, P^T and dS^T through shared memory) where its one stage
+    fits the arch's shared memory. On the RTX cards' 99 KB it does not (129 KB at hdim 64), and
+    hdim 64 keeps the 16-key layout's 8 warps (81 KB) rather than fall to 4."""
+    return (warps == 8 and hdim != KV_SPLIT_HEAD_DIM
+            and bwd_smem_bytes(hdim, warps, tiled=True) <= arch.max_smem_per_block)
+
+
 @functools.cache  # a BwdSpec asks at construction and on every read of its name; fixed per arch and tile
-def bwd_q_stages(arch: ArchFacts, hdim: int, warps: int) -> int:
+def bwd_q_stages(arch: ArchFacts, hdim: int, warps: int, tiled: bool | None = None) -> int:
     """The mma.sync kernel's query-block stages (kernel_traits.cuh's kQStages): 2, the next block's
     loads under this one's math, where the second stage fits the arch without costing CTAs an SM;
     with about 255 registers a thread 8 warps have an SM to themselves, 4 warps two and 2 warps four,
     and an RTX card's 100 KB of shared memory would lose one of the two CTAs of 4 warps at hdim 64
-    (and cannot hold two stages at hdim 128)."""
+    (and cannot hold two stages at hdim 128). tiled: the layout (None: the arch's, mma_sync_bwd_tiled)."""
     by_registers = max(1, REGISTERS_PER_SM // (MMA_SYNC_BWD_REGISTERS * 32 * warps))
+    if tiled is None:
+        tiled = mma_sync_bwd_tiled(arch, hdim, warps)
 
     def ctas(stages: int) -> int:
-        return min(by_registers,
-                   arch.smem_per_sm // (bwd_smem_bytes(hdim, warps, q_stages=stages) + RESERVED_SMEM_PER_CTA))
+        return min(by_registers, arch.smem_per_sm // (bwd_smem_bytes(hdim, warps, q_stages=stages, tiled=tiled)
+                                                      + RESERVED_SMEM_PER_CTA))
 
-    two = bwd_smem_bytes(hdim, warps, q_stages=2)
+    two = bwd_smem_bytes(hdim, warps, q_stages=2, tiled=tiled)
     return 2 if two <= arch.max_smem_per_block and ctas(2) >= ctas(1) else 1
 
 
@@ -115,6 +120,10 @@ class BwdSpec:
     # then holds it); pinned to the other count, the name says so (`_q1`): what the GPU tests use to
     # run the RTX cards' one-stage kernels on an H100/H200
     q_stages: int = 0
+    # mma.sync: tiled_kernel.cuh's layout (8 warps below hdim 256), None for the arch's choice
+    # (mma_sync_bwd_tiled; the spec then holds it); pinned off it, the name says so (`_k16`): what
+    # the GPU tests use to run the RTX cards' 16-key 8-warp kernel at hdim 64 on an H100/H200
+    tiled: bool | None = None
 
     fp8 = False  # no FP8 backward (verify's SASS check asks)
 
@@ -150,6 +159,11 @@ class BwdSpec:
         if self.q_stages not in (0, 1, 2) or (self.wgmma and self.q_stages):
             raise SpecError(f"q_stages {self.q_stages}: the mma.sync kernel takes 1 or 2 (0: the arch's "
                             f"choice); the wgmma kernel has a ring of its own (0)")
+        if self.tiled is None:
+            object.__setattr__(self, "tiled", self.default_tiled)
+        elif self.tiled and (self.wgmma or self.warps != 8 or self.hdim == KV_SPLIT_HEAD_DIM or self.deterministic):
+            raise SpecError("the tiled layout is the mma.sync kernel's at 8 warps below hdim 256, "
+                            "without deterministic=True")
         if not self.wgmma and not self.q_stages:
             object.__setattr__(self, "q_stages", self.default_q_stages)
         limit = self.arch_facts.max_smem_per_block
@@ -173,7 +187,7 @@ class BwdSpec:
     @property
     def block_m(self) -> int:
         """Queries per step of a CTA's loop."""
-        return wgmma_bwd_queries(self.hdim) if self.wgmma else mma_sync_bwd_queries(self.hdim, self.warps)
+        return wgmma_bwd_queries(self.hdim) if self.wgmma else mma_sync_bwd_queries(self.hdim, self.warps, self.tiled)
 
     @property
     def name(self) -> str:
@@ -183,6 +197,8 @@ class BwdSpec:
             parts.append("c")
         if self.deterministic:
             parts.append("det")
+        if self.tiled != self.default_tiled:
+            parts.append("k16")
         if not self.wgmma and self.q_stages != self.default_q_stages:
             parts.append(f"q{self.q_stages}")
         parts.append(self.arch.replace("_", ""))
@@ -197,13 +213,18 @@ class BwdSpec:
         return 32 * self.warps + (128 if self.wgmma else 0)  # + the wgmma kernel's producer warpgroup
 
     @property
+    def default_tiled(self) -> bool:
+        """The arch's layout for the mma.sync kernel (mma_sync_bwd_tiled); not with deterministic=True."""
+        return not self.wgmma and not self.deterministic and mma_sync_bwd_tiled(self.arch_facts, self.hdim, self.warps)
+
+    @property
     def default_q_stages(self) -> int:
-        """The arch's query-block stages for the mma.sync kernel (bwd_q_stages)."""
-        return bwd_q_stages(self.arch_facts, self.hdim, self.warps)
+        """The arch's query-block stages for the mma.sync kernel in the spec's layout (bwd_q_stages)."""
+        return bwd_q_stages(self.arch_facts, self.hdim, self.warps, self.tiled)
 
     @property
     def smem_bytes(self) -> int:
-        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma, self.q_stages)
+        return bwd_smem_bytes(self.hdim, self.warps, self.wgmma, self.q_stages, self.tiled)
 
     @property
     def companion_names(self) -> tuple[str, ...]:
@@ -236,6 +257,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)
             main_launch = f"flashtune::sm90_bwd::launch<Cfg>({self.name}, *params, stream)"
         else:
             flags = ", ".join("true" if on else "false" for on in (self.causal, self.deterministic))
+            tiled = "true" if self.tiled else "false"
             dq = f"{self.name}_dq" if self.deterministic else None
             dq_kernel = f"""
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
@@ -246,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
             kernels = f"""#include "backward/launch.cuh"
 
 namespace {{
-using Cfg = flashtune::bwd::Traits<{elem}, {self.hdim}, {self.warps}, {flags}, {self.q_stages}>;
+using Cfg = flashtune::bwd::Traits<{elem}, {self.hdim}, {self.warps}, {flags}, {self.q_stages}, {tiled}>;
 }}
 
 extern "C" __global__ void __launch_bounds__(Cfg::kThreads)
