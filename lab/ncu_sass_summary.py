@@ -1,6 +1,6 @@
 """Summarise `ncu -i R.ncu-rep --page source --print-source sass --csv` (an ncu run over lab/ncu_cells.py):
-per kernel, instructions executed and warp-stall samples per opcode, the stall reasons, and the
-synchronisation skeleton of its block loop (barriers, wgmma, mbarrier waits in SASS order).
+per kernel, instructions executed and warp-stall samples per opcode with each opcode's top stall
+reasons, the stall reasons, and the synchronisation skeleton of its block loop (barriers, wgmma, mbarrier waits in SASS order).
 
 Usage: python3 lab/ncu_sass_summary.py SASS.csv [OPCODES]   (OPCODES: how many to list, 28)
 """
@@ -40,11 +40,17 @@ def summarise(name: str, body: list[dict], top: int) -> None:
     samples = sum(count(i, "Warp Stall Sampling (All Samples)") for i in body) or 1
     print(f"== {name}: {executed} instructions executed, {samples} stall samples, {len(body)} in SASS")
     per_op, stalls = collections.Counter(), collections.Counter()
+    op_reasons = collections.defaultdict(collections.Counter)
     for ins in body:
         per_op[opcode(ins)] += count(ins, "Instructions Executed")
         stalls[opcode(ins)] += count(ins, "Warp Stall Sampling (All Samples)")
+        for key in ins:
+            if key.startswith("stall_") and "(Not" not in key:
+                op_reasons[opcode(ins)][key[6:]] += count(ins, key)
     for op, n in per_op.most_common(top):
-        print(f"  {op:12} {n:10d} {100 * n / executed:5.1f}%  stall samples {stalls[op]:6d} {100 * stalls[op] / samples:5.1f}%")
+        why = ", ".join(f"{r} {100 * k / samples:.1f}" for r, k in op_reasons[op].most_common(3) if k)
+        print(f"  {op:12} {n:10d} {100 * n / executed:5.1f}%  stall samples {stalls[op]:6d} {100 * stalls[op] / samples:5.1f}%"
+              f"  ({why})")
     reasons = collections.Counter()
     for ins in body:
         for key in ins:

@@ -240,12 +240,15 @@ for step in "$@"; do case $step in
             done ;;
   ncu-bwd-sm80) run ncu-bwd-sm80 150 ncu --clock-control none --profile-from-start off --section LaunchStats \
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
-           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+           --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
+           --section ComputeWorkloadAnalysis --section InstructionStats \
            -k 'regex:flashtune_bwd.*_w8_sm90$|flash_bwd_dq_dk_dv' -o "$OUT/ncu-bwd-sm80" \
            env NCU_BACKENDS=flashtune,sdpa-flash python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
          run ncu-bwd-sm80-details 60 ncu -i "$OUT/ncu-bwd-sm80.ncu-rep" --page details
          run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv --print-source sass \
-           | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'" ;;
+           | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'"
+         run ncu-bwd-sm80-fa2-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flash_bwd_dq_dk_dv' --page source --csv \
+           --print-source sass | gzip > '$OUT/ncu-bwd-sm80-fa2_sass.csv.gz'" ;;
   ncu-bwd-wg) run ncu-bwd-wg 200 ncu --clock-control none --profile-from-start off --section LaunchStats \
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
