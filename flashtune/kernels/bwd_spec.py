@@ -7,7 +7,8 @@ both:
 Like KernelSpec it is the single source of its kernels' names, generated source and cache key:
 `flashtune_bwd_bf16_h128_64x64_w4_c_sm90a` (dtype, head dim, keys x queries per step, warps,
 causal, arch) names an mma.sync dK/dV kernel, which adds dQ by atomics (`_q1` or `_q2` before the
-arch: its query-block stages pinned off the arch's choice); with `_det`
+arch: its query-block stages pinned off the arch's choice; `_k16`: 8 warps in the 16-key layout
+where the arch would take the tiled one); with `_det`
 (deterministic=True, FlashAttention's name) it leaves dQ to `<name>_dq`, a kernel that sums it in a
 fixed order. `flashtune_bwd_bf16_h128_128x64_wg2_c_sm90a` (keys x queries, two consumer warpgroups)
 names a wgmma kernel, which adds dQ by TMA reduce-adds. Each library also holds `<name>_prep`,
@@ -198,7 +199,7 @@ class BwdSpec:
         if self.deterministic:
             parts.append("det")
         if self.tiled != self.default_tiled:
-            parts.append("k16")
+            parts.append("tiled" if self.tiled else "k16")
         if not self.wgmma and self.q_stages != self.default_q_stages:
             parts.append(f"q{self.q_stages}")
         parts.append(self.arch.replace("_", ""))
