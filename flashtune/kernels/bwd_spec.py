@@ -74,13 +74,19 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1
     return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
 
+def tiled_layout_takes(hdim: int, warps: int) -> bool:
+    """kernel_traits.cuh's rule for kTiled: the layout is 8 warps' below hdim 256 (and not the
+    deterministic build's, whose dQ kernel takes 2 or 4 warps)."""
+    return warps == 8 and hdim != KV_SPLIT_HEAD_DIM
+
+
+@functools.cache  # asked on every read of a spec's name, like bwd_q_stages
 def mma_sync_bwd_tiled(arch: ArchFacts, hdim: int, warps: int) -> bool:
     """The arch's choice of kernel_traits.cuh's kTiled: 8 warps below hdim 256 take tiled_kernel.cuh's
     layout (FlashAttention-2's warp grid, P^T and dS^T through shared memory) where its one stage
     fits the arch's shared memory. On the RTX cards' 99 KB it does not (129 KB at hdim 64), and
     hdim 64 keeps the 16-key layout's 8 warps (81 KB) rather than fall to 4."""
-    return (warps == 8 and hdim != KV_SPLIT_HEAD_DIM
-            and bwd_smem_bytes(hdim, warps, tiled=True) <= arch.max_smem_per_block)
+    return tiled_layout_takes(hdim, warps) and bwd_smem_bytes(hdim, warps, tiled=True) <= arch.max_smem_per_block
 
 
 @functools.cache  # a BwdSpec asks at construction and on every read of its name; fixed per arch and tile
@@ -162,7 +168,7 @@ class BwdSpec:
                             f"choice); the wgmma kernel has a ring of its own (0)")
         if self.tiled is None:
             object.__setattr__(self, "tiled", self.default_tiled)
-        elif self.tiled and (self.wgmma or self.warps != 8 or self.hdim == KV_SPLIT_HEAD_DIM or self.deterministic):
+        elif self.tiled and (self.wgmma or self.deterministic or not tiled_layout_takes(self.hdim, self.warps)):
             raise SpecError("the tiled layout is the mma.sync kernel's at 8 warps below hdim 256, "
                             "without deterministic=True")
         if not self.wgmma and not self.q_stages:
