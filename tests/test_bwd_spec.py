@@ -20,7 +20,8 @@ def test_the_name_spells_out_the_kernel_and_the_source_instantiates_it():
 
 
 @pytest.mark.parametrize("spec", [BwdSpec("sm_80", "float16", 64, 2, False, deterministic=True),
-                                  BwdSpec("sm_90a", "bfloat16", 128, 8, True, wgmma=True)])
+                                  BwdSpec("sm_90a", "bfloat16", 128, 8, True, wgmma=True),
+                                  BwdSpec("sm_90", "bfloat16", 128, 8, False)])  # tiled
 def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
     source = spec.source()
     prep, finish, group, *dq = spec.companion_names
@@ -28,8 +29,10 @@ def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
     assert dq == ([f"{spec.name}_dq"] if spec.deterministic else [])
     assert spec.launch_order(True) == [prep, spec.name, *dq, finish, group]
     elem = "__half, 64" if spec.dtype == "float16" else "__nv_bfloat16, 128"
-    assert f"{prep}(const flashtune::BwdParams params)" in source and f"prep_body<{elem}>(params)" in source
-    assert f"{finish}(const flashtune::BwdParams params)" in source and f"finish_body<{elem}>(params)" in source
+    # the passes read and zero dq_accum in the kernel's layout of it: the tiled kernel's strips
+    layout = f"flashtune::bwd::DqStrips<{spec.hdim}>" if spec.tiled and not spec.wgmma else "flashtune::bwd::DqRows"
+    assert f"{prep}(const flashtune::BwdParams params)" in source and f"prep_body<{elem}, {layout}>(params)" in source
+    assert f"{finish}(const flashtune::BwdParams params)" in source and f"finish_body<{elem}, {layout}>(params)" in source
     assert f"{group}(const flashtune::BwdParams params)" in source and f"group_body<{elem}>(params)" in source
     launcher = source[source.index(f'extern "C" int {spec.launcher_symbol}'):]
     assert f"launch_with_passes<{spec.hdim}>(\n      {prep}, {finish}, {group}, *params, stream," in launcher

@@ -107,6 +107,7 @@ __device__ __forceinline__ void frag_times_rows(float (&acc)[kTiles][4], const u
 struct Sequence {
   int seqlen_q, seqlen_k;
   int64_t q, k, v, dout, dq, dkv, lse;
+  int q_row0, q_rows;  // the first query row in the tensor's rows and how many it has (varlen: total_q)
 };
 
 __device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
@@ -114,12 +115,12 @@ __device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
   if (p.cu_seqlens_q == nullptr) {
     return {p.seqlen_q, p.seqlen_k, batch * p.q_batch_stride, batch * p.k_batch_stride, batch * p.v_batch_stride,
             batch * bp.do_batch_stride, batch * bp.dq_batch_stride, batch * bp.dkv_batch_stride,
-            batch * p.lse_batch_stride};
+            batch * p.lse_batch_stride, 0, p.seqlen_q};
   }
   const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
   return {p.cu_seqlens_q[batch + 1] - q_start, p.cu_seqlens_k[batch + 1] - k_start, q_start * p.q_row_stride,
           k_start * p.k_row_stride, k_start * p.v_row_stride, q_start * bp.do_row_stride, q_start * bp.dq_row_stride,
-          k_start * bp.dkv_row_stride, q_start};
+          k_start * bp.dkv_row_stride, q_start, q_start, p.total_q};
 }
 
 // A dK/dV CTA's view of its (batch, query head): Q, dO, dQ and the statistics from its sequence's
@@ -129,7 +130,8 @@ template <class T>
 struct KeyBlock {
   using Elem = typename T::Elem;
   const Elem *q, *dout, *k, *v;
-  float* dq;
+  float* dq;            // dq_accum at the sequence's first row (of this head)
+  int dq_row0, dq_rows;  // that row's place in dq_accum's rows, and their number (DqLayout's offset)
   const float *lse, *dsum;
   int64_t dkv;  // dK and dV: element offset of the sequence's first row (of this head)
   int seqlen_q, seqlen_k, key0;
@@ -150,6 +152,8 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& bp, int n_bloc
   kb.k = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride + int64_t(key0) * p.k_row_stride;
   kb.v = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride + int64_t(key0) * p.v_row_stride;
   kb.dq = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
+  kb.dq_row0 = seq.q_row0;
+  kb.dq_rows = seq.q_rows;
   kb.lse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
   kb.dsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
   kb.dkv = seq.dkv + int64_t(head) * bp.dkv_head_stride;

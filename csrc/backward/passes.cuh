@@ -16,6 +16,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "backward/dq_layout.cuh"
 #include "backward/params.h"
 #include "common/convert.cuh"
 
@@ -68,6 +69,12 @@ struct PassRow {
   __device__ __forceinline__ int64_t dq(const BwdParams& p) const {
     return batch * p.dq_batch_stride + row * p.dq_row_stride + head * p.dq_head_stride;
   }
+  // Index into dq_accum of the row's column `col` (dq_layout.cuh: the main kernel's layout of it).
+  template <class DqLayout>
+  __device__ __forceinline__ int64_t dq_sum(const BwdParams& p, int col) const {
+    const int rows = p.fwd.cu_seqlens_q != nullptr ? p.fwd.total_q : p.fwd.seqlen_q;
+    return batch * p.dq_batch_stride + head * p.dq_head_stride + DqLayout::offset(int(row), col, rows, p.dq_row_stride);
+  }
 };
 
 // A lane's 8 16-bit values (4 words) as one 16-byte store (a plain store of a uint4 built from
@@ -93,7 +100,7 @@ __device__ __forceinline__ float dot_lane(const Elem* a, const Elem* b) {
   return sum;
 }
 
-template <typename Elem, int kHeadDim>
+template <typename Elem, int kHeadDim, class DqLayout>
 __device__ __forceinline__ void prep_body(const BwdParams& p) {
   using S = LaneSlice<kHeadDim>;
   const FwdParams& f = p.fwd;
@@ -113,16 +120,17 @@ __device__ __forceinline__ void prep_body(const BwdParams& p) {
   for (int offset = S::kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (!valid) return;
   if (col == 0) p.dsum[at.stat(f)] = p.dlse == nullptr ? sum : sum - p.dlse[at.stat(f)];
-  float4* zeros = reinterpret_cast<float4*>(p.dq_accum + at.dq(p) + col);
+  float4* zeros = reinterpret_cast<float4*>(p.dq_accum + at.template dq_sum<DqLayout>(p, col));  // 8 in a row
   zeros[0] = zeros[1] = float4{};
 }
 
-template <typename Elem, int kHeadDim>
+template <typename Elem, int kHeadDim, class DqLayout>
 __device__ __forceinline__ void finish_body(const BwdParams& p) {
   PassRow<kHeadDim> at;
   if (!at.locate(p.fwd)) return;
-  const int64_t offset = at.dq(p) + LaneSlice<kHeadDim>::col();  // dq has dq_accum's strides
-  const float4* sum = reinterpret_cast<const float4*>(p.dq_accum + offset);
+  const int col = LaneSlice<kHeadDim>::col();
+  const int64_t offset = at.dq(p) + col;  // dq: dq_accum's strides, q's layout
+  const float4* sum = reinterpret_cast<const float4*>(p.dq_accum + at.template dq_sum<DqLayout>(p, col));
   const float4 lo = sum[0], hi = sum[1];
   const float s = p.fwd.softmax_scale;
   const uint32_t words[4] = {pack2<Elem>(lo.x * s, lo.y * s), pack2<Elem>(lo.z * s, lo.w * s),

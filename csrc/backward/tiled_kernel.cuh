@@ -11,6 +11,7 @@
 #pragma once
 
 #include "backward/bwd_kernel.cuh"
+#include "backward/dq_layout.cuh"
 
 namespace flashtune {
 namespace bwd {
@@ -51,6 +52,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   const KeyBlock<T> kb = key_block<T>(bp, blockIdx.x, blockIdx.y, blockIdx.z);
   const int seqlen_q = kb.seqlen_q, seqlen_k = kb.seqlen_k, key0 = kb.key0;
   if (key0 >= seqlen_k) return;  // uniform across the CTA
+  float* const dq_sum = kb.dq - int64_t(kb.dq_row0) * bp.dq_row_stride;  // dq_accum's row 0 (this head)
   const int causal_shift = kb.causal_shift, m_begin = kb.m_begin, m_end = kb.m_end;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -240,25 +242,31 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
         }
       }
     }
-    // A row past the sequence's end has dS = 0 (its dO and statistics arrived as zeros), so its
-    // zeros go to the last row instead of a branch around the adds: no branch, so the compiler can
-    // place the adds among dK's HMMAs.
+    // dQ's adds into dq_accum's strips (dq_layout.cuh): the 8 rows x 8 columns of each (mt, r, dt)
+    // are one 256-byte piece, lane (g, t) at 8 g + 2 t. A row past the sequence's end has dS = 0
+    // (its dO and statistics arrived as zeros): its adds change nothing, wherever they land.
+    auto add_pair = [&](float* out, const float (&acc)[4], int r) {
+#if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
+      atomicAdd(reinterpret_cast<float2*>(out), make_float2(acc[2 * r], acc[2 * r + 1]));
+#else
+      atomicAdd(out, acc[2 * r]);
+      atomicAdd(out + 1, acc[2 * r + 1]);
+#endif
+    };
+    // The warp's columns start a strip row's tiles, so each (mt, r)'s tile dt is kTilesPerRow-th
+    // steps and remainder steps from its first. A row past the sequence's end adds its zeros to the last.
+    using Strips = DqStrips<D>;
+    static_assert(DQC % (8 * Strips::kTilesPerRow) == 0, "a warp's columns start a strip row");
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
-        float* out = kb.dq + int64_t(row) * bp.dq_row_stride + dq_c0 + 2 * t;
+        const int row = kb.dq_row0 + min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
+        const auto place = Strips::place(row, dq_c0 + 2 * t, kb.dq_rows, bp.dq_row_stride);
 #pragma unroll
-        for (int dt = 0; dt < DQT; ++dt) {
-#if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
-          atomicAdd(reinterpret_cast<float2*>(out + dt * 8),
-                    make_float2(acc_dq[mt][dt][2 * r], acc_dq[mt][dt][2 * r + 1]));
-#else
-          atomicAdd(out + dt * 8, acc_dq[mt][dt][2 * r]);
-          atomicAdd(out + dt * 8 + 1, acc_dq[mt][dt][2 * r + 1]);
-#endif
-        }
+        for (int dt = 0; dt < DQT; ++dt)
+          add_pair(dq_sum + place.at + (dt / Strips::kTilesPerRow) * place.tiles + (dt % Strips::kTilesPerRow) * place.tile,
+                   acc_dq[mt][dt], r);
       }
 
     // ---- dK += dS^T Q over the warp's keys and columns

@@ -1,0 +1,48 @@
+// Where dQ's fp32 sum (dq_accum) keeps element (row, col) of one head: the kernel's atomic adds,
+// the prep pass's zeros and the finish pass's reads all go through one of these, so the three agree.
+// `row` counts from the tensor's first row (varlen: the packed row), `rows` is how many there are
+// (varlen: total_q; else seqlen_q), `row_stride` is dq_accum's.
+//   DqRows:      q's layout (row-major rows; every kernel but tiled_kernel.cuh's).
+//   DqStrips<D>: rows in strips of 8, each strip's 8 x 8 tiles stored whole, 64 floats in a row:
+//                tile (strip, c) at the strip's row c / (D / 64), floats (c % (D / 64)) * 64 on.
+//                One m16n8 accumulator half (8 rows x 8 columns, a float pair a lane) is then one
+//                256-byte piece, so a warp's add touches two 128-byte lines, not eight (one per
+//                row): FlashAttention-2 permutes its dQ sum for the same reason. The last strip,
+//                if partial, stays row-major (its rows have no room for the tiles).
+#pragma once
+#include <stdint.h>
+
+namespace flashtune {
+namespace bwd {
+
+struct DqRows {
+  __host__ __device__ __forceinline__ static int64_t offset(int row, int col, int /*rows*/, int64_t row_stride) {
+    return int64_t(row) * row_stride + col;
+  }
+};
+
+template <int kHeadDim>
+struct DqStrips {
+  static_assert(kHeadDim % 64 == 0, "whole tiles in a row");
+  static constexpr int kTilesPerRow = kHeadDim / 64;
+  // (row, col)'s place, and the steps from it to (row, col + 8) where col / 8 % kTilesPerRow is not
+  // the last (`tile`) and to (row, col + 8 * kTilesPerRow) (`tiles`); no branch, so that a kernel's
+  // adds need none
+  struct Place {
+    int64_t at, tiles;
+    int tile;
+  };
+  __host__ __device__ __forceinline__ static Place place(int row, int col, int rows, int64_t row_stride) {
+    const int strip_row0 = row & ~7, tile = col >> 3;
+    const bool whole = strip_row0 + 8 <= rows;
+    const int64_t in_strip =
+        int64_t(strip_row0 + tile / kTilesPerRow) * row_stride + (tile % kTilesPerRow) * 64 + ((row & 7) << 3) + (col & 7);
+    return {whole ? in_strip : int64_t(row) * row_stride + col, whole ? row_stride : 8 * kTilesPerRow, whole ? 64 : 8};
+  }
+  __host__ __device__ __forceinline__ static int64_t offset(int row, int col, int rows, int64_t row_stride) {
+    return place(row, col, rows, row_stride).at;
+  }
+};
+
+}  // namespace bwd
+}  // namespace flashtune
