@@ -25,9 +25,9 @@ template <int kHeadDim>
 struct DqStrips {
   static_assert(kHeadDim % 64 == 0, "whole tiles in a row");
   static constexpr int kTilesPerRow = kHeadDim / 64;
-  // (row, col)'s place, and the steps from it to (row, col + 8) where col / 8 % kTilesPerRow is not
-  // the last (`tile`) and to (row, col + 8 * kTilesPerRow) (`tiles`); no branch, so that a kernel's
-  // adds need none
+  // (row, col)'s place `at`, and for col / 8 a multiple of kTilesPerRow the steps from it to
+  // (row, col + 8 i) for i < kTilesPerRow (`tile` each) and to (row, col + 8 kTilesPerRow) (`tiles`),
+  // in either layout of the strip: selected, not branched, so that a kernel's adds need no branch
   struct Place {
     int64_t at, tiles;
     int tile;
