@@ -19,7 +19,9 @@ struct BwdParams {
 
   // dQ summed in fp32 over the key blocks (by the kernel's adds: zeroed by the prep pass; or stored
   // by the deterministic dQ kernel), (batch, seqlen_q, heads_q, hdim) or varlen (total_q, heads_q,
-  // hdim); the finish pass writes dq = softmax_scale * dq_accum in q's dtype, in the same strides.
+  // hdim), each head's rows in the main kernel's layout (dq_layout.cuh: q's, or the tiled kernel's
+  // strips); the finish pass writes dq = softmax_scale * dq_accum in q's dtype, in q's layout and
+  // dq_accum's strides.
   float* dq_accum;
   void* dq;
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;

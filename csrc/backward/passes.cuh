@@ -6,6 +6,7 @@
 //           kernel's adds (the deterministic dQ kernel stores its rows instead, but a call with
 //           no keys launches no kernel, and then dQ is these zeros);
 //   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype;
+// (both through the main kernel's layout of the fp32 sum, dq_layout.cuh: a template parameter)
 //   group:  with GQA, each KV head's dK and dV, the fp32 sum of its query heads' (per key row and
 //           KV head; the kernel writes them per query head).
 // Every row of the q (k) tensor is visited, varlen rows past the last sequence included, so that

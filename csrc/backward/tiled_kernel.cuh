@@ -5,7 +5,8 @@
 //              shared memory as 16-bit tiles [keys][queries]
 //   dV, dK (128 keys x D):             4 x 2 warps of 32 keys x D/2 columns, P^T and dS^T read back
 //   dQ (BM queries x D):               BM/32 x 256/BM warps of 32 queries x BM*D/256 columns, added
-//                                      to the fp32 dQ by atomic adds, between dV's GEMM and dK's
+//                                      to the fp32 dQ by atomic adds, between dV's GEMM and dK's;
+//                                      that sum in strips (dq_layout.cuh), a warp's add two lines
 // with BM = 8192 / D (128 at hdim 64, 64 at 128: FlashAttention-2's tiles and warp grids). A warp
 // keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps.
 #pragma once
