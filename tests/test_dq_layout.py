@@ -27,10 +27,12 @@ template <int D> void dump(int rows) {
     for (int c0 = 0; c0 < D; c0 += kRun)
       for (int lane_col = 0; lane_col < 8; lane_col += 2) {
         const auto p = DqStrips<D>::place(r, c0 + lane_col, rows, stride);
-        for (int dt = 0; c0 + dt * 8 < D && dt < 4; ++dt)
-          std::printf("%d %d %lld %lld\n", r, c0 + dt * 8 + lane_col,
-                      (long long)(p.at + (dt / DqStrips<D>::kTilesPerRow) * p.tiles + (dt % DqStrips<D>::kTilesPerRow) * p.tile),
+        for (int dt = 0; c0 + dt * 8 < D && dt < 4; ++dt) {
+          const long long kernel = p.at + (dt / DqStrips<D>::kTilesPerRow) * p.tiles +
+                                   (dt % DqStrips<D>::kTilesPerRow) * p.tile;
+          std::printf("%d %d %lld %lld\n", r, c0 + dt * 8 + lane_col, kernel,
                       (long long)DqStrips<D>::offset(r, c0 + dt * 8 + lane_col, rows, stride));
+        }
       }
   std::printf("end\n");
 }

@@ -35,8 +35,8 @@ struct DqStrips {
   __host__ __device__ __forceinline__ static Place place(int row, int col, int rows, int64_t row_stride) {
     const int strip_row0 = row & ~7, tile = col >> 3;
     const bool whole = strip_row0 + 8 <= rows;
-    const int64_t in_strip =
-        int64_t(strip_row0 + tile / kTilesPerRow) * row_stride + (tile % kTilesPerRow) * 64 + ((row & 7) << 3) + (col & 7);
+    const int64_t in_strip = int64_t(strip_row0 + tile / kTilesPerRow) * row_stride + (tile % kTilesPerRow) * 64 +
+                             ((row & 7) << 3) + (col & 7);
     return {whole ? in_strip : int64_t(row) * row_stride + col, whole ? row_stride : 8 * kTilesPerRow, whole ? 64 : 8};
   }
   __host__ __device__ __forceinline__ static int64_t offset(int row, int col, int rows, int64_t row_stride) {

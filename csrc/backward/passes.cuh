@@ -6,9 +6,10 @@
 //           kernel's adds (the deterministic dQ kernel stores its rows instead, but a call with
 //           no keys launches no kernel, and then dQ is these zeros);
 //   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype;
-// (both through the main kernel's layout of the fp32 sum, dq_layout.cuh: a template parameter)
 //   group:  with GQA, each KV head's dK and dV, the fp32 sum of its query heads' (per key row and
 //           KV head; the kernel writes them per query head).
+// prep and finish zero and read the fp32 sum in the main kernel's layout of it (dq_layout.cuh, a
+// template parameter).
 // Every row of the q (k) tensor is visited, varlen rows past the last sequence included, so that
 // no gradient row is left unwritten. The generated source names the kernels `<kernel name>_prep`,
 // `<kernel name>_finish` and `<kernel name>_group` (the profiler shows them beside the main kernel).
@@ -74,7 +75,8 @@ struct PassRow {
   template <class DqLayout>
   __device__ __forceinline__ int64_t dq_sum(const BwdParams& p, int col) const {
     const int rows = p.fwd.cu_seqlens_q != nullptr ? p.fwd.total_q : p.fwd.seqlen_q;
-    return batch * p.dq_batch_stride + head * p.dq_head_stride + DqLayout::offset(int(row), col, rows, p.dq_row_stride);
+    return batch * p.dq_batch_stride + head * p.dq_head_stride +
+           DqLayout::offset(int(row), col, rows, p.dq_row_stride);
   }
 };
 

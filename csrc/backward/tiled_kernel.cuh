@@ -244,8 +244,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
       }
     }
     // dQ's adds into dq_accum's strips (dq_layout.cuh): the 8 rows x 8 columns of each (mt, r, dt)
-    // are one 256-byte piece, lane (g, t) at 8 g + 2 t. A row past the sequence's end has dS = 0
-    // (its dO and statistics arrived as zeros): its adds change nothing, wherever they land.
+    // are one 256-byte piece, lane (g, t) at 8 g + 2 t.
     auto add_pair = [&](float* out, const float (&acc)[4], int r) {
 #if __CUDA_ARCH__ >= 900  // two adjacent floats an instruction on sm_90 and sm_120 (bwd_body)
       atomicAdd(reinterpret_cast<float2*>(out), make_float2(acc[2 * r], acc[2 * r + 1]));
@@ -254,8 +253,10 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
       atomicAdd(out + 1, acc[2 * r + 1]);
 #endif
     };
-    // The warp's columns start a strip row's tiles, so each (mt, r)'s tile dt is kTilesPerRow-th
-    // steps and remainder steps from its first. A row past the sequence's end adds its zeros to the last.
+    // The warp's columns start a strip row's tiles, so tile dt of each (mt, r) is dt / kTilesPerRow
+    // strip rows and dt % kTilesPerRow tiles on from its first. A row past the sequence's end has
+    // dS = 0 (its dO and statistics arrived as zeros), so its zeros go to the last row instead of a
+    // branch around the adds: no branch, so the compiler can place the adds among dK's HMMAs.
     using Strips = DqStrips<D>;
     static_assert(DQC % (8 * Strips::kTilesPerRow) == 0, "a warp's columns start a strip row");
 #pragma unroll
@@ -265,9 +266,11 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
         const int row = kb.dq_row0 + min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
         const auto place = Strips::place(row, dq_c0 + 2 * t, kb.dq_rows, bp.dq_row_stride);
 #pragma unroll
-        for (int dt = 0; dt < DQT; ++dt)
-          add_pair(dq_sum + place.at + (dt / Strips::kTilesPerRow) * place.tiles + (dt % Strips::kTilesPerRow) * place.tile,
-                   acc_dq[mt][dt], r);
+        for (int dt = 0; dt < DQT; ++dt) {
+          const int64_t at =
+              place.at + (dt / Strips::kTilesPerRow) * place.tiles + (dt % Strips::kTilesPerRow) * place.tile;
+          add_pair(dq_sum + at, acc_dq[mt][dt], r);
+        }
       }
 
     // ---- dK += dS^T Q over the warp's keys and columns
