@@ -131,7 +131,7 @@ struct KeyBlock {
   using Elem = typename T::Elem;
   const Elem *q, *dout, *k, *v;
   float* dq;            // dq_accum at the sequence's first row (of this head)
-  int dq_row0, dq_rows;  // that row's place in dq_accum's rows, and their number (DqLayout's offset)
+  int q_row0, q_rows;  // that row among the tensor's rows (varlen: packed), and their number (DqLayout)
   const float *lse, *dsum;
   int64_t dkv;  // dK and dV: element offset of the sequence's first row (of this head)
   int seqlen_q, seqlen_k, key0;
@@ -152,8 +152,8 @@ __device__ __forceinline__ KeyBlock<T> key_block(const BwdParams& bp, int n_bloc
   kb.k = static_cast<const Elem*>(p.k) + seq.k + int64_t(kv_head) * p.k_head_stride + int64_t(key0) * p.k_row_stride;
   kb.v = static_cast<const Elem*>(p.v) + seq.v + int64_t(kv_head) * p.v_head_stride + int64_t(key0) * p.v_row_stride;
   kb.dq = bp.dq_accum + seq.dq + int64_t(head) * bp.dq_head_stride;
-  kb.dq_row0 = seq.q_row0;
-  kb.dq_rows = seq.q_rows;
+  kb.q_row0 = seq.q_row0;
+  kb.q_rows = seq.q_rows;
   kb.lse = p.lse + seq.lse + int64_t(head) * p.lse_head_stride;
   kb.dsum = bp.dsum + seq.lse + int64_t(head) * p.lse_head_stride;
   kb.dkv = seq.dkv + int64_t(head) * bp.dkv_head_stride;

@@ -53,7 +53,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   const KeyBlock<T> kb = key_block<T>(bp, blockIdx.x, blockIdx.y, blockIdx.z);
   const int seqlen_q = kb.seqlen_q, seqlen_k = kb.seqlen_k, key0 = kb.key0;
   if (key0 >= seqlen_k) return;  // uniform across the CTA
-  float* const dq_sum = kb.dq - int64_t(kb.dq_row0) * bp.dq_row_stride;  // dq_accum's row 0 (this head)
+  float* const dq_sum = kb.dq - int64_t(kb.q_row0) * bp.dq_row_stride;  // dq_accum's row 0 (this head)
   const int causal_shift = kb.causal_shift, m_begin = kb.m_begin, m_end = kb.m_end;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -263,8 +263,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = kb.dq_row0 + min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
-        const auto place = Strips::place(row, dq_c0 + 2 * t, kb.dq_rows, bp.dq_row_stride);
+        const int row = kb.q_row0 + min(q0 + dq_r0 + mt * 16 + g + 8 * r, seqlen_q - 1);
+        const auto place = Strips::place(row, dq_c0 + 2 * t, kb.q_rows, bp.dq_row_stride);
 #pragma unroll
         for (int dt = 0; dt < DQT; ++dt) {
           const int64_t at =
