@@ -75,8 +75,9 @@
 #   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), and SDPA flash's, at most 130 s
 #   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
 #   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
-#   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward (hdim 128, 4k, under h200-sm80) beside SDPA
-#                 flash's (FlashAttention-2's), details of both, our SASS page's per-instruction stall samples as CSV
+#   ncu-bwd-sm80  Nsight Compute on the 8-warp mma.sync backward and its prep/finish passes (hdim 128, 4k, under
+#                 h200-sm80; NCU_CELL=bwd:D:CAUSAL:N another) beside SDPA flash's (FlashAttention-2's kernel and
+#                 passes), details of all, our SASS page's per-instruction stall samples as CSV
 #   bwd-ab        lab/bwd_ab.py: the wgmma backward, the mma.sync one, the release's and
 #                 cuDNN's, bf16, hdim 64/128, 512-16k and GQA 4:1, correctness and time in one process, JSON in $OUT
 #   tune-bwd      flashtune tune --backward --profile h200 (every backward tile on the backward alone); the profile in $OUT
@@ -242,10 +243,11 @@ for step in "$@"; do case $step in
            --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
            --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
            --section ComputeWorkloadAnalysis --section InstructionStats \
-           -k 'regex:flashtune_bwd.*_w8_sm90$|flash_bwd_dq_dk_dv' -o "$OUT/ncu-bwd-sm80" \
-           env NCU_BACKENDS=flashtune,sdpa-flash python3 lab/ncu_cells.py h200-sm80 bwd:128:0:4096
+           -k 'regex:flashtune_bwd.*_w8_sm90(_prep|_finish)?$|flash_bwd_dq_dk_dv|flash_bwd_convert_dq|flash_bwd_dot_do_o' \
+           -o "$OUT/ncu-bwd-sm80" env NCU_BACKENDS=flashtune,sdpa-flash python3 lab/ncu_cells.py h200-sm80 \
+           ${NCU_CELL:-bwd:128:0:4096}
          run ncu-bwd-sm80-details 60 ncu -i "$OUT/ncu-bwd-sm80.ncu-rep" --page details
-         run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv --print-source sass \
+         run ncu-bwd-sm80-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flashtune_bwd.*_w8_sm90$' --page source --csv --print-source sass \
            | gzip > '$OUT/ncu-bwd-sm80_sass.csv.gz'"
          run ncu-bwd-sm80-fa2-source 60 sh -c "ncu -i '$OUT/ncu-bwd-sm80.ncu-rep' -k 'regex:flash_bwd_dq_dk_dv' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-bwd-sm80-fa2_sass.csv.gz'" ;;
