@@ -198,9 +198,15 @@ __device__ __forceinline__ void load_query_block(uint32_t stage, const KeyBlock<
 // The top of query block m's step: its Q, dO and statistics complete and visible to every warp,
 // and every warp done with the last block; with two stages the next block's loads issued into the
 // other stage, to run under this block's math (with one, this block's loads wait for the last
-// block's math). Returns this block's stage.
+// block's math). Returns where the block lies in that stage (`smem`: the kernel's shared memory, K
+// at its start).
+struct QueryStage {
+  uint32_t q, dout;         // shared addresses of the block's Q and dO tiles
+  const float *lse, *dsum;  // its statistics, kBlockM of each
+};
 template <class T, class LoadBlock>
-__device__ __forceinline__ int begin_query_block(int m, int m_begin, int m_end, const LoadBlock& load_block) {
+__device__ __forceinline__ QueryStage begin_query_block(const unsigned char* smem, int m, int m_begin, int m_end,
+                                                        const LoadBlock& load_block) {
   const int q0 = m * T::kBlockM;
   const int stage = T::kQStages > 1 ? (m - m_begin) & 1 : 0;
   if (T::kQStages == 1 && m > m_begin) {
@@ -214,7 +220,9 @@ __device__ __forceinline__ int begin_query_block(int m, int m_begin, int m_end, 
     load_block(q0 + T::kBlockM, stage ^ 1);
     cp_async_commit();
   }
-  return stage;
+  const uint32_t at = smem_addr(smem) + stage * T::kStageBytes;
+  const float* stats = reinterpret_cast<const float*>(smem + T::kStatsOffset + stage * T::kStageBytes);
+  return {at + T::kQOffset, at + T::kdOOffset, stats, stats + T::kBlockM};
 }
 
 template <class T>
@@ -290,10 +298,8 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
-    const int stage = begin_query_block<T>(m, m_begin, m_end, load_block);
-    const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sK + T::kdOOffset + stage * T::kStageBytes;
-    const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
-    const float* dsum_tile = lse_tile + BM;
+    const QueryStage block = begin_query_block<T>(smem_raw, m, m_begin, m_end, load_block);
+    const uint32_t sQ = block.q, sdO = block.dout;
 
     // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's 16 keys (and its queries)
     float acc_s[QT][4];
@@ -305,7 +311,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
         const int key = key0 + key_group * 16 + g + 8 * (e >> 1);
         const int col = s_col0 + nt * 8 + 2 * t + (e & 1);
         const bool masked = key >= seqlen_k || (T::kCausal && key > q0 + col + causal_shift);
-        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -lse_tile[col] * kLog2e));
+        acc_s[nt][e] = masked ? 0.f : fast_exp2(fmaf(acc_s[nt][e], p.softmax_scale_log2, -block.lse[col] * kLog2e));
       }
 
     // ---- dS^T = P^T (dP^T - rowsum(dO O)), dP^T = V dO^T
@@ -315,7 +321,7 @@ __device__ __forceinline__ void bwd_body(const BwdParams& bp) {
     for (int nt = 0; nt < QT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - dsum_tile[s_col0 + nt * 8 + 2 * t + (e & 1)]);
+        acc_ds[nt][e] = acc_s[nt][e] * (acc_ds[nt][e] - block.dsum[s_col0 + nt * 8 + 2 * t + (e & 1)]);
 
     uint32_t frag_p[QT / 2][4], frag_ds[QT / 2][4];
     to_a_fragments<Elem, QT>(frag_p, acc_s);

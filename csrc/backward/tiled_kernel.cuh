@@ -151,10 +151,8 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = m_begin; m < m_end; ++m) {
     const int q0 = m * BM;
-    const int stage = begin_query_block<T>(m, m_begin, m_end, load_block);
-    const uint32_t sQ = sK + T::kQOffset + stage * T::kStageBytes, sdO = sK + T::kdOOffset + stage * T::kStageBytes;
-    const float* lse_tile = reinterpret_cast<const float*>(smem_raw + T::kStatsOffset + stage * T::kStageBytes);
-    const float* dsum_tile = lse_tile + BM;
+    const QueryStage block = begin_query_block<T>(smem_raw, m, m_begin, m_end, load_block);
+    const uint32_t sQ = block.q, sdO = block.dout;
 
     // ---- P^T = exp2(scale_log2 S^T - LSE), S^T = K Q^T over the warp's keys and queries; the mask
     // only in blocks that need one (the keys' end, the causal diagonal; the same for the whole CTA)
@@ -166,7 +164,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = s_q0 + nt * 8 + 2 * t + c;
-        const float neg_lse = -lse_tile[col] * kLog2e;
+        const float neg_lse = -block.lse[col] * kLog2e;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -203,7 +201,7 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
 #pragma unroll
       for (int nt = 0; nt < QT; ++nt) {
         const int col = s_q0 + nt * 8 + 2 * t;
-        const float d0 = dsum_tile[col], d1 = dsum_tile[col + 1];
+        const float d0 = block.dsum[col], d1 = block.dsum[col + 1];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
