@@ -21,11 +21,17 @@ def test_verify_passes_and_shows_the_exact_kernel():
     report = json.loads(result.output)
     assert result.exit_code == 0, [r for r in report["rows"] if r["ok"] is False]
     identity = [r for r in report["rows"] if r["check"] == "identity"]
-    # per call the expected flashtune kernel and no other, but a decode split kernel's own combine
+    # per call the expected flashtune kernel and no other, but its own passes: a decode split
+    # kernel's combine; a backward's prep and finish, the group pass with GQA, the deterministic dQ kernel
     assert identity
     for r in identity:
         ours = {n for n in r["observed"] if n.startswith("flashtune_")}
-        assert r["kernel"] in ours and ours <= {r["kernel"], r["kernel"] + "_combine"}, r
+        k = r["kernel"]
+        own = ({k + s for s in ("", "_prep", "_finish", "_group", "_dq")} if k.startswith("flashtune_bwd_")
+               else {k, k + "_combine"})
+        assert k in ours and ours <= own, r
+        if k.startswith("flashtune_bwd_"):
+            assert {k + "_prep", k + "_finish"} <= ours, r
     sass = [r for r in report["rows"] if r["check"] == "sass"]
     assert sass and all(r["ok"] for r in sass), sass  # cuobjdump is on the GPU machine
 
