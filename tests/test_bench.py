@@ -259,3 +259,37 @@ def test_kernel_names_in_results_drop_their_parameter_lists():
     # parentheses inside template arguments (lambdas) stay; only the last, outermost list goes
     assert cut("void k<f(at::T&)::{lambda(float)#1}, 4>(int, f(at::T&)::{lambda(float)#1})") == \
         "void k<f(at::T&)::{lambda(float)#1}, 4>"
+
+
+def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
+    """SDPA's output is a transposed view of its (batch, heads, seqlen, hdim) tensor; dO in flash_attn's
+    layout made SDPA flash's backward copy it first, a copy a model does not make. Each pass hands
+    the backend dO in the output's own strides, with the same values, and the gradients stay right."""
+    seen = []
+
+    class Recorded(torch.autograd.Function):  # the backend's kernel: records the dO it is given
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(grad)
+            return 2 * grad
+
+    def transposed_backend(case):  # as the SDPA runner: its own layout made once, a view returned
+        q, kv = (t.transpose(1, 2).contiguous() for t in (case.q, case.k + case.v))
+
+        def run():
+            return (Recorded.apply(q) + 0 * kv).transpose(1, 2)
+        return run
+
+    q, k, v = (torch.randn(2, 5, 3, 8, requires_grad=True) for _ in range(3))
+    case = Inputs(q, k, v, False, 0.35)
+    dout = torch.randn(2, 5, 3, 8)
+    for pass_name in ("bwd", "fwd+bwd"):
+        seen.clear()
+        run = bench.with_gradients(transposed_backend, pass_name, dout)(case)
+        dq = run()
+        assert seen and all(g.is_contiguous() for g in seen), pass_name  # (batch, heads, seqlen, hdim)
+        assert torch.equal(seen[-1].transpose(1, 2), dout) and torch.equal(dq, 2 * dout), pass_name

@@ -37,16 +37,22 @@ PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 def with_gradients(make: Callable, pass_name: str, dout) -> Callable:
     """A backend's forward runner maker -> one that runs `pass_name` on inputs that require grad:
     "bwd" the gradients from one forward kept for every repeat, "fwd+bwd" both passes. The runner
-    returns dq (what the error column compares)."""
+    returns dq (what the error column compares).
+    dO reaches each backend in its output's own memory layout (copied once, outside the timing), as
+    a model's gradient arrives from the layers after attention: SDPA's output is a transposed view
+    of its (batch, heads, seqlen, hdim) tensor, and a dO in flash_attn's layout made SDPA flash's
+    backward copy it first, a copy a model does not make."""
     import torch
 
     def make_pass(case):
         run = make(case)
         leaves = (case.q, case.k, case.v)
+        out = run()
+        d = torch.empty_strided(out.shape, out.stride(), dtype=dout.dtype, device=dout.device).copy_(dout)
         if pass_name == "bwd":
-            out = run()
-            return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)[0]
-        return lambda: torch.autograd.grad(run(), leaves, dout)[0]
+            return lambda: torch.autograd.grad(out, leaves, d, retain_graph=True)[0]
+        del out
+        return lambda: torch.autograd.grad(run(), leaves, d)[0]
     return make_pass
 
 
