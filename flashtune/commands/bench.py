@@ -51,8 +51,7 @@ def with_gradients(make: Callable, pass_name: str, dout) -> Callable:
         d = torch.empty_strided(out.shape, out.stride(), dtype=dout.dtype, device=dout.device).copy_(dout)
         if pass_name == "bwd":
             return lambda: torch.autograd.grad(out, leaves, d, retain_graph=True)[0]
-        del out
-        return lambda: torch.autograd.grad(run(), leaves, d)[0]
+        return lambda: torch.autograd.grad(run(), leaves, d)[0]  # keeps d, not out's graph
     return make_pass
 
 
