@@ -30,7 +30,7 @@ def test_every_library_runs_its_kernel_between_its_prep_and_finish_passes(spec):
     assert spec.launch_order(True) == [prep, spec.name, *dq, finish, group]
     elem = "__half, 64" if spec.dtype == "float16" else "__nv_bfloat16, 128"
     # the passes read and zero dq_accum in the kernel's layout of it: the tiled kernel's strips
-    layout = f"flashtune::bwd::DqStrips<{spec.hdim}>" if spec.tiled and not spec.wgmma else "flashtune::bwd::DqRows"
+    layout = f"flashtune::bwd::DqStrips<{spec.hdim}>" if spec.tiled else "flashtune::bwd::DqRows"  # never wgmma
     assert f"{prep}(const flashtune::BwdParams params)" in source and f"prep_body<{elem}, {layout}>(params)" in source
     assert f"{finish}(const flashtune::BwdParams params)" in source
     assert f"finish_body<{elem}, {layout}>(params)" in source

@@ -17,6 +17,7 @@
 #pragma once
 #include <math.h>
 
+#include "backward/dq_layout.cuh"
 #include "backward/kernel_traits.cuh"
 #include "backward/params.h"
 #include "common/ptx_sm80.cuh"
@@ -107,7 +108,7 @@ __device__ __forceinline__ void frag_times_rows(float (&acc)[kTiles][4], const u
 struct Sequence {
   int seqlen_q, seqlen_k;
   int64_t q, k, v, dout, dq, dkv, lse;
-  int q_row0, q_rows;  // the first query row in the tensor's rows and how many it has (varlen: total_q)
+  int q_row0, q_rows;  // the first query row in the tensor's rows, and dq_sum_rows
 };
 
 __device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
@@ -115,12 +116,12 @@ __device__ __forceinline__ Sequence sequence(const BwdParams& bp, int batch) {
   if (p.cu_seqlens_q == nullptr) {
     return {p.seqlen_q, p.seqlen_k, batch * p.q_batch_stride, batch * p.k_batch_stride, batch * p.v_batch_stride,
             batch * bp.do_batch_stride, batch * bp.dq_batch_stride, batch * bp.dkv_batch_stride,
-            batch * p.lse_batch_stride, 0, p.seqlen_q};
+            batch * p.lse_batch_stride, 0, dq_sum_rows(p)};
   }
   const int q_start = p.cu_seqlens_q[batch], k_start = p.cu_seqlens_k[batch];
   return {p.cu_seqlens_q[batch + 1] - q_start, p.cu_seqlens_k[batch + 1] - k_start, q_start * p.q_row_stride,
           k_start * p.k_row_stride, k_start * p.v_row_stride, q_start * bp.do_row_stride, q_start * bp.dq_row_stride,
-          k_start * bp.dkv_row_stride, q_start, q_start, p.total_q};
+          k_start * bp.dkv_row_stride, q_start, q_start, dq_sum_rows(p)};
 }
 
 // A dK/dV CTA's view of its (batch, query head): Q, dO, dQ and the statistics from its sequence's

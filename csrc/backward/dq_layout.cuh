@@ -1,7 +1,7 @@
 // Where dQ's fp32 sum (dq_accum) keeps element (row, col) of one head: the kernel's atomic adds,
 // the prep pass's zeros and the finish pass's reads all go through one of these, so the three agree.
 // `row` counts from the tensor's first row (varlen: the packed row), `rows` is how many there are
-// (varlen: total_q; else seqlen_q), `row_stride` is dq_accum's.
+// (dq_sum_rows), `row_stride` is dq_accum's.
 //   DqRows:      q's layout (row-major rows; every kernel but tiled_kernel.cuh's).
 //   DqStrips<D>: rows in strips of 8, each strip's 8 x 8 tiles stored whole, 64 floats in a row:
 //                tile (strip, c) at the strip's row c / (D / 64), floats (c % (D / 64)) * 64 on.
@@ -12,8 +12,15 @@
 #pragma once
 #include <stdint.h>
 
+#include "common/params.h"
+
 namespace flashtune {
 namespace bwd {
+
+// `rows` for a call: every packed row (varlen), else one batch entry's.
+__host__ __device__ __forceinline__ int dq_sum_rows(const FwdParams& p) {
+  return p.cu_seqlens_q != nullptr ? p.total_q : p.seqlen_q;
+}
 
 struct DqRows {
   __host__ __device__ __forceinline__ static int64_t offset(int row, int col, int /*rows*/, int64_t row_stride) {

@@ -74,9 +74,8 @@ struct PassRow {
   // Index into dq_accum of the row's column `col` (dq_layout.cuh: the main kernel's layout of it).
   template <class DqLayout>
   __device__ __forceinline__ int64_t dq_sum(const BwdParams& p, int col) const {
-    const int rows = p.fwd.cu_seqlens_q != nullptr ? p.fwd.total_q : p.fwd.seqlen_q;
     return batch * p.dq_batch_stride + head * p.dq_head_stride +
-           DqLayout::offset(int(row), col, rows, p.dq_row_stride);
+           DqLayout::offset(int(row), col, dq_sum_rows(p.fwd), p.dq_row_stride);
   }
 };
 
