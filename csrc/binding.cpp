@@ -208,9 +208,9 @@ void bwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
               "flashtune: gradients with a contiguous last dimension");
   for (const at::Tensor* t : {&dout, &out, &dq_accum, &dq, &dk, &dv})
     TORCH_CHECK(rows_16b_aligned(*t), "flashtune: dout, out and the gradients with 16-byte aligned rows");
-  TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dsum.scalar_type() == at::kFloat &&
+  TORCH_CHECK(dq_accum.scalar_type() == at::kFloat && dq_accum.is_contiguous() && dsum.scalar_type() == at::kFloat &&
                   dsum.strides() == lse.strides() && dsum.sizes() == lse.sizes(),
-              "flashtune: dq_accum float32, dsum float32 in lse's layout");
+              "flashtune: dq_accum float32 and contiguous (the prep pass zeroes it whole), dsum float32 in lse's layout");
   TORCH_CHECK(dq.scalar_type() == q.scalar_type() && dq.sizes() == q.sizes() && dq.strides() == dq_accum.strides(),
               "flashtune: dq in q's dtype and shape, dq_accum's strides");
   TORCH_CHECK(!dlse.has_value() || (dlse->scalar_type() == at::kFloat && dlse->strides() == lse.strides() &&

@@ -8,8 +8,8 @@
 //   finish: dQ = the fp32 sum times the softmax scale, in the inputs' dtype;
 //   group:  with GQA, each KV head's dK and dV, the fp32 sum of its query heads' (per key row and
 //           KV head; the kernel writes them per query head).
-// prep and finish zero and read the fp32 sum in the main kernel's layout of it (dq_layout.cuh, a
-// template parameter).
+// finish reads the fp32 sum in the main kernel's layout of it (dq_layout.cuh, a template
+// parameter); prep zeroes all of it in storage order.
 // Every row of the q (k) tensor is visited, varlen rows past the last sequence included, so that
 // no gradient row is left unwritten. The generated source names the kernels `<kernel name>_prep`,
 // `<kernel name>_finish` and `<kernel name>_group` (the profiler shows them beside the main kernel).
@@ -102,10 +102,25 @@ __device__ __forceinline__ float dot_lane(const Elem* a, const Elem* b) {
   return sum;
 }
 
-template <typename Elem, int kHeadDim, class DqLayout>
+// dQ's fp32 sum zeroed in storage order, whatever the kernel's layout of it: dq_layout.cuh only
+// permutes a head's elements within their rows of the tensor, which binding.cpp has contiguous. A
+// warp's 32 lanes clear 1 KB in two 512-byte runs: zeroing each lane's (row, col) through the
+// strips' layout put a store's 32 lanes on 32 lines, a sector each, and took the pass at hdim 64 x
+// 512 tokens to 1.7x FlashAttention-2's (Nsight Compute, lab/results/2026-12-06k_h100-visit/).
+template <int kHeadDim>
+__device__ __forceinline__ void zero_dq_sum(const BwdParams& p) {
+  const int64_t thread = int64_t(blockIdx.x) * kPassThreads + threadIdx.x;  // a lane slice's 8 floats
+  const int64_t end = pass_rows(p.fwd, true) * p.fwd.heads_q * (kHeadDim / 4), at = thread / 32 * 64 + thread % 32;
+  float4* sum = reinterpret_cast<float4*>(p.dq_accum);  // in float4s: the warp's 64 from at - lane
+  if (at < end) sum[at] = float4{};
+  if (at + 32 < end) sum[at + 32] = float4{};
+}
+
+template <typename Elem, int kHeadDim>
 __device__ __forceinline__ void prep_body(const BwdParams& p) {
   using S = LaneSlice<kHeadDim>;
   const FwdParams& f = p.fwd;
+  zero_dq_sum<kHeadDim>(p);
   PassRow<kHeadDim> at;
   const bool valid = at.locate(f);
   const int col = S::col();
@@ -122,8 +137,6 @@ __device__ __forceinline__ void prep_body(const BwdParams& p) {
   for (int offset = S::kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (!valid) return;
   if (col == 0) p.dsum[at.stat(f)] = p.dlse == nullptr ? sum : sum - p.dlse[at.stat(f)];
-  float4* zeros = reinterpret_cast<float4*>(p.dq_accum + at.template dq_sum<DqLayout>(p, col));  // 8 in a row
-  zeros[0] = zeros[1] = float4{};
 }
 
 template <typename Elem, int kHeadDim, class DqLayout>
