@@ -1,6 +1,7 @@
 """csrc/backward/dq_layout.cuh on the host (nvcc, no GPU): DqStrips puts every (row, col) of dQ's fp32
-sum at its own place among the tensor's rows, the prep and finish passes' offset() and the tiled
-kernel's steps from place() agree, and each accumulator half a warp adds is one 256-byte piece."""
+sum at its own place among the tensor's rows (so the prep pass, which zeroes the tensor in storage
+order, zeroes every place), the finish pass's offset() and the tiled kernel's steps from place()
+agree, and each accumulator half a warp adds is one 256-byte piece."""
 from __future__ import annotations
 
 import subprocess

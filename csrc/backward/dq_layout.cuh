@@ -1,5 +1,6 @@
-// Where dQ's fp32 sum (dq_accum) keeps element (row, col) of one head: the kernel's atomic adds,
-// the prep pass's zeros and the finish pass's reads all go through one of these, so the three agree.
+// Where dQ's fp32 sum (dq_accum) keeps element (row, col) of one head: the kernel's atomic adds and
+// the finish pass's reads go through one of these, so the two agree. Each permutes a head's elements
+// within the tensor's own rows, so the prep pass zeroes them all in storage order.
 // `row` counts from the tensor's first row (varlen: the packed row), `rows` is how many there are
 // (dq_sum_rows), `row_stride` is dq_accum's.
 //   DqRows:      q's layout (row-major rows; every kernel but tiled_kernel.cuh's).

@@ -104,9 +104,10 @@ __device__ __forceinline__ float dot_lane(const Elem* a, const Elem* b) {
 
 // dQ's fp32 sum zeroed in storage order, whatever the kernel's layout of it: dq_layout.cuh only
 // permutes a head's elements within their rows of the tensor, which binding.cpp has contiguous. A
-// warp's 32 lanes clear 1 KB in two 512-byte runs: zeroing each lane's (row, col) through the
-// strips' layout put a store's 32 lanes on 32 lines, a sector each, and took the pass at hdim 64 x
-// 512 tokens to 1.7x FlashAttention-2's (Nsight Compute, lab/results/2026-12-06k_h100-visit/).
+// warp's 32 lanes clear 1 KB in two 512-byte runs. Zeroed through the strips' layout, each lane's
+// (row, col) slice, a store's 32 lanes fell on 32 lines, a sector each (8 lines row-major), and the
+// pass took 157 us at hdim 64 x 512 tokens to the 94 of FlashAttention-2's, which also reads dO and
+// O and zeroes its sum (Nsight Compute, lab/results/2026-12-06k_h100-visit/).
 template <int kHeadDim>
 __device__ __forceinline__ void zero_dq_sum(const BwdParams& p) {
   const int64_t thread = int64_t(blockIdx.x) * kPassThreads + threadIdx.x;  // a lane slice's 8 floats
