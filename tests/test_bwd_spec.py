@@ -95,16 +95,26 @@ def test_two_query_stages_where_they_fit_without_costing_ctas():
 
 
 def test_8_warps_tile_where_the_layout_fits_and_the_rtx_cards_keep_16_keys_a_warp():
-    """kTiled: 8 warps below hdim 256 take tiled_kernel.cuh's layout where its one stage fits the
-    arch; the RTX parts' 99 KB keep the 16-key layout at hdim 64 (81 KB) rather than fall to 4 warps;
-    pinned off the arch's choice, the name says so."""
+    """kTiled: 8 warps take tiled_kernel.cuh's layout where its one stage fits the arch (at hdim 256
+    FlashAttention-2's 64 x 64 tile, where the 16-key layout had two warps share 16 keys); the RTX
+    parts' 99 KB keep the 16-key layout at hdim 64 (81 KB) rather than fall to 4 warps; pinned off
+    the arch's choice, the name says so."""
     from flashtune.kernels.bwd_spec import mma_sync_bwd_tiled
     from flashtune.kernels.arch import get_arch
 
     h100, rtx, blackwell, a100 = (get_arch(a) for a in ("sm_90a", "sm_89", "sm_120", "sm_80"))
-    assert [mma_sync_bwd_tiled(h100, h, 8) for h in (64, 128, 256)] == [True, True, False]
-    # the A100's 163 KB hold even two stages (162 KB at hdim 64)
-    assert [mma_sync_bwd_tiled(a100, h, 8) for h in (64, 128)] == [True, True]
+    assert [mma_sync_bwd_tiled(h100, h, 8) for h in (64, 128, 256)] == [True, True, True]
+    # the A100's 163 KB hold even two stages (162 KB at hdim 64), and one at hdim 256 (145 KB)
+    assert [mma_sync_bwd_tiled(a100, h, 8) for h in (64, 128, 256)] == [True, True, True]
+    assert not mma_sync_bwd_tiled(rtx, 256, 8) and not mma_sync_bwd_tiled(blackwell, 256, 8)
+    t256 = BwdSpec("sm_90a", "bfloat16", 256, 8, False)
+    assert t256.tiled and (t256.block, t256.block_m, t256.q_stages) == (64, 64, 2)
+    assert t256.name == "flashtune_bwd_bf16_h256_64x64_w8_sm90a"
+    assert "Traits<__nv_bfloat16, 256, 8, false, false, 2, true>" in t256.source()
+    assert t256.smem_bytes == 2 * 64 * 512 + 2 * (2 * 64 * 512 + 2 * 64 * 4) + 2 * 64 * 64 * 2
+    assert BwdSpec("sm_80", "bfloat16", 256, 8, False).q_stages == 1  # two stages: 209 KB
+    k16 = BwdSpec("sm_90a", "bfloat16", 256, 8, False, tiled=False)
+    assert k16.name == "flashtune_bwd_bf16_h256_64x64_w8_k16_sm90a" and k16.source_hash() != t256.source_hash()
     assert not any(mma_sync_bwd_tiled(h100, h, w) for h in (64, 128) for w in (2, 4))
     for arch in ("sm_89", "sm_120"):
         rtx64 = BwdSpec(arch, "bfloat16", 64, 8, False)
@@ -119,8 +129,8 @@ def test_8_warps_tile_where_the_layout_fits_and_the_rtx_cards_keep_16_keys_a_war
     assert pinned.name == "flashtune_bwd_bf16_h64_128x64_w8_c_k16_sm90a" and pinned.block_m == 64
     assert "Traits<__nv_bfloat16, 64, 8, true, false, 2, false>" in pinned.source()
     assert pinned.source_hash() != tiled.source_hash()
-    for bad in (dict(warps=4), dict(hdim=256), dict(wgmma=True)):
-        with pytest.raises(SpecError, match="the tiled layout is the mma.sync kernel's at 8 warps below hdim 256"):
+    for bad in (dict(warps=4), dict(hdim=256, warps=4), dict(wgmma=True)):
+        with pytest.raises(SpecError, match="the tiled layout is the mma.sync kernel's at 8 warps, "):
             BwdSpec(**{**dict(arch="sm_90a", dtype="bfloat16", hdim=64, warps=8, causal=False, tiled=True), **bad})
     with pytest.raises(SpecError, match="needs 165888 bytes of shared memory; sm_89 has"):
         BwdSpec("sm_89", "bfloat16", 64, 8, False, tiled=True, q_stages=2)

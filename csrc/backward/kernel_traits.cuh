@@ -14,19 +14,20 @@ namespace bwd {
 // keys, FlashAttention-2's tile: each query block's dQ adds come from half as many CTAs as with 64
 // keys) kBlockM = 64 and two warps share each 16 rows, one half of the head dim each.
 // At hdim 256 a warp's dK and dV over the whole head dim would be 256 fp32 registers a thread, so
-// kKvSplit = 2 warps share each 16 keys: each computes S^T and dP^T for half the query block, both
-// go through shared memory as P^T and dS^T, and each then accumulates dK and dV over its half of
-// the head dim (FlashAttention-2's hdim-256 layout); kBlockM = kBlockN, dQ as with 8 warps above,
-// in chunks of 8 n8 tiles.
+// in this layout kKvSplit = 2 warps share each 16 keys: each computes S^T and dP^T for half the
+// query block, both go through shared memory as P^T and dS^T, and each then accumulates dK and dV
+// over its half of the head dim; kBlockM = kBlockN, dQ as with 8 warps above, in chunks of 8 n8
+// tiles.
 // kDeterministic: no dQ there (its atomic adds land in any order); the dQ kernel (dq_kernel.cuh),
 // a CTA of kDqRows queries walking the key blocks kBlockN at a time, computes it alone, in a fixed
 // order, each warp 16 whole rows.
 // kQStages: 2 where shared memory holds two query blocks' Q, dO and statistics (the spec decides,
 // flashtune/kernels/bwd_spec.py: bwd_q_stages): the next block's load runs under this one's math.
-// kTiled: 8 warps below hdim 256 in tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by
-// 32-row pieces, P^T and dS^T through shared memory), 128 queries a step at hdim 64 and 64 at 128
-// (FlashAttention-2's tiles), where it fits the arch (the spec decides: mma_sync_bwd_tiled); the
-// RTX cards' 99 KB take the 16-key layout's 8 warps at hdim 64.
+// kTiled: 8 warps in tiled_kernel.cuh's layout (each GEMM tiled over the 8 warps by 32-row pieces,
+// P^T and dS^T through shared memory) with FlashAttention-2's tiles: 128 keys x 128 queries a step
+// at hdim 64, 128 x 64 at 128, 64 x 64 at 256 (no kKvSplit: a warp's dK and dV are 32 keys over a
+// quarter of the head dim), where it fits the arch (the spec decides: mma_sync_bwd_tiled); the RTX
+// cards' 99 KB take the 16-key layout's 8 warps at hdim 64.
 template <typename Elem_, int kHeadDim_, int kWarps_, bool kCausal_, bool kDeterministic_ = false, int kQStages_ = 1,
           bool kTiled_ = false>
 struct Traits {
@@ -37,11 +38,12 @@ struct Traits {
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kQStages = kQStages_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKvSplit = kHeadDim == 256 ? 2 : 1;     // warps sharing 16 keys' dK and dV
-  static constexpr int kKeyGroups = kWarps / kKvSplit;         // 16-key groups
-  static constexpr int kBlockN = 16 * kKeyGroups;              // keys per CTA
   static constexpr bool kTiled = kTiled_;
-  static constexpr int kBlockM = kKvSplit > 1 ? kBlockN : kTiled ? 8192 / kHeadDim : kWarps > 4 ? 64 : 16 * kWarps;
+  static constexpr int kKvSplit = kHeadDim == 256 && !kTiled ? 2 : 1;  // warps sharing 16 keys' dK and dV
+  static constexpr int kKeyGroups = kWarps / kKvSplit;                // 16-key groups
+  static constexpr int kBlockN = kTiled ? (kHeadDim == 256 ? 64 : 128) : 16 * kKeyGroups;  // keys per CTA
+  static constexpr int kBlockM = kTiled ? (kHeadDim == 256 ? 64 : 8192 / kHeadDim)
+                                 : kKvSplit > 1 ? kBlockN : kWarps > 4 ? 64 : 16 * kWarps;
   static constexpr int kSQueries = kBlockM / kKvSplit;         // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kSQueries / 8;                // their n8 tiles
   static constexpr int kDTiles = kHeadDim / 8;                 // n8 tiles of a whole row
@@ -74,7 +76,7 @@ struct Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
   static_assert(kWarps == 2 || kWarps == 4 || kWarps == 8, "2, 4 or 8 warps (32, 64 or 128 keys)");
   static_assert(kQStages == 1 || kQStages == 2, "one or two query-block stages");
-  static_assert(!kTiled || (kWarps == 8 && kKvSplit == 1 && !kDeterministic), "tiled: 8 warps below hdim 256");
+  static_assert(!kTiled || (kWarps == 8 && !kDeterministic), "tiled: 8 warps, not deterministic");
   static_assert(kBlockM <= kThreads, "a thread per statistics row");
   static_assert(kKvSplit == 1 || kWarps >= 4, "hdim 256: 4 or 8 warps (a warp's S^T is 16 queries or more)");
   static_assert(!kDeterministic || kDqSplit == 1 || kKvSplit > 1,

@@ -1,14 +1,16 @@
-// The 8-warp dK/dV kernel below hdim 256 (Traits::kTiled): the algorithm of bwd_kernel.cuh with each
-// GEMM tiled over the 8 warps in pieces of 32 rows, where 16 keys a warp had every warp read all of
-// each query block's Q and dO four times (about 750 KB of shared memory a block at hdim 128, 610 here):
-//   S^T, dP^T (128 keys x BM queries): 4 x 2 warps of 32 keys x BM/2 queries; P^T and dS^T go to
-//              shared memory as 16-bit tiles [keys][queries]
-//   dV, dK (128 keys x D):             4 x 2 warps of 32 keys x D/2 columns, P^T and dS^T read back
-//   dQ (BM queries x D):               BM/32 x 256/BM warps of 32 queries x BM*D/256 columns, added
-//                                      to the fp32 dQ by atomic adds, between dV's GEMM and dK's;
-//                                      that sum in strips (dq_layout.cuh), a warp's add two lines
-// with BM = 8192 / D (128 at hdim 64, 64 at 128: FlashAttention-2's tiles and warp grids). A warp
-// keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps.
+// The 8-warp dK/dV kernel in FlashAttention-2's warp grids (Traits::kTiled): the algorithm of
+// bwd_kernel.cuh with each GEMM tiled over the 8 warps in pieces of 32 rows, where 16 keys a warp had
+// every warp read all of each query block's Q and dO four times (about 750 KB of shared memory a
+// block at hdim 128, 610 here). With BN keys a CTA, KW = BN / 32 warps along the keys and the 8 / KW
+// warps of each key piece splitting the rest:
+//   S^T, dP^T (BN keys x BM queries): KW x 8/KW warps of 32 keys x BM*KW/8 queries; P^T and dS^T go
+//              to shared memory as 16-bit tiles [keys][queries]
+//   dV, dK (BN keys x D):             KW x 8/KW warps of 32 keys x D*KW/8 columns, P^T and dS^T read back
+//   dQ (BM queries x D):              BM/32 x 256/BM warps of 32 queries x BM*D/256 columns, added
+//                                     to the fp32 dQ by atomic adds, between dV's GEMM and dK's;
+//                                     that sum in strips (dq_layout.cuh), a warp's add two lines
+// with BN x BM = 128 x 128 at hdim 64, 128 x 64 at 128 and 64 x 64 at 256 (FlashAttention-2's tiles
+// and warp grids). A warp keeps its S^T keys for dK and dV, so dK and dV are never reduced across warps.
 #pragma once
 
 #include "backward/bwd_kernel.cuh"
@@ -35,13 +37,15 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   using Elem = typename T::Elem;
   constexpr int D = T::kHeadDim, BM = T::kBlockM, BN = T::kBlockN;
   constexpr uint32_t kRowBytes = T::kRowBytes, kScoreRowBytes = T::kdSRowBytes;
+  // KW warps along the keys, PARTS warps sharing each 32 keys
+  constexpr int KW = BN / 32, PARTS = 8 / KW;
   // S^T and dP^T: a warp's 32 keys x SQ queries (MT m16 tiles x QT n8 tiles)
-  constexpr int MT = 2, SQ = BM / 2, QT = SQ / 8;
+  constexpr int MT = 2, SQ = BM / PARTS, QT = SQ / 8;
   // dK and dV: the warp's 32 keys x KVC columns
-  constexpr int KVC = D / 2, KVT = KVC / 8;
+  constexpr int KVC = D / PARTS, KVT = KVC / 8;
   // dQ: DQR row warps of 32 queries, each with DQC columns
   constexpr int DQR = BM / 32, DQC = D / (8 / DQR), DQT = DQC / 8;
-  static_assert(T::kWarps == 8 && BN == 128 && BM * D <= 8192, "8 warps, 128 keys");
+  static_assert(T::kWarps == 8 && (BN == 128 || BN == 64) && BM * D <= 16384, "8 warps, 128 or 64 keys");
   static_assert(KVT % 2 == 0 && DQT % 2 == 0 && QT % 2 == 0, "n8 tiles in pairs");
   // Live fp32 registers a thread: dK and dV throughout, with P^T and dP^T.
   static_assert(2 * MT * KVT * 4 + 2 * MT * QT * 4 <= 192, "accumulators would not fit in registers");
@@ -61,9 +65,9 @@ __device__ __forceinline__ void tiled_body(const BwdParams& bp) {
   const int x = lane & 7, hi = lane >> 4, mid = (lane >> 3) & 1;
   // The warp's pieces: keys key_w .. + 32 (S^T, dP^T, dK, dV), queries s_q0 .. + SQ of S^T and
   // dP^T, columns kv_c0 .. + KVC of dK and dV, dQ's rows dq_r0 .. + 32 and columns dq_c0 .. + DQC.
-  // pair_half: the warp's half of S^T's queries and of dK/dV's columns
-  const int key_w = (warp % 4) * 32, pair_half = warp / 4;
-  const int s_q0 = pair_half * SQ, kv_c0 = pair_half * KVC;
+  // part: the warp's share of S^T's queries and of dK/dV's columns
+  const int key_w = (warp % KW) * 32, part = warp / KW;
+  const int s_q0 = part * SQ, kv_c0 = part * KVC;
   const int dq_r0 = (warp % DQR) * 32, dq_c0 = (warp / DQR) * DQC;
 
   // ldmatrix lane addresses (bwd_body's schemes), per k step of 32 bytes one of 4 swizzled chunks:

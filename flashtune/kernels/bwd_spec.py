@@ -34,7 +34,7 @@ BWD_WARPS = (4, 2, 8)  # 64 keys x 64 queries, 32 x 32, 128 x 64 (hdim 256: 32 x
 # 4 warps' time at hdim 64/128 and 0.55-0.62x at 256 (half the dQ adds per key; FlashAttention-2's tile)
 DEFAULT_BWD_WARPS = (8, 4, 2)
 DETERMINISTIC_BWD_WARPS = (4, 2)  # the dQ kernel's warp per 16 queries
-KV_SPLIT_HEAD_DIM = 256  # two warps share 16 keys' dK and dV (csrc/backward/kernel_traits.cuh kKvSplit)
+KV_SPLIT_HEAD_DIM = 256  # the 16-key layout's two warps sharing 16 keys' dK and dV (kernel_traits.cuh kKvSplit)
 WGMMA_BWD_KEYS = 128  # the wgmma kernel's keys per CTA (two consumer warpgroups of 64)
 WGMMA_BWD_STAGES = 2
 MMA_SYNC_BWD_REGISTERS = 255  # what ptxas gives the mma.sync kernels a thread (219-255 at every tile)
@@ -45,17 +45,23 @@ def wgmma_bwd_queries(hdim: int) -> int:
     return 128 if hdim == 64 else 64
 
 
-def mma_sync_bwd_keys(hdim: int, warps: int) -> int:
-    """csrc/backward/kernel_traits.cuh's kBlockN: keys per CTA (16 a warp; at hdim 256 16 a pair)."""
+def mma_sync_bwd_keys(hdim: int, warps: int, tiled: bool = False) -> int:
+    """csrc/backward/kernel_traits.cuh's kBlockN: keys per CTA (16 a warp; at hdim 256 16 a pair;
+    tiled, FlashAttention-2's tiles: 128, 64 at hdim 256)."""
+    if tiled:
+        return 64 if hdim == 256 else 128
     return 16 * warps // (2 if hdim == KV_SPLIT_HEAD_DIM else 1)
 
 
 def mma_sync_bwd_queries(hdim: int, warps: int, tiled: bool = False) -> int:
     """csrc/backward/kernel_traits.cuh's kBlockM: queries per step (the 16-key layouts 16 per warp,
-    at most 64; at hdim 256 as many as the keys; tiled, 8192 / hdim: FlashAttention-2's tiles)."""
+    at most 64; at hdim 256 as many as the keys; tiled, FlashAttention-2's tiles: 8192 / hdim, 64 at
+    hdim 256)."""
+    if tiled:
+        return 64 if hdim == 256 else 8192 // hdim
     if hdim == KV_SPLIT_HEAD_DIM:
         return mma_sync_bwd_keys(hdim, warps)
-    return 8192 // hdim if tiled else min(64, 16 * warps)
+    return min(64, 16 * warps)
 
 
 def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1, tiled: bool = False) -> int:
@@ -68,23 +74,23 @@ def bwd_smem_bytes(hdim: int, warps: int, wgmma: bool = False, q_stages: int = 1
         dq_staging = 2 * 64 * 64 * 4
         return (2 * keys * hdim * 2 + stages * (2 * queries * hdim * 2 + 2 * queries * 4) + 2 * keys * queries * 2
                 + dq_staging + 1024)
-    keys, queries = mma_sync_bwd_keys(hdim, warps), mma_sync_bwd_queries(hdim, warps, tiled)
+    keys, queries = mma_sync_bwd_keys(hdim, warps, tiled), mma_sync_bwd_queries(hdim, warps, tiled)
     score_tiles = 2 if hdim == KV_SPLIT_HEAD_DIM or tiled else 1
     stage = 2 * queries * 2 * hdim + 2 * queries * 4  # Q, dO, the LSE and rowsum(dO O)
     return 2 * keys * 2 * hdim + q_stages * stage + score_tiles * keys * queries * 2
 
 
 def tiled_layout_takes(hdim: int, warps: int) -> bool:
-    """kernel_traits.cuh's rule for kTiled: the layout is 8 warps' below hdim 256 (and not the
+    """kernel_traits.cuh's rule for kTiled: the layout is 8 warps' at every head dim (and not the
     deterministic build's, whose dQ kernel takes 2 or 4 warps)."""
-    return warps == 8 and hdim != KV_SPLIT_HEAD_DIM
+    return warps == 8
 
 
 @functools.cache  # asked on every read of a spec's name, like bwd_q_stages
 def mma_sync_bwd_tiled(arch: ArchFacts, hdim: int, warps: int) -> bool:
-    """The arch's choice of kernel_traits.cuh's kTiled: 8 warps below hdim 256 take tiled_kernel.cuh's
-    layout (FlashAttention-2's warp grid, P^T and dS^T through shared memory) where its one stage
-    fits the arch's shared memory. On the RTX cards' 99 KB it does not (129 KB at hdim 64), and
+    """The arch's choice of kernel_traits.cuh's kTiled: 8 warps take tiled_kernel.cuh's layout
+    (FlashAttention-2's warp grids, P^T and dS^T through shared memory) where its one stage fits the
+    arch's shared memory. On the RTX cards' 99 KB it does not (129 KB at hdim 64, 145 KB at 256), and
     hdim 64 keeps the 16-key layout's 8 warps (81 KB) rather than fall to 4."""
     return tiled_layout_takes(hdim, warps) and bwd_smem_bytes(hdim, warps, tiled=True) <= arch.max_smem_per_block
 
@@ -127,7 +133,7 @@ class BwdSpec:
     # then holds it); pinned to the other count, the name says so (`_q1`): what the GPU tests use to
     # run the RTX cards' one-stage kernels on an H100/H200
     q_stages: int = 0
-    # mma.sync: tiled_kernel.cuh's layout (8 warps below hdim 256), None for the arch's choice
+    # mma.sync: tiled_kernel.cuh's layout (8 warps), None for the arch's choice
     # (mma_sync_bwd_tiled; the spec then holds it); pinned off it, the name says so (`_k16`): what
     # the GPU tests use to run the RTX cards' 16-key 8-warp kernel at hdim 64 on an H100/H200
     tiled: bool | None = None
@@ -169,7 +175,7 @@ class BwdSpec:
         if self.tiled is None:
             object.__setattr__(self, "tiled", self.default_tiled)
         elif self.tiled and (self.wgmma or self.deterministic or not tiled_layout_takes(self.hdim, self.warps)):
-            raise SpecError("the tiled layout is the mma.sync kernel's at 8 warps below hdim 256, "
+            raise SpecError("the tiled layout is the mma.sync kernel's at 8 warps, "
                             "without deterministic=True")
         if not self.wgmma and not self.q_stages:
             object.__setattr__(self, "q_stages", self.default_q_stages)
@@ -189,7 +195,7 @@ class BwdSpec:
     @property
     def block(self) -> int:
         """Keys per CTA."""
-        return WGMMA_BWD_KEYS if self.wgmma else mma_sync_bwd_keys(self.hdim, self.warps)
+        return WGMMA_BWD_KEYS if self.wgmma else mma_sync_bwd_keys(self.hdim, self.warps, self.tiled)
 
     @property
     def block_m(self) -> int:
