@@ -262,9 +262,9 @@ def test_kernel_names_in_results_drop_their_parameter_lists():
 
 
 def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
-    """SDPA's output is a transposed view of its (batch, heads, seqlen, hdim) tensor; dO in flash_attn's
-    layout made SDPA flash's backward copy it first, a copy a model does not make. Each pass hands
-    the backend dO in the output's own strides, with the same values, and the gradients stay right."""
+    """A model's gradient arrives in the layout of attention's output, whatever the backend made it:
+    each pass hands the backend dO in the output's own strides, with the same values, and the
+    gradients stay right."""
     seen = []
 
     class Recorded(torch.autograd.Function):  # the backend's kernel: records the dO it is given
@@ -293,3 +293,34 @@ def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
         dq = run()
         assert seen and all(g.is_contiguous() for g in seen), pass_name  # (batch, heads, seqlen, hdim)
         assert torch.equal(seen[-1].transpose(1, 2), dout) and torch.equal(dq, 2 * dout), pass_name
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2])
+def test_sdpa_gets_inputs_that_require_grad_as_a_model_hands_them(monkeypatch, heads_kv):
+    """A timed backward hands SDPA transposed views of flash_attn's layout, as a model's projections
+    do: copies into SDPA's contiguous layout would charge their backward to SDPA's rows, and SDPA
+    flash's backward copied O and dO whose layout was not its own (the kernel lists of the
+    2026-12-06l runs). The forward alone keeps SDPA's contiguous layout, made outside the timing.
+    With GQA the KV heads are repeated (SDPA's flash and cuDNN backends take equal head counts)."""
+    seen = []
+
+    def recorded_sdpa(q, k, v, **kwargs):
+        seen.append((q, k, v))
+        return q * 1.0
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded_sdpa)
+    q = torch.randn(2, 5, 4, 8)
+    k, v = (torch.randn(2, 5, heads_kv, 8) for _ in range(2))
+    for grad in (True, False):
+        leaves = [t.clone().requires_grad_(grad) for t in (q, k, v)]
+        BACKENDS["sdpa-flash"](Inputs(*leaves, False, 0.35))()
+        got = seen[-1]
+        assert torch.equal(got[0], q.transpose(1, 2))
+        for t, want in zip(got[1:], (k, v)):
+            assert torch.equal(t, want.transpose(1, 2).repeat_interleave(4 // heads_kv, dim=1))
+        if grad:
+            assert got[0].data_ptr() == leaves[0].data_ptr() and not got[0].is_contiguous()
+            if heads_kv == 4:  # no repeat: views too
+                assert [t.data_ptr() for t in got[1:]] == [t.data_ptr() for t in leaves[1:]]
+        else:
+            assert all(t.is_contiguous() for t in got)

@@ -39,9 +39,9 @@ def with_gradients(make: Callable, pass_name: str, dout) -> Callable:
     "bwd" the gradients from one forward kept for every repeat, "fwd+bwd" both passes. The runner
     returns dq (what the error column compares).
     dO reaches each backend in its output's own memory layout (copied once, outside the timing), as
-    a model's gradient arrives from the layers after attention: SDPA's output is a transposed view
-    of its (batch, heads, seqlen, hdim) tensor, and a dO in flash_attn's layout made SDPA flash's
-    backward copy it first, a copy a model does not make."""
+    a model's gradient arrives from the layers after attention. The backends meet inputs that
+    require grad in a model's layout (measure/backends.py: SDPA on transposed views), so SDPA
+    flash's backward finds O and dO where its kernels read them and copies neither."""
     import torch
 
     def make_pass(case):

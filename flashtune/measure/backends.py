@@ -65,10 +65,17 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
         if inputs.causal and sq != sk:
             raise Unavailable("SDPA's is_causal is top-left aligned; flashtune's is bottom-right")
         hq, hkv = inputs.q.shape[2], inputs.k.shape[2]
-        # SDPA's preferred layout, prepared once outside the timed region.
-        q = inputs.q.transpose(1, 2).contiguous()
-        k = inputs.k.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
-        v = inputs.v.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+        if inputs.q.requires_grad:
+            # A timed backward: transposed views of flash_attn's layout, as a model calls SDPA. Copies
+            # made here would put their backward (and, through SDPA flash's output layout, copies of
+            # O and dO inside its backward) into the timing.
+            q, k, v = (t.transpose(1, 2) for t in (inputs.q, inputs.k, inputs.v))
+            if hq != hkv:
+                k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))
+        else:  # SDPA's preferred layout, prepared once outside the timed region
+            q = inputs.q.transpose(1, 2).contiguous()
+            k = inputs.k.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+            v = inputs.v.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
         if backend_name == "MATH":
             import torch
 
