@@ -70,8 +70,8 @@
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
-#   bwd-ab-tiled  the 8-warp mma.sync kernels, hdim 64/128: today's, the release's, every other lab/NAME-src tree's
-#                 (its h200-sm80 profile's choice) and SDPA flash's
+#   bwd-ab-tiled  the 8-warp mma.sync kernels, hdim 64/128 (BWD_AB_HDIMS=64,128,256 adds 256): today's, the release's,
+#                 every other lab/NAME-src tree's (its h200-sm80 profile's choice) and SDPA flash's
 #   bwd-ab-mma-short  the same, 8 warps only, hdim 64/128 without GQA (BWD_AB_HDIMS), and SDPA flash's, at most 130 s
 #   bwd-tests-sm80  tests/test_backward_gpu.py under h200-sm80 alone
 #   bwd-sanitize-sm80  compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200-sm80 --backward
@@ -220,7 +220,7 @@ for step in "$@"; do case $step in
            mma.sync,mma.sync-w8,release-mma.sync,release-mma.sync-w8 ;;
   bwd-ab-mma-short) run bwd-ab-mma 130 env BWD_AB_HDIMS=64,128 python3 lab/bwd_ab.py "$OUT/bwd_ab_mma.json" \
            mma.sync-w8,release-mma.sync-w8,sdpa-flash ;;
-  bwd-ab-tiled) run bwd-ab-tiled 200 env BWD_AB_HDIMS=64,128 BWD_AB_TREE_PROFILE=h200-sm80 python3 lab/bwd_ab.py \
+  bwd-ab-tiled) run bwd-ab-tiled 260 env BWD_AB_HDIMS=${BWD_AB_HDIMS:-64,128} BWD_AB_TREE_PROFILE=h200-sm80 python3 lab/bwd_ab.py \
            "$OUT/bwd_ab_tiled.json" "mma.sync-w8,release-mma.sync-w8$(for d in lab/*-src; do n=${d#lab/}; n=${n%-src}; \
            [ "$n" = release ] || printf ',%s' "$n"; done),sdpa-flash" ;;
   bwd-ab-wg) run bwd-ab-wg 300 python3 lab/bwd_ab.py "$OUT/bwd_ab_wg.json" wgmma-tma,release ;;
