@@ -84,6 +84,7 @@
 #   bwd-tests     tests/test_backward_gpu.py under h200 (the wgmma backward) and h200-sm80 (mma.sync), 16 workers each
 #   bwd-sanitize  compute-sanitizer memcheck, racecheck, synccheck on tools/sanitize_case.py h200 --backward
 #   bench-bwd-ab  bench --pass bwd, hdim 64/128, under h200 (wgmma) and h200-sm80 (mma.sync), beside cuDNN and SDPA flash
+#   bench-fwd-bwd-ab  the same with --pass fwd+bwd
 #   bench-bwd-256 bench --pass bwd, hdim 256 (the mma.sync kernel under h200), beside cuDNN and SDPA flash
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
 #   vdim-tests    tests/test_v_head_dim_gpu.py and the hf MLA/variants model test under h200, 16 workers
@@ -274,6 +275,10 @@ for step in "$@"; do case $step in
   bench-bwd-ab) for prof in h200 h200-sm80; do
            run bench-bwd-$prof 200 python3 -m flashtune bench --profile $prof --pass bwd --hdims 64,128 \
              --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_$prof.json"
+         done ;;
+  bench-fwd-bwd-ab) for prof in h200 h200-sm80; do
+           run bench-fwd-bwd-$prof 240 python3 -m flashtune bench --profile $prof --pass fwd+bwd --hdims 64,128 \
+             --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-fwd-bwd_$prof.json"
          done ;;
   bench-bwd-256) run bench-bwd-256 200 python3 -m flashtune bench --profile h200 --pass bwd --hdims 256 \
            --backends flashtune,sdpa-cudnn,sdpa-flash --out "$OUT/bench-bwd_h256.json" ;;
