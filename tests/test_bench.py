@@ -261,10 +261,10 @@ def test_kernel_names_in_results_drop_their_parameter_lists():
         "void k<f(at::T&)::{lambda(float)#1}, 4>"
 
 
-def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
-    """A model's gradient arrives in the layout of attention's output, whatever the backend made it:
-    each pass hands the backend dO in the output's own strides, with the same values, and the
-    gradients stay right."""
+def test_each_backends_backward_gets_do_in_flash_attns_layout():
+    """A model's output projection hands attention's gradient back in flash_attn's (batch, seqlen,
+    heads, hdim) layout, whatever layout the backend made its output in: each pass hands dO so,
+    with its values, to a backend whose output is a transposed view, and the gradients stay right."""
     seen = []
 
     class Recorded(torch.autograd.Function):  # the backend's kernel: records the dO it is given
@@ -277,7 +277,7 @@ def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
             seen.append(grad)
             return 2 * grad
 
-    def transposed_backend(case):  # as the SDPA runner: its own layout made once, a view returned
+    def transposed_backend(case):  # a layout of its own made once, a transposed view returned
         q, kv = (t.transpose(1, 2).contiguous() for t in (case.q, case.k + case.v))
 
         def run():
@@ -291,7 +291,7 @@ def test_each_backends_backward_gets_do_in_its_outputs_own_layout():
         seen.clear()
         run = bench.with_gradients(transposed_backend, pass_name, dout)(case)
         dq = run()
-        assert seen and all(g.is_contiguous() for g in seen), pass_name  # (batch, heads, seqlen, hdim)
+        assert seen and all(g.transpose(1, 2).is_contiguous() for g in seen), pass_name  # flash_attn's layout
         assert torch.equal(seen[-1].transpose(1, 2), dout) and torch.equal(dq, 2 * dout), pass_name
 
 

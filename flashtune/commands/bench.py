@@ -38,20 +38,18 @@ def with_gradients(make: Callable, pass_name: str, dout) -> Callable:
     """A backend's forward runner maker -> one that runs `pass_name` on inputs that require grad:
     "bwd" the gradients from one forward kept for every repeat, "fwd+bwd" both passes. The runner
     returns dq (what the error column compares).
-    dO reaches each backend in its output's own memory layout (copied once, outside the timing), as
-    a model's gradient arrives from the layers after attention. The backends meet inputs that
-    require grad in a model's layout (measure/backends.py: SDPA on transposed views), so SDPA
-    flash's backward finds O and dO where its kernels read them and copies neither."""
+    dO arrives in flash_attn's (batch, seqlen, heads, hdim) layout, as a model's output projection
+    hands it back. The backends meet the inputs in a model's layout too (measure/backends.py: SDPA
+    on transposed views), so SDPA flash's O and dO are already where its backward reads them."""
     import torch
 
     def make_pass(case):
         run = make(case)
         leaves = (case.q, case.k, case.v)
-        out = run()
-        d = torch.empty_strided(out.shape, out.stride(), dtype=dout.dtype, device=dout.device).copy_(dout)
         if pass_name == "bwd":
-            return lambda: torch.autograd.grad(out, leaves, d, retain_graph=True)[0]
-        return lambda: torch.autograd.grad(run(), leaves, d)[0]  # keeps d, not out's graph
+            out = run()
+            return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)[0]
+        return lambda: torch.autograd.grad(run(), leaves, dout)[0]
     return make_pass
 
 
