@@ -7,9 +7,11 @@ __version__ = "0.1.0"
 
 _OPS = ("flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
         "FlashtuneInputError")
+_PACKED = ("flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func")
 _KVCACHE = ("flash_attn_with_kvcache",)
 _FP8 = ("kv_descales",)
-__all__ = ["__version__", *_OPS, *_KVCACHE, *_FP8]
+__all__ = ["__version__", *_OPS, *_PACKED, *_KVCACHE, *_FP8]
 
 
 def __getattr__(name):
@@ -17,6 +19,10 @@ def __getattr__(name):
         from flashtune.runtime import ops
 
         return getattr(ops, name)
+    if name in _PACKED:
+        from flashtune.runtime import packed
+
+        return getattr(packed, name)
     if name in _KVCACHE:
         from flashtune.runtime import kvcache
 

@@ -1,8 +1,9 @@
 """The backward kernel on the GPU: dQ, dK and dV against the fp32 reference's autograd, with
 FlashAttention's rule (each within 2x the error of the same computation in the inputs' dtype, plus a
 small absolute term); every dtype and head dim, causal and not, GQA/MQA, seqlen_q != seqlen_k, varlen
-with empty sequences, strided inputs, the LSE's own gradient, torch.compile. dK and dV start as NaN;
-fresh random inputs each case. Under the profile the run selects (FLASHTUNE_PROFILE=h200-sm80 as well)."""
+with empty sequences, strided inputs, the LSE's own gradient, torch.compile, flash_attn's packed
+calls; and on tiny shapes against finite differences of the float64 reference (no autograd on its side).
+dK and dV start as NaN; fresh random inputs each case. Under the profile the run selects (FLASHTUNE_PROFILE=h200-sm80 as well)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned", "run_profile"
 
 import flashtune  # noqa: E402
 from flashtune.measure.gradients import GRAD_NAMES, gradient_errors, gradients, same_dtype_attention  # noqa: E402
-from flashtune.measure.reference import attention_reference, rel_l2  # noqa: E402
+from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference  # noqa: E402
 from flashtune.kernels.bwd_spec import BwdSpec, bwd_spec_of_tile  # noqa: E402
 from flashtune.kernels.spec import SpecError  # noqa: E402
 from flashtune.runtime import backward  # noqa: E402
@@ -30,6 +31,11 @@ def assert_close_grads(ours, ref, lowp, names=GRAD_NAMES):
         assert g.dtype == l.dtype, name
     for e in gradient_errors(ours, ref, lowp, names):
         assert e.ok, e
+
+
+def cu_seqlens(lens):
+    """int32 cumulative lengths, [0, l0, l0 + l1, ...], on the GPU."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -112,8 +118,7 @@ def test_varlen_gradients_with_empty_sequences_and_padded_keys(h, hkv):
     """320 tiles (2 key blocks x 32 heads x 5 sequences) are more than any GPU has SMs: the wgmma
     kernel's CTAs then take several from its counter, tiles without keys and without queries among them."""
     lens_q, lens_k = [5, 0, 130, 64, 1], [9, 3, 200, 0, 70]
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
     dtype, d = torch.bfloat16, 128
     q = randn(sum(lens_q), h, d, seed=1, dtype=dtype)
     k = randn(sum(lens_k) + 5, hkv, d, seed=2, dtype=dtype)  # 5 rows past the last sequence
@@ -153,6 +158,101 @@ def test_strided_inputs_and_the_lse_gradient():
     loss(lambda q, k, v: attention_reference(q, k, v, True), ref).backward()
     assert rel_l2(ours.grad.float(), ref.grad) < 1e-2
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads_q,heads_kv", [(9, 13, 4, 2), (13, 5, 2, 1)])
+def test_gradients_agree_with_finite_differences_of_the_float64_reference(dtype, hdim, causal, seqlen_q, seqlen_k,
+                                                                          heads_q, heads_kv):
+    """gradcheck's fast mode on tiny shapes, with no autograd on the reference's side: along 64 random
+    directions u of each input, the kernel's <grad, u> against central differences of the float64
+    reference's loss <dO, O> at the same 16-bit inputs. FlashAttention's rule over the directions:
+    the kernel's errors (their L2 norm over the 64) within 2x those of the same attention in the
+    inputs' dtype (its gradients by autograd), plus 1e-3 of the differences' norm. (13, 5) causal:
+    8 rows that see no key."""
+    seed = 3 * hdim + seqlen_q + int(causal)
+    q = randn(1, seqlen_q, heads_q, hdim, seed=seed, dtype=dtype)
+    k, v = (randn(1, seqlen_k, heads_kv, hdim, seed=seed + s, dtype=dtype) for s in (1, 2))
+    dout = randn(1, seqlen_q, heads_q, hdim, seed=seed + 3, dtype=dtype)
+    ours = gradients(lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    lowp = gradients(lambda q, k, v: same_dtype_attention(q, k, v, causal), (q, k, v), dout)
+    inputs, dout64 = [t.double() for t in (q, k, v)], dout.double()
+
+    def loss(*xs):
+        return (attention_reference(*xs, causal)[0] * dout64).sum()
+
+    eps, g = 1e-4, torch.Generator(device=DEV).manual_seed(seed + 4)
+    for i, name in enumerate(GRAD_NAMES):
+        directions = torch.randn(64, *inputs[i].shape, dtype=torch.float64, device=DEV, generator=g)
+
+        def moved(step):
+            return [x + step if j == i else x for j, x in enumerate(inputs)]
+        fd = torch.stack([(loss(*moved(eps * u)) - loss(*moved(-eps * u))) / (2 * eps) for u in directions])
+
+        def error(grad):
+            return ((directions * grad.double()).flatten(1).sum(1) - fd).norm().item()
+        assert not torch.isnan(ours[i]).any(), name
+        assert error(ours[i]) <= 2 * error(lowp[i]) + 1e-3 * fd.norm().item(), (name, error(ours[i]), error(lowp[i]))
+
+
+def varlen_same_dtype_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal):
+    """same_dtype_attention sequence by sequence over packed (total, heads, hdim) inputs."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return torch.cat([same_dtype_attention(q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None],
+                                           v[ck[i]:ck[i + 1]][None], causal)[0] for i in range(len(cq) - 1)])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_packed_calls_gradients_reach_the_packed_tensors(causal):
+    """flash_attn_qkvpacked_func on a fused QKV projection's (batch, seqlen, 3, heads, hdim) and
+    flash_attn_kvpacked_func on (batch, seqlen_k, 2, heads_kv, hdim) with GQA 4:1 and seqlen_q !=
+    seqlen_k: each packed tensor's gradient, slot by slot, against the reference's on the same views."""
+    dtype, d = torch.bfloat16, 128
+    qkv, dout = randn(2, 300, 3, 4, d, seed=40, dtype=dtype), randn(2, 300, 4, d, seed=41, dtype=dtype)
+    ours = gradients(lambda t: flashtune.flash_attn_qkvpacked_func(t, causal=causal), (qkv,), dout)[0]
+    ref = gradients(lambda t: attention_reference(*t.unbind(2), causal)[0], (qkv.float(),), dout.float())[0]
+    lowp = gradients(lambda t: same_dtype_attention(*t.unbind(2), causal), (qkv,), dout)[0]
+    assert ours.shape == qkv.shape
+    assert_close_grads(ours.unbind(2), ref.unbind(2), lowp.unbind(2))
+
+    q, dout = randn(2, 200, 8, d, seed=42, dtype=dtype), randn(2, 200, 8, d, seed=43, dtype=dtype)
+    kv = randn(2, 333, 2, 2, d, seed=44, dtype=dtype)
+    ours = gradients(lambda q, kv: flashtune.flash_attn_kvpacked_func(q, kv, causal=causal), (q, kv), dout)
+    ref = gradients(lambda q, kv: attention_reference(q, *kv.unbind(2), causal)[0], (q.float(), kv.float()),
+                    dout.float())
+    lowp = gradients(lambda q, kv: same_dtype_attention(q, *kv.unbind(2), causal), (q, kv), dout)
+    assert_close_grads([ours[0], *ours[1].unbind(2)], [ref[0], *ref[1].unbind(2)], [lowp[0], *lowp[1].unbind(2)])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_varlen_packed_calls_gradients_reach_the_packed_tensors(causal):
+    """flash_attn_varlen_qkvpacked_func on (total, 3, heads, hdim) with an empty sequence (hdim 64), and
+    flash_attn_varlen_kvpacked_func on (total_k, 2, heads_kv, hdim) with GQA 4:1, other key lengths
+    and a sequence without queries (hdim 256)."""
+    dtype = torch.bfloat16
+    lens = [5, 0, 130, 64]
+    cu = cu_seqlens(lens)
+    qkv, dout = randn(sum(lens), 3, 4, 64, seed=50, dtype=dtype), randn(sum(lens), 4, 64, seed=51, dtype=dtype)
+    ours = gradients(lambda t: flashtune.flash_attn_varlen_qkvpacked_func(t, cu, max(lens), causal=causal),
+                     (qkv,), dout)[0]
+    ref = gradients(lambda t: varlen_reference(*t.unbind(1), cu, cu, causal)[0], (qkv.float(),), dout.float())[0]
+    lowp = gradients(lambda t: varlen_same_dtype_attention(*t.unbind(1), cu, cu, causal), (qkv,), dout)[0]
+    assert_close_grads(ours.unbind(1), ref.unbind(1), lowp.unbind(1))
+
+    lens_q, lens_k = [7, 0, 100], [20, 9, 64]
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+    q, dout = (randn(sum(lens_q), 8, 256, seed=s, dtype=dtype) for s in (52, 53))
+    kv = randn(sum(lens_k), 2, 2, 256, seed=54, dtype=dtype)
+
+    def ours_fn(q, kv):
+        return flashtune.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    ours = gradients(ours_fn, (q, kv), dout)
+    ref = gradients(lambda q, kv: varlen_reference(q, *kv.unbind(1), cu_q, cu_k, causal)[0], (q.float(), kv.float()),
+                    dout.float())
+    lowp = gradients(lambda q, kv: varlen_same_dtype_attention(q, *kv.unbind(1), cu_q, cu_k, causal), (q, kv), dout)
+    assert_close_grads([ours[0], *ours[1].unbind(1)], [ref[0], *ref[1].unbind(1)], [lowp[0], *lowp[1].unbind(1)])
 
 def test_torch_compile_traces_forward_and_backward_without_graph_breaks():
     dtype = torch.bfloat16

@@ -1,7 +1,8 @@
 """The fp32 reference every correctness check compares against, and the error metric.
 
-Plain PyTorch math in float32 with flashtune's conventions: bottom-right causal alignment,
-GQA by head grouping, and rows that see no key give O = 0 and LSE = +inf (flash_attn's convention).
+Plain PyTorch math in float32 (float64 for float64 inputs: gradcheck's) with flashtune's conventions:
+bottom-right causal alignment, GQA by head grouping, and rows that see no key give O = 0 and LSE = +inf
+(flash_attn's convention).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         softmax_scale: float | None = None, window: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, sinks: torch.Tensor | None = None,
                         alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq)).
+    """(batch, seqlen, heads, d) inputs -> (out fp32 (b, sq, h, d), lse fp32 (b, h, sq)); float64 in, float64 out.
 
     Variants as flash_attn and vLLM define them: window (left, right) keys around each query's own
     position (bottom-right aligned; -1: unbounded), softcap (scaled scores -> softcap x
@@ -24,9 +25,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    qf = q.float().transpose(1, 2)  # (b, h, sq, d)
-    kf = k.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf = q.to(wide).transpose(1, 2)  # (b, h, sq, d)
+    kf = k.to(wide).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    vf = v.to(wide).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -34,8 +36,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     cols = torch.arange(sk, device=q.device)[None, :]
     own = rows + (sk - sq)  # each query's own key, bottom-right aligned
     if alibi_slopes is not None:
-        slopes = alibi_slopes.float().to(q.device).expand(b, hq)[:, :, None, None]
-        scores = scores - slopes * (own - cols).abs().float()
+        slopes = alibi_slopes.to(q.device, wide).expand(b, hq)[:, :, None, None]
+        scores = scores - slopes * (own - cols).abs().to(wide)
     if causal:
         scores = scores.masked_fill(cols > own, float("-inf"))
     left, right = window
@@ -44,11 +46,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     if right >= 0:
         scores = scores.masked_fill(cols > own + right, float("-inf"))
     if sinks is not None:  # one more column per head: the sink, with a zero value row
-        sink_col = sinks.float().to(q.device)[None, :, None, None].expand(b, hq, sq, 1)
+        sink_col = sinks.to(q.device, wide)[None, :, None, None].expand(b, hq, sq, 1)
         scores = torch.cat([scores, sink_col], dim=-1)
         vf = torch.cat([vf, vf.new_zeros(b, hq, 1, d)], dim=2)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows that see no key
-    probs = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(torch.float32).min))
+    probs = torch.exp(scores - lse[..., None].clamp_min(torch.finfo(wide).min))
     probs = torch.nan_to_num(probs, nan=0.0)
     out = torch.matmul(probs, vf).transpose(1, 2)
     if sk == 0:

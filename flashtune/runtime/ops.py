@@ -181,7 +181,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     (out, lse, None) with return_attn_probs=True, as flash_attn does.
 
     Gradients: inputs that require grad get dq, dk, dv from flashtune's backward kernel (16-bit,
-    head dims 64 and 128, no FP8 or variants; anything else is refused here, not in the backward);
+    head dims 64, 128 and 256, no FP8 or variants; anything else is refused here, not in the backward);
     deterministic=True makes them the same bits on every run.
 
     FP8 (profiles with `fp8: {qk: e4m3}`): q and k in torch.float8_e4m3fn with optional
