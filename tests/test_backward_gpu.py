@@ -2,8 +2,9 @@
 FlashAttention's rule (each within 2x the error of the same computation in the inputs' dtype, plus a
 small absolute term); every dtype and head dim, causal and not, GQA/MQA, seqlen_q != seqlen_k, varlen
 with empty sequences, strided inputs, the LSE's own gradient, torch.compile, flash_attn's packed
-calls; and on tiny shapes against finite differences of the float64 reference (no autograd on its side).
-dK and dV start as NaN; fresh random inputs each case. Under the profile the run selects (FLASHTUNE_PROFILE=h200-sm80 as well)."""
+calls; and on tiny shapes against finite differences of the float64 reference (no autograd on its
+side). dK and dV start as NaN; fresh random inputs each case. Under the profile the run selects
+(FLASHTUNE_PROFILE=h200-sm80 as well)."""
 from __future__ import annotations
 
 import pytest
@@ -159,7 +160,6 @@ def test_strided_inputs_and_the_lse_gradient():
     assert rel_l2(ours.grad.float(), ref.grad) < 1e-2
 
 
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
@@ -253,6 +253,7 @@ def test_the_varlen_packed_calls_gradients_reach_the_packed_tensors(causal):
                     dout.float())
     lowp = gradients(lambda q, kv: varlen_same_dtype_attention(q, *kv.unbind(1), cu_q, cu_k, causal), (q, kv), dout)
     assert_close_grads([ours[0], *ours[1].unbind(1)], [ref[0], *ref[1].unbind(1)], [lowp[0], *lowp[1].unbind(1)])
+
 
 def test_torch_compile_traces_forward_and_backward_without_graph_breaks():
     dtype = torch.bfloat16
