@@ -411,15 +411,58 @@ def test_vllms_paged_varlen_call(page_size, lengths_from):
     got, lse = flashtune.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 9, 640, causal=True, block_table=table, out=out,
                                                 return_lse=True, **kw)
     assert got.data_ptr() == out.data_ptr()
+    check_packed(out, lse, q, cu_q, lens_q, lens_k, kc, vc, table, causal=True)
+
+
+def check_packed(out, lse, q, cu_q, lens_q, lens_k, kc, vc, table, causal):
+    """Packed queries' out (total_q, heads, hdim) and lse (heads, total_q), sequence by sequence,
+    against the fp32 reference over each sequence's pages."""
+    assert not torch.isnan(out).any(), "an output row was never written"
     for b, (start, n) in enumerate(zip(cu_q.tolist(), lens_q)):
         if n == 0:
             continue
         ref, ref_lse = attention_ref(q[start:start + n].float(), sequence_kv(kc, b, lens_k[b], table),
-                                     sequence_kv(vc, b, lens_k[b], table), True, 128 ** -0.5)
+                                     sequence_kv(vc, b, lens_k[b], table), causal, q.shape[-1] ** -0.5)
         err = ((out[start:start + n].float() - ref).norm() / ref.norm()).item()
         rounding = ((ref.to(q.dtype).float() - ref).norm() / ref.norm()).item()
         assert err <= 3 * rounding, (b, err, rounding)
-        assert (lse[:, start:start + n] - ref_lse).abs().max().item() < 2e-3
+        if lse is not None:
+            assert (lse[:, start:start + n] - ref_lse).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("splits", [1, 3, 0])
+def test_vllms_call_with_its_own_keywords(splits):
+    """vLLM's call as vLLM writes it: keywords only, no cu_seqlens_k, num_splits, fa_version, window_size
+    None, scheduler_metadata None; pages of 16."""
+    lens_q, lens_k = [1, 4, 0, 9], [300, 17, 5, 640]
+    q_all, kc, vc, seqlens, table = make_case(4, 9, 32, 8, 128, torch.bfloat16, 640, 16, seqlens=lens_k, seed=splits)
+    q = torch.cat([q_all[b, :n] for b, n in enumerate(lens_q)])
+    cu_q = torch.tensor([0, 1, 5, 5, 14], device=DEV, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    flashtune.flash_attn_varlen_func(q=q, k=kc, v=vc, out=out, cu_seqlens_q=cu_q, max_seqlen_q=9, seqused_k=seqlens,
+                                     max_seqlen_k=640, softmax_scale=128 ** -0.5, causal=True, alibi_slopes=None,
+                                     window_size=None, block_table=table, softcap=0.0, scheduler_metadata=None,
+                                     fa_version=2, num_splits=splits)
+    check_packed(out, None, q, cu_q, lens_q, lens_k, kc, vc, table, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sglangs_call(causal, page_size):
+    """SGLang's call: flash_attn_with_kvcache(q packed, k_cache, v_cache, page_table, cache_seqlens,
+    cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, softmax_scale, causal, return_softmax_lse) over a
+    cache it has written (pages of 1 by default): decode tokens and a 4-token chunk."""
+    lens_q, lens_k = [1, 4, 1], [300, 17, 640]
+    q_all, kc, vc, seqlens, table = make_case(3, 4, 32, 8, 128, torch.bfloat16, 640, page_size, seqlens=lens_k,
+                                              seed=page_size)
+    q = torch.cat([q_all[b, :n] for b, n in enumerate(lens_q)])
+    cu_q = torch.tensor([0, 1, 5, 6], device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor([0, 300, 317, 957], device=DEV, dtype=torch.int32)
+    out, lse = flashtune.flash_attn_with_kvcache(q=q, k_cache=kc, v_cache=vc, page_table=table, cache_seqlens=seqlens,
+                                                 cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_k, max_seqlen_q=4,
+                                                 softmax_scale=128 ** -0.5, causal=causal, return_softmax_lse=True)
+    assert lse.shape == (32, 6)
+    check_packed(out, lse, q, cu_q, lens_q, lens_k, kc, vc, table, causal)
 
 
 # ---- Calls whose packed rows fill 128-row tiles: the KV-cache kernels (wgmma) on an sm90 profile.

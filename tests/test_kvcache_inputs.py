@@ -85,3 +85,116 @@ def paged_varlen_call(**overrides):
 def test_vllms_paged_varlen_call_checks_its_inputs(overrides, message):
     with pytest.raises(flashtune.FlashtuneInputError, match=message):
         paged_varlen_call(**overrides)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(num_splits=300), "num_splits must be an int in 0..256"),
+    (dict(num_splits=True), "num_splits must be an int"),
+    (dict(scheduler_metadata=torch.zeros(4, dtype=torch.int32)), "scheduler_metadata .* is not read"),
+    (dict(fa_version=4), "fa_version=4: vLLM's FlashAttention versions are 2 and 3"),
+    (dict(sinks=torch.zeros(32), s_aux=torch.zeros(32)), "sinks and s_aux are the same argument"),
+    (dict(max_seqlen_q=None), "max_seqlen_q is required"),
+    (dict(seqused_k=None, cu_seqlens_k=torch.tensor([0, 3, 64], dtype=torch.int32), max_seqlen_k=None),
+     "cu_seqlens_k needs max_seqlen_k"),
+])
+def test_vllms_keywords_are_checked(overrides, message):
+    with pytest.raises(flashtune.FlashtuneInputError, match=message):
+        paged_varlen_call(**overrides)
+
+
+def test_packed_keys_name_what_they_need():
+    q, k = torch.zeros(5, 4, 64, dtype=BF16), torch.zeros(7, 4, 64, dtype=BF16)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
+    with pytest.raises(flashtune.FlashtuneInputError, match="packed keys need cu_seqlens_k and max_seqlen_k"):
+        flashtune.flash_attn_varlen_func(q, k, k, cu_q, max_seqlen_q=3)
+    with pytest.raises(flashtune.FlashtuneInputError, match="num_splits=2 splits a KV-cache call's keys"):
+        flashtune.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 4, num_splits=2)
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return "out", "lse"
+
+
+PAGED_VARLEN_ARGS = ("q", "k_cache", "v_cache", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                     "seqused_k", "block_table", "scale", "causal", "out", "with_lse", "k_descale", "v_descale",
+                     "window_size", "softcap", "sinks", "alibi_slopes", "num_splits")
+
+
+def test_vllms_call_as_vllm_writes_it_reaches_the_paged_kernels_with_every_argument(monkeypatch):
+    """vLLM's keywords (no cu_seqlens_k; num_splits, s_aux, fa_version, window_size None) reach
+    paged_varlen, which tests/test_kvcache_gpu.py runs on the GPU."""
+    from flashtune.runtime import kvcache
+    record = Recorder()
+    monkeypatch.setattr(kvcache, "paged_varlen", record)
+    q, out, cache = torch.zeros(5, 32, 128, dtype=BF16), torch.zeros(5, 32, 128, dtype=BF16), torch.zeros(
+        8, 16, 8, 128, dtype=BF16)
+    cu_q, used = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([3, 64], dtype=torch.int32)
+    pages, sinks = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(32)
+    flashtune.flash_attn_varlen_func(q=q, k=cache, v=cache, out=out, cu_seqlens_q=cu_q, max_seqlen_q=4, seqused_k=used,
+                                     max_seqlen_k=64, softmax_scale=0.1, causal=True, alibi_slopes=None,
+                                     window_size=None, block_table=pages, softcap=0.0, scheduler_metadata=None,
+                                     fa_version=2, num_splits=3, s_aux=sinks)
+    got = dict(zip(PAGED_VARLEN_ARGS, record.calls[-1]))
+    assert got["q"] is q and got["out"] is out and got["cu_seqlens_q"] is cu_q and got["seqused_k"] is used
+    assert got["block_table"] is pages and got["sinks"] is sinks and got["num_splits"] == 3
+    assert got["scale"] == 0.1 and got["causal"] is True and got["window_size"] is None and got["max_seqlen_q"] == 4
+
+
+def sglang_call(**overrides):
+    """SGLang's flash_attn_with_kvcache call: packed queries, a cache of pages of 1 it has written itself."""
+    args = dict(q=torch.zeros(5, 32, 128, dtype=BF16), k_cache=torch.zeros(64, 1, 8, 128, dtype=BF16),
+                v_cache=torch.zeros(64, 1, 8, 128, dtype=BF16), page_table=torch.zeros(2, 32, dtype=torch.int32),
+                cache_seqlens=torch.tensor([3, 32], dtype=torch.int32),
+                cu_seqlens_q=torch.tensor([0, 1, 5], dtype=torch.int32),
+                cu_seqlens_k_new=torch.tensor([0, 3, 35], dtype=torch.int32), max_seqlen_q=4, softmax_scale=0.1,
+                causal=True, return_softmax_lse=True)
+    args.update(overrides)
+    return flashtune.flash_attn_with_kvcache(**args), args
+
+
+def test_sglangs_call_reaches_the_paged_kernels_with_every_argument(monkeypatch):
+    from flashtune.runtime import kvcache
+    record = Recorder()
+    monkeypatch.setattr(kvcache, "paged_varlen", record)
+    result, args = sglang_call(num_splits=2, window_size=(7, 0))
+    assert result == ("out", "lse")
+    got = dict(zip(PAGED_VARLEN_ARGS, record.calls[-1]))
+    assert got["q"] is args["q"] and got["block_table"] is args["page_table"]
+    assert got["seqused_k"] is args["cache_seqlens"] and got["cu_seqlens_q"] is args["cu_seqlens_q"]
+    assert got["cu_seqlens_k"] is None and got["max_seqlen_q"] == 4 and got["with_lse"] is True
+    assert got["num_splits"] == 2 and got["window_size"] == (7, 0) and got["scale"] == 0.1
+    sglang_call(cache_seqlens=32, return_softmax_lse=False)  # an int: every sequence's count
+    assert torch.equal(dict(zip(PAGED_VARLEN_ARGS, record.calls[-1]))["seqused_k"],
+                       torch.tensor([32, 32], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(qv=torch.zeros(5, 32, 128, dtype=BF16)), "qv .* is not served"),
+    (dict(rotary_seqlens=torch.zeros(2, dtype=torch.int32)), "rotary_seqlens is not served"),
+    (dict(attention_chunk=1024), "attention_chunk=1024 .* is not served"),
+    (dict(pack_gqa=False), "pack_gqa=False"),
+    (dict(sm_margin=4), "sm_margin=4"),
+    (dict(scheduler_metadata=torch.zeros(4, dtype=torch.int32)), "scheduler_metadata"),
+    (dict(block_table=torch.zeros(2, 32, dtype=torch.int32)), "page_table and block_table are the same argument"),
+    (dict(page_table=None), "served with a paged cache: pass page_table"),
+    (dict(max_seqlen_q=None), "cu_seqlens_q needs max_seqlen_q"),
+    (dict(k=torch.zeros(5, 8, 128, dtype=BF16), v=torch.zeros(5, 8, 128, dtype=BF16)), "write them into the cache"),
+    (dict(cache_leftpad=torch.zeros(2, dtype=torch.int32)), "cache_leftpad are not served with cu_seqlens_q"),
+    (dict(q=torch.zeros(2, 1, 32, 128, dtype=BF16)), "with cu_seqlens_q, q is \\(total_q, heads, head_dim\\)"),
+    (dict(cache_seqlens=40), "cache_seqlens 40 must be within the capacity 32"),
+    (dict(cache_seqlens=torch.tensor([3, 32, 1], dtype=torch.int32)), "seqused_k must be an int32 tensor of shape"),
+    (dict(), "on cpu"),  # everything else right: the device
+])
+def test_sglangs_call_checks_its_inputs(overrides, message):
+    with pytest.raises(flashtune.FlashtuneInputError, match=message):
+        sglang_call(**overrides)
+
+
+def test_max_seqlen_q_goes_with_cu_seqlens_q():
+    with pytest.raises(flashtune.FlashtuneInputError, match="max_seqlen_q goes with cu_seqlens_q"):
+        call(max_seqlen_q=1)

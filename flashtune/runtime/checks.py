@@ -123,7 +123,35 @@ def check_devices(q, k, v, **extra) -> None:
 def check_unsupported(dropout_p) -> None:
     """Arguments flash_attn has that flashtune cannot serve (the variants: check_variants)."""
     if dropout_p:
-        fail(f"dropout_p={dropout_p}: dropout is not supported (forward inference kernel); pass 0.0")
+        fail(f"dropout_p={dropout_p}: dropout is not supported (flashtune's kernels have none); pass 0.0")
+
+
+MAX_SPLITS = 256
+
+
+def check_num_splits(num_splits) -> None:
+    """flash_attn's num_splits: 0 lets flashtune choose; 1 runs unsplit; more splits a call's keys."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
+        fail(f"num_splits must be an int in 0..{MAX_SPLITS} (0: chosen by flashtune), got {num_splits!r}")
+
+
+def check_engine_args(scheduler_metadata=None, fa_version=None) -> None:
+    """The arguments vLLM's and SGLang's FlashAttention wrappers add. fa_version picks which
+    FlashAttention build vLLM's wrapper runs: flashtune's kernels serve 2 and 3 alike.
+    scheduler_metadata is FlashAttention-3's precomputed tile schedule (get_scheduler_metadata),
+    which flashtune's kernels do not read: they take num_splits, or choose."""
+    if scheduler_metadata is not None:
+        fail("scheduler_metadata (FlashAttention-3's get_scheduler_metadata) is not read by flashtune's kernels, "
+             "which schedule themselves: pass None (num_splits sets a KV-cache call's split count)")
+    if fa_version not in (None, 2, 3):
+        fail(f"fa_version={fa_version!r}: vLLM's FlashAttention versions are 2 and 3 (flashtune serves both)")
+
+
+def sinks_or_s_aux(sinks, s_aux):
+    """The attention sinks under flashtune's name or vLLM's (`s_aux`), not both."""
+    if sinks is not None and s_aux is not None:
+        fail("sinks and s_aux are the same argument (vLLM's name for the sinks): pass one")
+    return s_aux if sinks is None else sinks
 
 
 @dataclass(frozen=True)
@@ -144,7 +172,10 @@ MAX_WINDOW = 2**30  # a side at least this long is as good as unbounded (no sequ
 
 def check_variants(window_size, softcap, sinks, heads_q: int, alibi_slopes=None, batch: int | None = None
                    ) -> VariantArgs:
-    """A call's variants from flash_attn's arguments (and vLLM's sinks), checked."""
+    """A call's variants from flash_attn's arguments (and vLLM's sinks), checked. window_size None:
+    unbounded (vLLM's wrapper's default)."""
+    if window_size is None:
+        window_size = (-1, -1)
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):

@@ -211,7 +211,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            *, q_descale=None, k_descale=None, v_descale=None, sinks=None):
+                            *, q_descale=None, k_descale=None, v_descale=None, sinks=None, page_table=None,
+                            cu_seqlens_q=None, max_seqlen_q=None, cu_seqlens_k_new=None, qv=None, rotary_seqlens=None,
+                            attention_chunk=0, scheduler_metadata=None, pack_gqa=None, sm_margin=0):
     """Attention of q against a KV cache, appending new keys/values first, as flash_attn's.
 
     q: (batch, seqlen_q, heads, head_dim). k_cache, v_cache: (batch_cache, capacity, heads_kv,
@@ -229,9 +231,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softcap > 0 (scores = softcap x tanh(scores / softcap)), sinks (heads,) float: one logit per
     query head that joins every row's softmax (gpt-oss), O is not pulled toward it; alibi_slopes
     (heads,) or (batch, heads) float32 (flash_attn's).
-    Returns out, or (out, softmax_lse (batch, heads, seqlen_q)).
+    FlashAttention-3's keywords, as SGLang calls it: page_table (block_table's name there);
+    cu_seqlens_q with max_seqlen_q for queries of several lengths, q (total_q, heads, head_dim), on a
+    paged cache with k=None (cu_seqlens_k_new, which only new keys use, is then not read, as in
+    FlashAttention-3); qv, rotary_seqlens, attention_chunk, scheduler_metadata, pack_gqa=False and
+    sm_margin are refused unless neutral.
+    Returns out, or (out, softmax_lse (batch, heads, seqlen_q); (heads, total_q) with cu_seqlens_q).
     """
     checks.check_unsupported(0.0)
+    _refuse_fa3_only(qv, rotary_seqlens, attention_chunk, pack_gqa, sm_margin)
+    checks.check_engine_args(scheduler_metadata)
+    checks.check_num_splits(num_splits)
+    if page_table is not None:
+        if block_table is not None:
+            fail("page_table and block_table are the same argument (FlashAttention-3's and 2's names): pass one")
+        block_table = page_table
+    if cu_seqlens_q is not None:
+        return _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
+                               block_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, num_splits, return_softmax_lse, q_descale, k_descale, v_descale, sinks)
+    if max_seqlen_q is not None:
+        fail("max_seqlen_q goes with cu_seqlens_q (queries of several lengths); q (batch, seqlen_q, heads, "
+             "head_dim) gives its own")
     if checks.needs_grad(q, k_cache, v_cache, k, v):
         fail("flash_attn_with_kvcache is forward-only (inference); run it under torch.no_grad(), or detach the "
              "inputs (flash_attn_func and flash_attn_varlen_func have a backward)")
@@ -244,8 +265,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_dim = _check_rotary(rotary_cos, rotary_sin, q.shape[-1], seqlen_new > 0)
     batch, seqlen_q, heads_q, hdim = q.shape
     capacity = k_cache.shape[1] if page_size is None else block_table.shape[1] * page_size
-    if not isinstance(num_splits, int) or num_splits < 0 or num_splits > 256:
-        fail(f"num_splits must be an int in 0..256 (0: chosen by flashtune), got {num_splits!r}")
     caller_seqlens = isinstance(cache_seqlens, torch.Tensor)  # values only known on the device
     if cache_seqlens is None:
         cache_seqlens = capacity - seqlen_new
@@ -306,6 +325,62 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return (out, lse) if return_softmax_lse else out
 
 
+def _refuse_fa3_only(qv, rotary_seqlens, attention_chunk, pack_gqa, sm_margin) -> None:
+    """FlashAttention-3's flash_attn_with_kvcache keywords flashtune does not serve, each refused by
+    name unless it has its neutral value."""
+    if qv is not None:
+        fail("qv (FlashAttention-3's extra query part for MLA) is not served; pass None")
+    if rotary_seqlens is not None:
+        fail("rotary_seqlens is not served: rotary positions are cache_seqlens (pass rotary_cos/rotary_sin with k, v)")
+    if attention_chunk:
+        fail(f"attention_chunk={attention_chunk} (chunked local attention) is not served; pass 0 (a sliding window: "
+             "window_size)")
+    if pack_gqa is False:
+        fail("pack_gqa=False: flashtune's decode kernels always pack a KV head's query heads into one tile; pass "
+             "None or True")
+    if sm_margin:
+        fail(f"sm_margin={sm_margin} (SMs left free for other kernels) is not served; pass 0")
+
+
+def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                    cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits,
+                    return_softmax_lse, q_descale, k_descale, v_descale, sinks):
+    """flash_attn_with_kvcache with cu_seqlens_q, as SGLang calls it: packed queries over a paged
+    cache whose keys the caller has written (cache_seqlens of them each); served by paged_varlen."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        fail("with cu_seqlens_q, q is (total_q, heads, head_dim), got "
+             + (f"shape {tuple(q.shape)}" if isinstance(q, torch.Tensor) else type(q).__name__))
+    if k is not None or v is not None:
+        fail("appending new keys (k, v) for queries of several lengths (cu_seqlens_q) is not served: write them "
+             "into the cache first, as SGLang does, and pass k=None, v=None")
+    if rotary_cos is not None:
+        fail("rotary_cos/rotary_sin rotate appended keys, which cu_seqlens_q calls do not take: rotate q first")
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        fail("cache_batch_idx and cache_leftpad are not served with cu_seqlens_q: index the pages by block_table")
+    if block_table is None:
+        fail("queries of several lengths (cu_seqlens_q) are served with a paged cache: pass page_table (or "
+             "block_table)")
+    if max_seqlen_q is None:
+        fail("cu_seqlens_q needs max_seqlen_q, the longest query sequence it delimits")
+    if q_descale is not None:
+        fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 2:
+        fail("cu_seqlens_q must be an int32 tensor of batch+1 offsets")
+    batch = cu_seqlens_q.numel() - 1
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+        fail("page_table / block_table must be an int32 tensor (batch, max_pages)")
+    if cache_seqlens is None or isinstance(cache_seqlens, int):
+        capacity = block_table.shape[1] * k_cache.shape[1] if isinstance(k_cache, torch.Tensor) else 0
+        keys = capacity if cache_seqlens is None else cache_seqlens
+        if not 0 <= keys <= capacity:
+            fail(f"cache_seqlens {keys} must be within the capacity {capacity}")
+        cache_seqlens = torch.full((batch,), keys, dtype=torch.int32, device=q.device)
+    out, lse = paged_varlen(q, k_cache, v_cache, cu_seqlens_q, None, max_seqlen_q, None, cache_seqlens, block_table,
+                            scale_for(softmax_scale, q.shape[-1]), causal, None, return_softmax_lse, k_descale, v_descale, window_size, softcap, sinks,
+                            alibi_slopes, num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
 def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
                         sinks=None, alibi_slopes=None):
     """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
@@ -324,14 +399,14 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_
     return out
 
 
-def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int | None,
                  seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool, k_descale=None,
-                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None):
+                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, num_splits=0):
     """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
     head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
     (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
     lengths cu_seqlens_k delimits); `out` written in place when given; an e4m3 cache with k_descale /
-    v_descale (num_seqs, heads_kv), vLLM's. Returns (out, lse or None)."""
+    v_descale (num_seqs, heads_kv), vLLM's; num_splits checked by the caller. Returns (out, lse or None)."""
     if block_table is None:
         fail("seqused_k is served with a paged cache (block_table); pass block_table, or cu_seqlens_k alone "
              "for packed keys")
@@ -352,6 +427,8 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     if seqused_k is None:
         if cu_seqlens_k is None:
             fail("a paged cache needs each sequence's key count: seqused_k, or cu_seqlens_k")
+        if max_seqlen_k is None:
+            fail("cu_seqlens_k needs max_seqlen_k, the longest key sequence it delimits")
         checks.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", batch * capacity, max_seqlen_k, covers_all=False)
         if cu_seqlens_k.numel() != batch + 1:
             fail(f"cu_seqlens_k must have batch+1 = {batch + 1} entries like cu_seqlens_q, got {cu_seqlens_k.numel()}")
@@ -374,5 +451,5 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
                        key_rows=batch * k_cache.shape[2] * capacity, device_index=q.device.index)
     return run_decode(spec, q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                       block_table=block_table, max_seqlen_q=int(max_seqlen_q), seqlen_k=capacity, softmax_scale=scale,
-                      num_splits=0, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
+                      num_splits=num_splits, with_lse=with_lse, out=out, poison=ops.poison_outputs and out is None,
                       policy=profile.decode_split, k_descale=k_descale, v_descale=v_descale, variant_args=var)

@@ -18,8 +18,9 @@ from flashtune.kernels.tiles import computed_head_dim
 from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
-                                      check_fp8_args, check_tensors, check_unsupported, check_variants, fail,
-                                      needs_grad, refuse_broadcast, scale_for)
+                                      check_engine_args, check_fp8_args, check_num_splits, check_tensors,
+                                      check_unsupported, check_variants, fail, needs_grad, refuse_broadcast,
+                                      scale_for, sinks_or_s_aux)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -219,21 +220,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return _pack(out, lse, return_lse, return_attn_probs)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, return_lse=False, seqused_k=None,
-                           out=None, q_descale=None, k_descale=None, v_descale=None, sinks=None):
+                           out=None, q_descale=None, k_descale=None, v_descale=None, sinks=None, num_splits=0,
+                           s_aux=None, scheduler_metadata=None, fa_version=None):
     """Attention over packed (total, heads, head_dim) sequences delimited by int32 cu_seqlens.
 
     As flash_attn.flash_attn_varlen_func; lse is (heads, total_q). With block_table, k and v are a
     paged KV cache (num_pages, page_size, heads_kv, head_dim), each sequence's keys counted by
     seqused_k (int32, (batch,)) or delimited by cu_seqlens_k (which may then be None), and `out`
-    (like q) is written in place when given: vLLM's call. An e4m3 paged cache takes k_descale /
-    v_descale of shape (batch, heads_kv) (vLLM's FP8 KV cache); q stays 16-bit.
+    (like q) is written in place when given: vLLM's call, whose keywords are taken as vLLM's
+    wrapper takes them: num_splits (CTAs per sequence's keys; 0: chosen by flashtune), s_aux (the
+    sinks), fa_version (2 or 3: the same kernels), window_size None (unbounded); scheduler_metadata
+    must be None. An e4m3 paged cache takes k_descale / v_descale of shape (batch, heads_kv)
+    (vLLM's FP8 KV cache); q stays 16-bit. Packed keys (no block_table) need cu_seqlens_k and
+    max_seqlen_k, and run unsplit (num_splits 0 or 1).
     """
     paged = block_table is not None or seqused_k is not None
     check_unsupported(dropout_p)
+    check_num_splits(num_splits)
+    check_engine_args(scheduler_metadata, fa_version)
+    sinks = sinks_or_s_aux(sinks, s_aux)
+    if max_seqlen_q is None:
+        fail("max_seqlen_q is required: the longest query sequence cu_seqlens_q delimits")
     grad = needs_grad(q, k, v)
     if paged and grad:
         fail("the paged KV-cache call is forward-only (inference); run it under torch.no_grad(), or detach the "
@@ -246,13 +257,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         scale = scale_for(softmax_scale, q.shape[-1])
         out, lse = paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                 block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale,
-                                window_size, softcap, sinks, alibi_slopes)
+                                window_size, softcap, sinks, alibi_slopes, num_splits)
         return _pack(out, lse, return_lse, return_attn_probs)
     if k_descale is not None or v_descale is not None:
         fail("k_descale / v_descale are for an e4m3 paged KV cache (with block_table); packed varlen k and v "
              "are 16-bit: pass None")
     if out is not None:
         fail("out= is served with a paged cache (block_table) here; drop it, or use the returned tensor")
+    if num_splits > 1:
+        fail(f"num_splits={num_splits} splits a KV-cache call's keys (block_table with seqused_k, or "
+             "flash_attn_with_kvcache); packed keys run unsplit here: pass 0 or 1")
+    if cu_seqlens_k is None or max_seqlen_k is None:
+        fail("packed keys need cu_seqlens_k and max_seqlen_k (a paged cache: block_table and seqused_k instead)")
     check_tensors(q, k, v, varlen=True)
     var = check_variants(window_size, softcap, sinks, q.shape[1], alibi_slopes,
                          cu_seqlens_q.numel() - 1 if isinstance(cu_seqlens_q, torch.Tensor) else None)
