@@ -433,16 +433,17 @@ def check_packed(out, lse, q, cu_q, lens_q, lens_k, kc, vc, table, causal):
 @pytest.mark.parametrize("splits", [1, 3, 0])
 def test_vllms_call_with_its_own_keywords(splits):
     """vLLM's call as vLLM writes it: keywords only, no cu_seqlens_k, num_splits, fa_version, window_size
-    None, scheduler_metadata None; pages of 16."""
+    None, scheduler_metadata None, descales of 1 beside a 16-bit cache; pages of 16."""
     lens_q, lens_k = [1, 4, 0, 9], [300, 17, 5, 640]
     q_all, kc, vc, seqlens, table = make_case(4, 9, 32, 8, 128, torch.bfloat16, 640, 16, seqlens=lens_k, seed=splits)
     q = torch.cat([q_all[b, :n] for b, n in enumerate(lens_q)])
     cu_q = torch.tensor([0, 1, 5, 5, 14], device=DEV, dtype=torch.int32)
     out = torch.full_like(q, float("nan"))
+    ones = torch.ones(1, device=DEV).expand(4, 8)  # vLLM's descales for a 16-bit cache
     flashtune.flash_attn_varlen_func(q=q, k=kc, v=vc, out=out, cu_seqlens_q=cu_q, max_seqlen_q=9, seqused_k=seqlens,
                                      max_seqlen_k=640, softmax_scale=128 ** -0.5, causal=True, alibi_slopes=None,
                                      window_size=None, block_table=table, softcap=0.0, scheduler_metadata=None,
-                                     fa_version=2, num_splits=splits)
+                                     fa_version=2, q_descale=ones, k_descale=ones, v_descale=ones, num_splits=splits)
     check_packed(out, None, q, cu_q, lens_q, lens_k, kc, vc, table, causal=True)
 
 

@@ -96,6 +96,10 @@ def test_vllms_paged_varlen_call_checks_its_inputs(overrides, message):
     (dict(max_seqlen_q=None), "max_seqlen_q is required"),
     (dict(seqused_k=None, cu_seqlens_k=torch.tensor([0, 3, 64], dtype=torch.int32), max_seqlen_k=None),
      "cu_seqlens_k needs max_seqlen_k"),
+    (dict(k_descale=torch.full((2, 8), 2.0)), "k_descale scales FP8 operands; with 16-bit ones, as here, it must be 1"),
+    (dict(q_descale=torch.ones(2, 8, dtype=torch.int32)), "q_descale must be a float tensor"),
+    (dict(q_descale=torch.ones(1).expand(2, 8), k_descale=torch.ones(1).expand(2, 8),
+          v_descale=torch.ones(1).expand(2, 8)), "on cpu"),  # vLLM's ones: taken; the device last
 ])
 def test_vllms_keywords_are_checked(overrides, message):
     with pytest.raises(flashtune.FlashtuneInputError, match=message):
@@ -126,8 +130,8 @@ PAGED_VARLEN_ARGS = ("q", "k_cache", "v_cache", "cu_seqlens_q", "cu_seqlens_k", 
 
 
 def test_vllms_call_as_vllm_writes_it_reaches_the_paged_kernels_with_every_argument(monkeypatch):
-    """vLLM's keywords (no cu_seqlens_k; num_splits, s_aux, fa_version, window_size None) reach
-    paged_varlen, which tests/test_kvcache_gpu.py runs on the GPU."""
+    """vLLM's keywords (no cu_seqlens_k; num_splits, s_aux, fa_version, window_size None, descales of
+    1) reach paged_varlen, which tests/test_kvcache_gpu.py runs on the GPU."""
     from flashtune.runtime import kvcache
     record = Recorder()
     monkeypatch.setattr(kvcache, "paged_varlen", record)
@@ -135,11 +139,14 @@ def test_vllms_call_as_vllm_writes_it_reaches_the_paged_kernels_with_every_argum
         8, 16, 8, 128, dtype=BF16)
     cu_q, used = torch.tensor([0, 1, 5], dtype=torch.int32), torch.tensor([3, 64], dtype=torch.int32)
     pages, sinks = torch.zeros(2, 4, dtype=torch.int32), torch.zeros(32)
+    ones = torch.ones(1).expand(2, 8)  # vLLM's descales: the layer's scale (1) expanded to (seqs, kv heads)
     flashtune.flash_attn_varlen_func(q=q, k=cache, v=cache, out=out, cu_seqlens_q=cu_q, max_seqlen_q=4, seqused_k=used,
                                      max_seqlen_k=64, softmax_scale=0.1, causal=True, alibi_slopes=None,
                                      window_size=None, block_table=pages, softcap=0.0, scheduler_metadata=None,
-                                     fa_version=2, num_splits=3, s_aux=sinks)
+                                     fa_version=2, q_descale=ones, k_descale=ones, v_descale=ones, num_splits=3,
+                                     s_aux=sinks)
     got = dict(zip(PAGED_VARLEN_ARGS, record.calls[-1]))
+    assert got["k_descale"] is None and got["v_descale"] is None  # ones on a 16-bit cache: nothing to scale
     assert got["q"] is q and got["out"] is out and got["cu_seqlens_q"] is cu_q and got["seqused_k"] is used
     assert got["block_table"] is pages and got["sinks"] is sinks and got["num_splits"] == 3
     assert got["scale"] == 0.1 and got["causal"] is True and got["window_size"] is None and got["max_seqlen_q"] == 4

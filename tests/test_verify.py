@@ -43,6 +43,17 @@ def test_unexpected_attention_kernels():
     assert verify.unexpected_attention_kernels(["sm90_xmma_gemm_bf16bf16_bf16f32"], ours)
 
 
+def test_a_decode_calls_combine_kernel_launches_exactly_when_its_splits_merge_through_it():
+    split = "flashtune_decode_bf16_h128_m16x32_w4_s3_sm90a"
+    combine = split + "_combine"
+    assert verify.combine_problem([split, combine], combine, "combine kernel") is None
+    assert "did not launch" in verify.combine_problem([split], combine, "combine kernel")
+    assert verify.combine_problem([split], combine, "none") is None
+    assert verify.combine_problem([split], combine, "cluster") is None
+    assert "though the splits merged by cluster" in verify.combine_problem([split, combine], combine, "cluster")
+    assert verify.combine_problem([split, combine], combine, None) is None  # not a decode call
+
+
 def test_classify_sdpa():
     assert verify.classify_sdpa(["cudnn_generated_fort_native_sdpa_sm90_flash_fprop"]) == "cudnn"
     assert verify.classify_sdpa(["void pytorch_flash::flash_fwd_kernel<...>"]) == "flash"

@@ -183,6 +183,20 @@ def unexpected_attention_kernels(names: list[str], expected: str, companions: tu
     return [n for n in names if n != expected and n not in companions and ATTENTION_KERNEL_RE.search(n)]
 
 
+def combine_problem(names: list[str], combine_name: str, merge: str | None) -> str | None:
+    """A decode call's combine kernel must launch exactly when its splits merged through it (`merge`:
+    run_decode's last launch, "none", "cluster" or "combine kernel"; None: not a decode call). What
+    went wrong, or None."""
+    if merge is None:
+        return None
+    ran = combine_name in names
+    if merge == "combine kernel" and not ran:
+        return f"the splits were to merge in {combine_name}, which did not launch"
+    if merge != "combine kernel" and ran:
+        return f"{combine_name} launched, though the splits merged by {merge}"
+    return None
+
+
 def parse_sass(text: str, kernel: str) -> dict:
     """From `cuobjdump -sass` output: the arch of the kernel's code and its mnemonics (with
     their modifiers, e.g. HMMA.16816.F32.BF16)."""
@@ -395,13 +409,17 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     expected = expected_kernel or spec.name
     companions = (spec.combine_name,) if isinstance(spec, DecodeSpec) else ()
 
+    from flashtune.runtime import decode
+
     ops.poison_outputs = True
     try:
         out, _ = _call(q, k, v, case, varlen_args)
         torch.cuda.synchronize()
+        decode.last_launch = None
         names = kernel_names(lambda: _call(q, k, v, case, varlen_args))
     finally:
         ops.poison_outputs = False
+    merge = decode.last_launch.merge if isinstance(spec, DecodeSpec) and decode.last_launch is not None else None
     if case.varlen:
         ref, _ = varlen_reference(q, k, v, varlen_args[0], varlen_args[1], case.causal, scale)
         cq, ck = varlen_args[0].tolist(), varlen_args[1].tolist()
@@ -434,9 +452,11 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
                            f"; vs 16-bit inputs {end_to_end:.1e} > {FP8_END_TO_END_MAX_REL_ERR:.0e}")
     others = unexpected_attention_kernels(names, expected, companions)
     launched = expected in names
-    identity = Check("identity", expected, launched and not others,
+    merged = combine_problem(names, spec.combine_name, merge) if isinstance(spec, DecodeSpec) else None
+    identity = Check("identity", expected, launched and not others and merged is None,
                      ("launched" if launched else f"expected kernel did not launch; saw {names}")
-                     + (f"; other attention kernels ran: {others}" if others else ""), case.name, observed=names)
+                     + (f"; other attention kernels ran: {others}" if others else "")
+                     + (f"; {merged}" if merged else ""), case.name, observed=names)
     return [correct, identity], spec
 
 

@@ -19,8 +19,8 @@ from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
                                       check_engine_args, check_fp8_args, check_num_splits, check_tensors,
-                                      check_unsupported, check_variants, fail, needs_grad, refuse_broadcast,
-                                      scale_for, sinks_or_s_aux)
+                                      check_unit_descales, check_unsupported, check_variants, fail, needs_grad,
+                                      refuse_broadcast, scale_for, sinks_or_s_aux)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -235,7 +235,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     wrapper takes them: num_splits (CTAs per sequence's keys; 0: chosen by flashtune), s_aux (the
     sinks), fa_version (2 or 3: the same kernels), window_size None (unbounded); scheduler_metadata
     must be None. An e4m3 paged cache takes k_descale / v_descale of shape (batch, heads_kv)
-    (vLLM's FP8 KV cache); q stays 16-bit. Packed keys (no block_table) need cu_seqlens_k and
+    (vLLM's FP8 KV cache); q stays 16-bit. Descales handed with 16-bit operands (vLLM's ones) must
+    be 1, read on the host with the call's index values. Packed keys (no block_table) need cu_seqlens_k and
     max_seqlen_k, and run unsplit (num_splits 0 or 1).
     """
     paged = block_table is not None or seqused_k is not None
@@ -249,8 +250,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     if paged and grad:
         fail("the paged KV-cache call is forward-only (inference); run it under torch.no_grad(), or detach the "
              "inputs")
-    if q_descale is not None:
-        fail("q_descale: FP8 q is served by flash_attn_func (FP8 Q/K profiles); the varlen call takes 16-bit q")
+    # vLLM's wrapper hands descales with 16-bit operands too (ones), which FlashAttention-3 reads only
+    # for FP8 ones: taken where they are 1 (q is always 16-bit here; k and v unless an e4m3 paged cache)
+    kv16 = not (isinstance(k, torch.Tensor) and k.dtype == FP8)
+    check_unit_descales(q_descale=q_descale, **(dict(k_descale=k_descale, v_descale=v_descale) if kv16 else {}))
+    q_descale = None
+    if kv16:
+        k_descale = v_descale = None
     if paged:
         from flashtune.runtime.kvcache import paged_varlen
 
@@ -259,9 +265,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                                 block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale,
                                 window_size, softcap, sinks, alibi_slopes, num_splits)
         return _pack(out, lse, return_lse, return_attn_probs)
-    if k_descale is not None or v_descale is not None:
-        fail("k_descale / v_descale are for an e4m3 paged KV cache (with block_table); packed varlen k and v "
-             "are 16-bit: pass None")
     if out is not None:
         fail("out= is served with a paged cache (block_table) here; drop it, or use the returned tensor")
     if num_splits > 1:
