@@ -180,6 +180,25 @@ def test_paged_cache(page_size, causal, seqlen_q, splits):
     check(out, lse, q, kc, vc, seqlens, table, causal)
 
 
+@pytest.mark.parametrize("page_size", [32, 48, 128, 512])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_the_other_page_sizes(page_size, hdim):
+    """Pages of a multiple of 16 beside the grid's: 32 (whole tiles of 32 keys, row gathers under
+    64-key tiles), 48 (not a multiple of either: gathered), 128 and 512 (whole tiles, 512 the largest)."""
+    q, kc, vc, seqlens, table = make_case(3, 1, 32, 8, hdim, torch.bfloat16, 1300, page_size, seqlens=[1300, 5, 777],
+                                          seed=page_size)
+    out, lse = kv_call(q, kc, vc, seqlens, table, False, 0)
+    check(out, lse, q, kc, vc, seqlens, table, False)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_a_paged_fp16_cache(page_size):
+    q, kc, vc, seqlens, table = make_case(2, 4, 32, 8, 128, torch.float16, 900, page_size, seqlens=[900, 130],
+                                          seed=page_size + 1)
+    out, lse = kv_call(q, kc, vc, seqlens, table, True, 3)
+    check(out, lse, q, kc, vc, seqlens, table, True)
+
+
 @pytest.mark.parametrize("hdim", [64, 256])
 def test_paged_other_head_dims(hdim):
     q, kc, vc, seqlens, table = make_case(2, 1, 16, 2, hdim, torch.bfloat16, 600, 16, seqlens=[600, 33])
