@@ -155,3 +155,31 @@ def test_the_trained_model_rows_add_task_accuracy_and_fp32_agreement(monkeypatch
     assert "held-out recall accuracy" in shown and "recall acc" in shown and "top-1 vs fp32" in shown
     with pytest.raises(ValueError, match="--layers does not apply"):
         model_bench.run_model_bench("recall", ["eager"], prefill=[48], layers=1, device="cpu")
+
+
+def test_fp32_math_out_of_memory_leaves_the_rows_and_says_so(monkeypatch, tmp_path):
+    """The trained model's fp32 comparison runs beside every row; out of memory there (the longest
+    prompts) is each row's status, not the run's end."""
+    import torch
+
+    from flashtune.measure import recall_model
+
+    monkeypatch.setenv("FLASHTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(model_bench, "RECALL_RECIPE", recall_model.Recipe(
+        task=recall_model.RecallTask(keys=16, values=16), layers=2, hidden=64, heads=1, kv_heads=1,
+        intermediate=128, stages=(recall_model.Stage(64, 32, 30),), warmup=10))
+    real = model_bench._fp32_logits
+
+    def fp32_logits_out_of_memory_at_96(subject, ids, keep):
+        if ids.shape[1] == 96:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(subject, ids, keep)
+
+    monkeypatch.setattr(model_bench, "_fp32_logits", fp32_logits_out_of_memory_at_96)
+    result = model_bench.run_model_bench("recall", ["eager", "sdpa-math"], prefill=[48, 96], batch=1,
+                                         decode_steps=3, dtype="float32", repeats=1, device="cpu")
+    assert [(r.prefill, r.status) for r in result.rows] == [
+        (48, "ok"), (48, "ok"),
+        (96, "ok; no fp32 comparison: fp32 math out of memory at 96 tokens"),
+        (96, "ok; no fp32 comparison: fp32 math out of memory at 96 tokens")]
+    assert all(r.fp32_top1_agreement is None for r in result.rows[2:]) and result.rows[2].ttft_ms > 0
