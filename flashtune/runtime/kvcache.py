@@ -376,8 +376,8 @@ def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_
             fail(f"cache_seqlens {keys} must be within the capacity {capacity}")
         cache_seqlens = torch.full((batch,), keys, dtype=torch.int32, device=q.device)
     out, lse = paged_varlen(q, k_cache, v_cache, cu_seqlens_q, None, max_seqlen_q, None, cache_seqlens, block_table,
-                            scale_for(softmax_scale, q.shape[-1]), causal, None, return_softmax_lse, k_descale, v_descale, window_size, softcap, sinks,
-                            alibi_slopes, num_splits)
+                            scale_for(softmax_scale, q.shape[-1]), causal, None, return_softmax_lse, k_descale,
+                            v_descale, window_size, softcap, sinks, alibi_slopes, num_splits)
     return (out, lse) if return_softmax_lse else out
 
 

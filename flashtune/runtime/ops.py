@@ -236,8 +236,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     sinks), fa_version (2 or 3: the same kernels), window_size None (unbounded); scheduler_metadata
     must be None. An e4m3 paged cache takes k_descale / v_descale of shape (batch, heads_kv)
     (vLLM's FP8 KV cache); q stays 16-bit. Descales handed with 16-bit operands (vLLM's ones) must
-    be 1, read on the host with the call's index values. Packed keys (no block_table) need cu_seqlens_k and
-    max_seqlen_k, and run unsplit (num_splits 0 or 1).
+    be 1, read on the host with the call's index values. Packed keys (no block_table) need
+    cu_seqlens_k and max_seqlen_k, and run unsplit (num_splits 0 or 1).
     """
     paged = block_table is not None or seqused_k is not None
     check_unsupported(dropout_p)
