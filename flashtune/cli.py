@@ -614,10 +614,8 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
 
         if len(dtypes or ()) > 1:
             raise click.BadParameter("one dtype with --model", param_hint="--dtypes")
-        if len(batches or ()) > 1:
-            raise click.BadParameter("one batch size with --model", param_hint="--batches")
         result = bench.run_model_bench(model_name, bench.backend_names(backends), prefill or [1024, 4096, 16384],
-                                       batch=(batches or [1])[0], decode_steps=decode_steps, layers=layers,
+                                       batch=list(batches or [1]), decode_steps=decode_steps, layers=layers,
                                        dtype=(dtypes or ["bfloat16"])[0], checkpoint=_checkpoint(json_out),
                                        progress=lambda message: console.print(message, highlight=False))
     elif decode:

@@ -116,7 +116,6 @@ REFUSED = [
     (("--train-steps", "50"), "--train-steps: not an option of the prefill grid (only of bench --train)"),
     (("--train", "--dtypes", "float16"), "--train trains in bf16 autocast"),
     (("--train", "--backends", "flash-attn3"), "known with --train"),
-    (("--model", "llama3-8b-like", "--batches", "1,2"), "one batch size with --model"),
     (("--json", "--csv", "-"), "both write to stdout"),
 ]
 

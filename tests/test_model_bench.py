@@ -36,6 +36,26 @@ def test_model_bench_rows_and_consistency(tiny_config):
     assert rows[0].max_abs_logit_diff == 0.0  # the first backend against itself
 
 
+def test_several_batch_sizes_in_one_run_each_compared_at_its_own_batch(tiny_config, tmp_path):
+    """Issue 34's batch 1 and 16 in one run: each prefill length at each batch size, each compared
+    with the first backend at the same batch; the table and the plot tell the batches apart."""
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[24, 40], batch=[1, 3],
+                                         decode_steps=4, dtype="float32", repeats=1, device="cpu")
+    assert [(r.prefill, r.batch, r.backend) for r in result.rows] == [
+        (24, 1, "eager"), (24, 1, "sdpa-math"), (24, 3, "eager"), (24, 3, "sdpa-math"),
+        (40, 1, "eager"), (40, 1, "sdpa-math"), (40, 3, "eager"), (40, 3, "sdpa-math")]
+    for r in result.rows:
+        assert r.status == "ok" and len(r.greedy_identical) == r.batch and r.decode_tok_s > 0, r
+        assert r.vs == "eager" and r.top1_agreement == 1.0
+    from rich.console import Console
+
+    console = Console(record=True, width=400)
+    model_bench.render(result, console)
+    assert "batch" in console.export_text()
+    model_bench.plot(result, str(tmp_path / "batches.png"))
+    assert (tmp_path / "batches.png").stat().st_size > 10_000
+
+
 def test_a_backend_that_cannot_run_is_reported_not_fatal(tiny_config):
     # flashtune needs a CUDA GPU; on the CPU its row says why and the others still run.
     result = model_bench.run_model_bench(tiny_config, ["eager", "flashtune"], prefill=[16], batch=1,

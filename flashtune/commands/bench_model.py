@@ -324,7 +324,7 @@ def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed:
     return _Subject(model, shape, task_prompts, recipe.task, fp32, training)
 
 
-def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int = 1,
+def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int | list[int] = 1,
                     decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
                     repeats: int = 3, device: str = "cuda", seed: int = 0,
                     checkpoint: Callable[[ModelBenchResult], None] | None = None,
@@ -335,9 +335,11 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     prefill and of a decode step, and consistency with the first backend (and, for the trained
     model, its task accuracy and agreement with fp32 math). `checkpoint` gets the result after
     each row (bench --out writes it: a long run keeps what it measured); a backend out of memory
-    at a length is that row's status, and the run goes on."""
+    at a length is that row's status, and the run goes on. `batch`: one batch size or several, each
+    length run at each (rows in that order, each compared with the first backend at its own batch)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    batches = [batch] if isinstance(batch, int) else list(batch)
     subject = _subject(model_name, layers, dtype, device, seed, progress)
     model, shape = subject.model, subject.shape
     cuda = device.startswith("cuda")
@@ -345,91 +347,93 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                               training=subject.training)
     first = {}
     for length in prefill:
-        ids = subject.prompts(batch, length)
-        keep = consistency_positions(length, shape.vocab)
-        fp32_logits, fp32_missing = None, None
-        if subject.fp32 is not None:
-            try:
-                fp32_logits = _fp32_logits(subject, ids, keep)
-            except torch.cuda.OutOfMemoryError:  # every backend's row still runs; each says what is missing
-                fp32_missing = f"ok; no fp32 comparison: fp32 math out of memory at {length} tokens"
-                if cuda:
-                    torch.cuda.empty_cache()
-        for name in backends:
-            impl, sdpa_backend = MODEL_BACKENDS[name]
-            row = ModelRow(name, length, batch)
-            context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
-            try:
-                model.set_attn_implementation(impl)
-                with context(), torch.no_grad():
-                    ttfts = []
-                    for _ in range(repeats):
-                        if cuda:
-                            torch.cuda.empty_cache()
-                            torch.cuda.reset_peak_memory_stats()
-                        _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
-                                            device)
-                        ttfts.append(seconds)
-                    if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
-                        row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-                    flash = name not in NON_FLASH_BACKENDS
-                    predicted = accounts(shape, batch, length, dtype).total(flash=flash)
-                    row.predicted_peak_mb = round(predicted / 2**20, 1)
-                    row.ttft_ms = 1e3 * statistics.median(ttfts)
-                    logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
-                    try:
-                        tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
-                                                                       profile_backend=name if cuda else None)
-                        row.decode_tok_s = batch / max(step_seconds, 1e-9)
-                    except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
-                        if not sdpa_backend:     # static cache needs; any other failure is the row's status
-                            raise
-                        tokens, profiled = None, None
-                        row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                    if profiled:
-                        attention, total = profiled
-                        row.decode_attention_share = attention / total if total else None
-                        kv_bytes = accounts(shape, batch, length, dtype).kv_cache
-                        row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
-                    host_seconds: list[float] = []
-                    with _decode_attention_host_time(model, impl, host_seconds):
-                        generated, gen_seconds = _timed(lambda: model.generate(
-                            ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
-                    if host_seconds:
-                        row.attention_host_us = 1e6 * statistics.median(host_seconds)
-                    row.generate_tok_s = batch * (decode_steps - 1) / max(gen_seconds - statistics.median(ttfts), 1e-9)
+        for batch in batches:
+            ids = subject.prompts(batch, length)
+            keep = consistency_positions(length, shape.vocab)
+            fp32_logits, fp32_missing = None, None
+            if subject.fp32 is not None:
+                try:
+                    fp32_logits = _fp32_logits(subject, ids, keep)
+                except torch.cuda.OutOfMemoryError:  # every backend's row still runs; each says what is missing
+                    fp32_missing = f"ok; no fp32 comparison: fp32 math out of memory at {length} tokens"
                     if cuda:
-                        row.attention_share = _attention_share(model, ids, name)
-            except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
-                row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
-                _add(result, row, checkpoint, free=cuda)
-                continue
-            except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
-                row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
-                _add(result, row, checkpoint, free=cuda)
-                continue
-            if tokens is None:  # the row's greedy tokens are generate's
-                tokens = generated[:, length:]
-            elif not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
-                row.status = "ok; generate and the static-cache loop chose different tokens"
-            if length not in first:
-                first[length] = (name, logits.cpu(), tokens)
-            ref = first[length]
-            row.vs = ref[0]
-            try:
-                row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
-                if fp32_logits is not None:
-                    row.fp32_max_abs_logit_diff, row.fp32_top1_agreement = _consistency(logits, fp32_logits, device)
-                    row.recall_accuracy = _recall_accuracy(logits, ids, subject.task, keep)
-            except torch.cuda.OutOfMemoryError:  # the timings stand; the comparison says why it is missing
-                row.status = "ok; consistency not computed: out of memory comparing the logits"
-                torch.cuda.empty_cache()
-            row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
-            if fp32_missing and row.status == "ok":
-                row.status = fp32_missing
-            del logits
-            _add(result, row, checkpoint)
-        first.pop(length, None)  # the next length has its own reference
+                        torch.cuda.empty_cache()
+            for name in backends:
+                impl, sdpa_backend = MODEL_BACKENDS[name]
+                row = ModelRow(name, length, batch)
+                context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+                try:
+                    model.set_attn_implementation(impl)
+                    with context(), torch.no_grad():
+                        ttfts = []
+                        for _ in range(repeats):
+                            if cuda:
+                                torch.cuda.empty_cache()
+                                torch.cuda.reset_peak_memory_stats()
+                            _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
+                                                device)
+                            ttfts.append(seconds)
+                        if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
+                            row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                        flash = name not in NON_FLASH_BACKENDS
+                        predicted = accounts(shape, batch, length, dtype).total(flash=flash)
+                        row.predicted_peak_mb = round(predicted / 2**20, 1)
+                        row.ttft_ms = 1e3 * statistics.median(ttfts)
+                        logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
+                        try:
+                            tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
+                                                                           profile_backend=name if cuda else None)
+                            row.decode_tok_s = batch / max(step_seconds, 1e-9)
+                        except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
+                            if not sdpa_backend:     # static cache needs; any other failure is the row's status
+                                raise
+                            tokens, profiled = None, None
+                            row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
+                        if profiled:
+                            attention, total = profiled
+                            row.decode_attention_share = attention / total if total else None
+                            kv_bytes = accounts(shape, batch, length, dtype).kv_cache
+                            row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
+                        host_seconds: list[float] = []
+                        with _decode_attention_host_time(model, impl, host_seconds):
+                            generated, gen_seconds = _timed(lambda: model.generate(
+                                ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                        if host_seconds:
+                            row.attention_host_us = 1e6 * statistics.median(host_seconds)
+                        decode_seconds = gen_seconds - statistics.median(ttfts)
+                        row.generate_tok_s = batch * (decode_steps - 1) / max(decode_seconds, 1e-9)
+                        if cuda:
+                            row.attention_share = _attention_share(model, ids, name)
+                except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
+                    row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
+                    _add(result, row, checkpoint, free=cuda)
+                    continue
+                except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
+                    row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
+                    _add(result, row, checkpoint, free=cuda)
+                    continue
+                if tokens is None:  # the row's greedy tokens are generate's
+                    tokens = generated[:, length:]
+                elif not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
+                    row.status = "ok; generate and the static-cache loop chose different tokens"
+                if (length, batch) not in first:
+                    first[length, batch] = (name, logits.cpu(), tokens)
+                ref = first[length, batch]
+                row.vs = ref[0]
+                try:
+                    row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
+                    if fp32_logits is not None:
+                        row.fp32_max_abs_logit_diff, row.fp32_top1_agreement = _consistency(logits, fp32_logits, device)
+                        row.recall_accuracy = _recall_accuracy(logits, ids, subject.task, keep)
+                except torch.cuda.OutOfMemoryError:  # the timings stand; the comparison says why it is missing
+                    row.status = "ok; consistency not computed: out of memory comparing the logits"
+                    torch.cuda.empty_cache()
+                row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
+                if fp32_missing and row.status == "ok":
+                    row.status = fp32_missing
+                del logits
+                _add(result, row, checkpoint)
+            first.pop((length, batch), None)  # the next length or batch has its own reference
     return result
 
 
@@ -465,18 +469,21 @@ def _add(result: ModelBenchResult, row: ModelRow, checkpoint, free: bool = False
 # ---------------------------------------------------------------------------- how it is shown
 
 def plot(result: ModelBenchResult, path: str) -> None:
-    """`bench --model`: TTFT, decode tokens/s and peak memory against prefill length per backend."""
+    """`bench --model`: TTFT, decode tokens/s and peak memory against prefill length per backend (and
+    batch size, where the run had several)."""
     plt = pyplot()
     panels = (("ttft_ms", "time to first token (ms)"), ("decode_tok_s", "decode tokens/s"),
               ("peak_mem_mb", "prefill peak memory (MB)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    backends = list(dict.fromkeys(r.backend for r in result.rows))
+    lines = list(dict.fromkeys((r.backend, r.batch) for r in result.rows))
+    several = len({batch for _, batch in lines}) > 1
     for ax, (key, label) in zip(axes.flat, panels):
-        for backend in backends:
+        for backend, batch in lines:
             points = sorted((r.prefill, getattr(r, key)) for r in result.rows
-                            if r.backend == backend and getattr(r, key) is not None)
+                            if (r.backend, r.batch) == (backend, batch) and getattr(r, key) is not None)
             style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
+            ax.plot([p[0] for p in points], [p[1] for p in points],
+                    label=f"{backend}, batch {batch}" if several else backend, **style)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prefill length")
         ax.set_title(label)
@@ -491,7 +498,7 @@ TASK_ACCURACY_BAR = 0.95  # issue 34: a model that solves its task has confident
 
 
 def render(result: ModelBenchResult, console: Console) -> None:
-    """`bench --model`: one line per (prefill length, backend); the trained model's columns
+    """`bench --model`: one line per (prefill length, batch, backend); the trained model's columns
     (task accuracy, agreement with fp32 math) only when it ran."""
     trained = any(r.recall_accuracy is not None for r in result.rows)
     title = (f"flashtune bench --model {result.model} ({result.layers} layers, {result.dtype}, "
@@ -510,7 +517,7 @@ def render(result: ModelBenchResult, console: Console) -> None:
     if trained:
         columns += [("recall acc", "recall_accuracy", ".2%"), ("top-1 vs fp32", "fp32_top1_agreement", ".2%"),
                     ("max |dlogit| fp32", "fp32_max_abs_logit_diff", ".3g")]
-    for heading in ("prefill", "backend", *(c[0] for c in columns), "vs", "greedy same", "status"):
+    for heading in ("prefill", "batch", "backend", *(c[0] for c in columns), "vs", "greedy same", "status"):
         table.add_column(heading, justify="left" if heading in ("backend", "vs", "status") else "right",
                          overflow="fold")
 
@@ -519,7 +526,8 @@ def render(result: ModelBenchResult, console: Console) -> None:
 
     for r in result.rows:
         greedy = r.greedy_identical
-        table.add_row(str(r.prefill), r.backend, *(num(r, key, fmt) for _, key, fmt in columns), r.vs or "-",
+        table.add_row(str(r.prefill), str(r.batch), r.backend, *(num(r, key, fmt) for _, key, fmt in columns),
+                      r.vs or "-",
                       f"{sum(greedy)}/{len(greedy)}" if greedy else "-",
                       r.status if r.status == "ok" else f"[yellow]{r.status}[/]")
     console.print(table)
