@@ -65,6 +65,18 @@ def test_a_backend_that_cannot_run_is_reported_not_fatal(tiny_config):
     assert ours.status.startswith("unavailable:") and "cuda" in ours.status.lower()
 
 
+def test_flash_attn2_is_a_row_where_it_imports_and_says_why_where_it_does_not(tiny_config):
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed here: its row runs (on a GPU)")
+    result = model_bench.run_model_bench(tiny_config, ["eager", "flash-attn2"], prefill=[16], batch=1,
+                                         decode_steps=3, dtype="bfloat16", repeats=1, device="cpu")
+    eager, fa2 = result.rows
+    assert eager.status == "ok" and fa2.backend == "flash-attn2"
+    assert fa2.status.startswith("unavailable:") and "FlashAttention2" in fa2.status
+
+
 def test_builtin_shapes_know_their_architecture():
     from flashtune.commands.memory import MODELS
 

@@ -40,6 +40,7 @@ MODEL_BACKENDS = {
     "sdpa-efficient": ("sdpa", "EFFICIENT_ATTENTION"),
     "sdpa-math": ("sdpa", "MATH"),
     "eager": ("eager", None),
+    "flash-attn2": ("flash_attention_2", None),  # transformers' FlashAttention-2 route, where flash_attn imports
 }
 # Backends that materialise the score matrix (`flashtune memory`'s quadratic account).
 NON_FLASH_BACKENDS = ("sdpa-math", "eager")
@@ -48,9 +49,10 @@ NON_FLASH_BACKENDS = ("sdpa-math", "eager")
 ATTENTION_KERNELS = {
     "flashtune": r"^flashtune_", "sdpa": r"flash_fwd|cudnn|fprop|fmha|cutlassF|softmax", "sdpa-flash": r"flash_fwd",
     "sdpa-cudnn": r"cudnn|fprop", "sdpa-efficient": r"fmha|cutlassF", "sdpa-math": r"softmax", "eager": r"softmax",
+    "flash-attn2": r"flash_fwd",
 }
 
-DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager")
+DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager", "flash-attn2")
 TRAINED_MODEL = "recall"  # --model recall: the model the bench trains (flashtune/measure/recall_model.py)
 RECALL_RECIPE = None  # None: recall_model.Recipe()
 
@@ -408,7 +410,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
                     _add(result, row, checkpoint, free=cuda)
                     continue
-                except (RuntimeError, ValueError) as e:  # a backend that refuses this model or shape
+                except (RuntimeError, ValueError, ImportError) as e:  # a backend that refuses this model or shape,
+                # or is not installed (flash-attn2 without flash_attn)
                     row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
                     _add(result, row, checkpoint, free=cuda)
                     continue
