@@ -48,6 +48,24 @@ def test_a_v_head_dim_unlike_qks_is_checked():
     _raises(r"a V head dim \(128\) unlike Q/K's \(192\) is forward-only", flash_attn_func, q, k, v128)
 
 
+@pytest.mark.parametrize("hdim", [100, 264, 24])
+def test_a_head_dim_that_is_not_served_says_so_before_anything_else(hdim):
+    q = torch.zeros(1, 16, 4, hdim, dtype=torch.bfloat16)
+    _raises(f"q's head dim {hdim} is not served: head dims are multiples of 8 from 32 to 256", flash_attn_func, q, q, q)
+    packed = torch.zeros(16, 4, hdim, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    _raises(f"q's head dim {hdim} is not served", flash_attn_varlen_func, packed, packed, packed, cu, cu, 16, 16)
+
+
+def test_s_aux_is_the_sinks_under_vllms_name():
+    q, k, v = _qkv()
+    _raises("sinks and s_aux are the same argument", flash_attn_func, q, k, v, sinks=torch.zeros(4),
+            s_aux=torch.zeros(4))
+    _raises(r"sinks must be a float tensor of shape \(heads_q,\) = \(4,\)", flash_attn_func, q, k, v,
+            s_aux=torch.zeros(3))
+    _raises("on cpu", flash_attn_func, q, k, v, s_aux=torch.zeros(4))  # taken: the device is checked last
+
+
 def test_strides_and_alignment():
     q, k, v = _qkv()
     _raises("contiguous last dimension", flash_attn_func, q.transpose(-1, -2), k, v)

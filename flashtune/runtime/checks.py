@@ -75,6 +75,10 @@ def check_tensors(q, k, v, varlen: bool) -> None:
                   + ("; q and k may also be torch.float8_e4m3fn (with q_descale/k_descale)" if fp8_ok else "")
                   + ("; FP8 q/k go through flash_attn_func, not the varlen one" if varlen and name != "v"
                      and t.dtype == FP8 else ""))
+        # q's head dim before its strides, which an odd one fails too (k shares it; v's: below)
+        if name == "q" and t.stride(-1) == 1 and computed_head_dim(t.shape[-1]) is None:
+            fail(f"{name}'s head dim {t.shape[-1]} is not served: head dims are multiples of 8 from {MIN_HEAD_DIM} "
+                 f"to {MAX_HEAD_DIM}")
         check_strides(name, t)
     if q.dtype == FP8 or k.dtype == FP8:
         if q.dtype != k.dtype:

@@ -173,7 +173,7 @@ def _forward(q, k, v, *args, grad: bool):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False, sinks=None):
+                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False, sinks=None, s_aux=None):
     """Attention over (batch, seqlen, heads, head_dim) tensors, as flash_attn.flash_attn_func.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal masks bottom-right
@@ -193,13 +193,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     Variants (every kernel family has them): window_size=(left, right) bottom-right aligned (-1:
     unbounded; key blocks outside every row's window are skipped), softcap (scores = softcap x
-    tanh(scores / softcap)), sinks (heads,) float: one logit per query head joining every row's
-    softmax (gpt-oss's, vLLM's), alibi_slopes (heads,) or (batch, heads) float32 (flash_attn's:
+    tanh(scores / softcap)), sinks (heads,) float (or s_aux, vLLM's name): one logit per query head
+    joining every row's softmax (gpt-oss's, vLLM's), alibi_slopes (heads,) or (batch, heads) float32 (flash_attn's:
     -slope x |i + seqlen_k - seqlen_q - j|; flash_attn 2's causal kernels add +slope x j instead,
     the same output with each row's LSE offset by its own slope x position).
     """
     check_unsupported(dropout_p)
     check_tensors(q, k, v, varlen=False)
+    sinks = sinks_or_s_aux(sinks, s_aux)
     var = check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     scale = scale_for(softmax_scale, q.shape[-1])
     check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
