@@ -466,6 +466,17 @@ def test_vllms_call_with_its_own_keywords(splits):
     check_packed(out, None, q, cu_q, lens_q, lens_k, kc, vc, table, causal=True)
 
 
+def test_descales_other_than_1_beside_a_16_bit_cache_are_refused():
+    """vLLM's descales with a 16-bit paged cache are read with the index values: 1 is taken (above),
+    anything else refused."""
+    q_all, kc, vc, seqlens, table = make_case(2, 1, 32, 8, 128, torch.bfloat16, 64, 16, seqlens=[64, 5])
+    cu_q = torch.tensor([0, 1, 2], device=DEV, dtype=torch.int32)
+    with pytest.raises(flashtune.FlashtuneInputError, match="v_descale scales FP8 operands"):
+        flashtune.flash_attn_varlen_func(q=q_all[:, 0], k=kc, v=vc, cu_seqlens_q=cu_q, max_seqlen_q=1,
+                                         seqused_k=seqlens, max_seqlen_k=64, block_table=table,
+                                         v_descale=torch.full((2, 8), 0.5, device=DEV))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_sglangs_call(causal, page_size):

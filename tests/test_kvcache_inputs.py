@@ -96,7 +96,6 @@ def test_vllms_paged_varlen_call_checks_its_inputs(overrides, message):
     (dict(max_seqlen_q=None), "max_seqlen_q is required"),
     (dict(seqused_k=None, cu_seqlens_k=torch.tensor([0, 3, 64], dtype=torch.int32), max_seqlen_k=None),
      "cu_seqlens_k needs max_seqlen_k"),
-    (dict(k_descale=torch.full((2, 8), 2.0)), "k_descale scales FP8 operands; with 16-bit ones, as here, it must be 1"),
     (dict(q_descale=torch.ones(2, 8, dtype=torch.int32)), "q_descale must be a float tensor"),
     (dict(q_descale=torch.ones(1).expand(2, 8), k_descale=torch.ones(1).expand(2, 8),
           v_descale=torch.ones(1).expand(2, 8)), "on cpu"),  # vLLM's ones: taken; the device last
@@ -104,6 +103,19 @@ def test_vllms_paged_varlen_call_checks_its_inputs(overrides, message):
 def test_vllms_keywords_are_checked(overrides, message):
     with pytest.raises(flashtune.FlashtuneInputError, match=message):
         paged_varlen_call(**overrides)
+
+
+def test_descales_beside_16_bit_operands_must_be_1():
+    """Read on the host: with packed keys before anything else (the paged call reads them with its
+    index values, after the device check: tests/test_kvcache_gpu.py)."""
+    q, k = torch.zeros(5, 4, 64, dtype=BF16), torch.zeros(7, 4, 64, dtype=BF16)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
+    with pytest.raises(flashtune.FlashtuneInputError, match="k_descale scales FP8 operands; with 16-bit ones, as "
+                                                            "here, it must be 1"):
+        flashtune.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 4, k_descale=torch.full((2, 4), 2.0))
+    with pytest.raises(flashtune.FlashtuneInputError, match="on cpu"):  # ones: taken
+        flashtune.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 4, q_descale=torch.ones(2, 4),
+                                         k_descale=torch.ones(2, 4), v_descale=torch.ones(2, 4))
 
 
 def test_packed_keys_name_what_they_need():

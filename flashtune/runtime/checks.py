@@ -151,21 +151,30 @@ def check_engine_args(scheduler_metadata=None, fa_version=None) -> None:
         fail(f"fa_version={fa_version!r}: vLLM's FlashAttention versions are 2 and 3 (flashtune serves both)")
 
 
-def check_unit_descales(**descales) -> None:
+def unit_descale_flags(**descales) -> dict[str, torch.Tensor]:
     """Descales handed with 16-bit operands, as vLLM's wrapper hands them (ones; FlashAttention-3 reads
-    descales only for FP8 operands): each a float tensor whose values are 1, read on the host (one
-    device sync; not while a graph is captured, nor when trusted, as the index values)."""
+    descales only for FP8 operands): each must be a float tensor (checked here) whose values are 1
+    (returned as {error: flag} for the call's one host read of its device values, read_flags)."""
     given = {name: t for name, t in descales.items() if t is not None}
     for name, t in given.items():
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             fail(f"{name} must be a float tensor, got "
                  + (f"{t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__))
-    if given and device_values_checked():
-        off = torch.stack([(t != 1).any() for t in given.values()]).cpu()
-        for name, hit in zip(given, off.tolist()):
-            if hit:
-                fail(f"{name} scales FP8 operands; with 16-bit ones, as here, it must be 1 (vLLM's default): the "
-                     "descales a KV cache needs come with a torch.float8_e4m3fn cache; an FP8 q: flash_attn_func")
+    return {f"{name} scales FP8 operands; with 16-bit ones, as here, it must be 1 (vLLM's default): the descales "
+            "a KV cache needs come with a torch.float8_e4m3fn cache; an FP8 q: flash_attn_func": (t != 1)
+            for name, t in given.items()}
+
+
+def read_flags(found: dict[str, torch.Tensor]) -> None:
+    """A call's checks of values on the device, read on the host at once (one sync; skipped while a
+    graph is captured, or trusted): the first error whose flag is set anywhere fails."""
+    if not found or not device_values_checked():
+        return
+    names = list(found)
+    hits = torch.stack([found[n].any() for n in names]).cpu()
+    for name, hit in zip(names, hits.tolist()):
+        if hit:
+            fail(name)
 
 
 def sinks_or_s_aux(sinks, s_aux):

@@ -165,8 +165,9 @@ def _rotate(x, cos, sin, interleaved: bool):
 
 
 def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new: int, capacity: int,
-                  batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int) -> None:
-    """The index values, read on the host once (skipped while capturing a graph, or trusted)."""
+                  batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int, more=None) -> None:
+    """The index values, read on the host once (skipped while capturing a graph, or trusted), with
+    the call's `more` {error: flag} checks."""
     if not checks.device_values_checked():
         return
     lens = cache_seqlens.long()
@@ -187,11 +188,7 @@ def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, se
     if seqlen_ro:
         found[f"rotary_cos has {seqlen_ro} positions; the new keys reach position cache_seqlens + seqlen_new"] = \
             end > seqlen_ro
-    names = list(found)
-    bad = torch.stack([found[n].any() for n in names]).cpu()
-    for name, hit in zip(names, bad.tolist()):
-        if hit:
-            fail(name)
+    checks.read_flags(found | (more or {}))
 
 
 def _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size) -> None:
@@ -401,12 +398,14 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_
 
 def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int | None,
                  seqused_k, block_table, scale: float, causal: bool, out, with_lse: bool, k_descale=None,
-                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, num_splits=0):
+                 v_descale=None, window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, num_splits=0,
+                 more_checks=None):
     """flash_attn_varlen_func's paged form, as vLLM calls it: packed queries (total_q, heads,
     head_dim) delimited by cu_seqlens_q, each sequence's keys in pages of k_cache / v_cache
     (num_pages, page_size, heads_kv, head_dim) through block_table, seqused_k keys each (or the
     lengths cu_seqlens_k delimits); `out` written in place when given; an e4m3 cache with k_descale /
-    v_descale (num_seqs, heads_kv), vLLM's; num_splits checked by the caller. Returns (out, lse or None)."""
+    v_descale (num_seqs, heads_kv), vLLM's; num_splits checked by the caller, whose `more_checks`
+    {error: flag} join the index values' one host read. Returns (out, lse or None)."""
     if block_table is None:
         fail("seqused_k is served with a paged cache (block_table); pass block_table, or cu_seqlens_k alone "
              "for packed keys")
@@ -443,7 +442,8 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: 
     checks.check_devices(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                          block_table=block_table, out=out, k_descale=k_descale, v_descale=v_descale, sinks=var.sinks,
                          alibi_slopes=var.alibi)
-    _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0)
+    _check_values(seqused_k, None, None, block_table, 0, capacity, k_cache.shape[0], k_cache.shape[0], page_size, 0,
+                  more_checks)
     profile = active_profile(q.device)
     _check_fp8_profile(profile, q, k_descale is not None)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), int(max_seqlen_q), q.shape[1] // k_cache.shape[2],

@@ -19,8 +19,8 @@ from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
                                       check_engine_args, check_fp8_args, check_num_splits, check_tensors,
-                                      check_unit_descales, check_unsupported, check_variants, fail, needs_grad,
-                                      refuse_broadcast, scale_for, sinks_or_s_aux)
+                                      check_unsupported, check_variants, fail, needs_grad, read_flags,
+                                      refuse_broadcast, scale_for, sinks_or_s_aux, unit_descale_flags)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
@@ -254,7 +254,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     # vLLM's wrapper hands descales with 16-bit operands too (ones), which FlashAttention-3 reads only
     # for FP8 ones: taken where they are 1 (q is always 16-bit here; k and v unless an e4m3 paged cache)
     kv16 = not (isinstance(k, torch.Tensor) and k.dtype == FP8)
-    check_unit_descales(q_descale=q_descale, **(dict(k_descale=k_descale, v_descale=v_descale) if kv16 else {}))
+    unit_descales = unit_descale_flags(q_descale=q_descale,
+                                       **(dict(k_descale=k_descale, v_descale=v_descale) if kv16 else {}))
     q_descale = None
     if kv16:
         k_descale = v_descale = None
@@ -264,8 +265,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         scale = scale_for(softmax_scale, q.shape[-1])
         out, lse = paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                 block_table, scale, causal, out, return_lse or return_attn_probs, k_descale, v_descale,
-                                window_size, softcap, sinks, alibi_slopes, num_splits)
+                                window_size, softcap, sinks, alibi_slopes, num_splits, unit_descales)
         return _pack(out, lse, return_lse, return_attn_probs)
+    read_flags(unit_descales)  # packed keys: cu_seqlens are read as a list, the descales on their own
     if out is not None:
         fail("out= is served with a paged cache (block_table) here; drop it, or use the returned tensor")
     if num_splits > 1:
