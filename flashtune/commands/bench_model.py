@@ -347,96 +347,99 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     cuda = device.startswith("cuda")
     result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps,
                               training=subject.training)
-    first = {}
+
+    def measure(length: int, batch: int) -> None:
+        """Every backend's row at one prefill length and batch size, compared with the first's."""
+        ref = None
+        ids = subject.prompts(batch, length)
+        keep = consistency_positions(length, shape.vocab)
+        fp32_logits, fp32_missing = None, None
+        if subject.fp32 is not None:
+            try:
+                fp32_logits = _fp32_logits(subject, ids, keep)
+            except torch.cuda.OutOfMemoryError:  # every backend's row still runs; each says what is missing
+                fp32_missing = f"ok; no fp32 comparison: fp32 math out of memory at {length} tokens"
+                if cuda:
+                    torch.cuda.empty_cache()
+        for name in backends:
+            impl, sdpa_backend = MODEL_BACKENDS[name]
+            row = ModelRow(name, length, batch)
+            context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+            try:
+                model.set_attn_implementation(impl)
+                with context(), torch.no_grad():
+                    ttfts = []
+                    for _ in range(repeats):
+                        if cuda:
+                            torch.cuda.empty_cache()
+                            torch.cuda.reset_peak_memory_stats()
+                        _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
+                                            device)
+                        ttfts.append(seconds)
+                    if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
+                        row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+                    flash = name not in NON_FLASH_BACKENDS
+                    predicted = accounts(shape, batch, length, dtype).total(flash=flash)
+                    row.predicted_peak_mb = round(predicted / 2**20, 1)
+                    row.ttft_ms = 1e3 * statistics.median(ttfts)
+                    logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
+                    try:
+                        tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
+                                                                       profile_backend=name if cuda else None)
+                        row.decode_tok_s = batch / max(step_seconds, 1e-9)
+                    except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
+                        if not sdpa_backend:     # static cache needs; any other failure is the row's status
+                            raise
+                        tokens, profiled = None, None
+                        row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
+                    if profiled:
+                        attention, total = profiled
+                        row.decode_attention_share = attention / total if total else None
+                        kv_bytes = accounts(shape, batch, length, dtype).kv_cache
+                        row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
+                    host_seconds: list[float] = []
+                    with _decode_attention_host_time(model, impl, host_seconds):
+                        generated, gen_seconds = _timed(lambda: model.generate(
+                            ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                    if host_seconds:
+                        row.attention_host_us = 1e6 * statistics.median(host_seconds)
+                    decode_seconds = gen_seconds - statistics.median(ttfts)
+                    row.generate_tok_s = batch * (decode_steps - 1) / max(decode_seconds, 1e-9)
+                    if cuda:
+                        row.attention_share = _attention_share(model, ids, name)
+            except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
+                row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
+                _add(result, row, checkpoint, free=cuda)
+                continue
+            except (RuntimeError, ValueError, ImportError) as e:  # a backend that refuses this model or shape,
+            # or is not installed (flash-attn2 without flash_attn)
+                row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
+                _add(result, row, checkpoint, free=cuda)
+                continue
+            if tokens is None:  # the row's greedy tokens are generate's
+                tokens = generated[:, length:]
+            elif not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
+                row.status = "ok; generate and the static-cache loop chose different tokens"
+            if ref is None:  # the first backend that ran at this length and batch
+                ref = (name, logits.cpu(), tokens)
+            row.vs = ref[0]
+            try:
+                row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
+                if fp32_logits is not None:
+                    row.fp32_max_abs_logit_diff, row.fp32_top1_agreement = _consistency(logits, fp32_logits, device)
+                    row.recall_accuracy = _recall_accuracy(logits, ids, subject.task, keep)
+            except torch.cuda.OutOfMemoryError:  # the timings stand; the comparison says why it is missing
+                row.status = "ok; consistency not computed: out of memory comparing the logits"
+                torch.cuda.empty_cache()
+            row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
+            if fp32_missing and row.status == "ok":
+                row.status = fp32_missing
+            del logits
+            _add(result, row, checkpoint)
+
     for length in prefill:
         for batch in batches:
-            ids = subject.prompts(batch, length)
-            keep = consistency_positions(length, shape.vocab)
-            fp32_logits, fp32_missing = None, None
-            if subject.fp32 is not None:
-                try:
-                    fp32_logits = _fp32_logits(subject, ids, keep)
-                except torch.cuda.OutOfMemoryError:  # every backend's row still runs; each says what is missing
-                    fp32_missing = f"ok; no fp32 comparison: fp32 math out of memory at {length} tokens"
-                    if cuda:
-                        torch.cuda.empty_cache()
-            for name in backends:
-                impl, sdpa_backend = MODEL_BACKENDS[name]
-                row = ModelRow(name, length, batch)
-                context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
-                try:
-                    model.set_attn_implementation(impl)
-                    with context(), torch.no_grad():
-                        ttfts = []
-                        for _ in range(repeats):
-                            if cuda:
-                                torch.cuda.empty_cache()
-                                torch.cuda.reset_peak_memory_stats()
-                            _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
-                                                device)
-                            ttfts.append(seconds)
-                        if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
-                            row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-                        flash = name not in NON_FLASH_BACKENDS
-                        predicted = accounts(shape, batch, length, dtype).total(flash=flash)
-                        row.predicted_peak_mb = round(predicted / 2**20, 1)
-                        row.ttft_ms = 1e3 * statistics.median(ttfts)
-                        logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
-                        try:
-                            tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
-                                                                           profile_backend=name if cuda else None)
-                            row.decode_tok_s = batch / max(step_seconds, 1e-9)
-                        except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
-                            if not sdpa_backend:     # static cache needs; any other failure is the row's status
-                                raise
-                            tokens, profiled = None, None
-                            row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                        if profiled:
-                            attention, total = profiled
-                            row.decode_attention_share = attention / total if total else None
-                            kv_bytes = accounts(shape, batch, length, dtype).kv_cache
-                            row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
-                        host_seconds: list[float] = []
-                        with _decode_attention_host_time(model, impl, host_seconds):
-                            generated, gen_seconds = _timed(lambda: model.generate(
-                                ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
-                        if host_seconds:
-                            row.attention_host_us = 1e6 * statistics.median(host_seconds)
-                        decode_seconds = gen_seconds - statistics.median(ttfts)
-                        row.generate_tok_s = batch * (decode_steps - 1) / max(decode_seconds, 1e-9)
-                        if cuda:
-                            row.attention_share = _attention_share(model, ids, name)
-                except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
-                    row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
-                    _add(result, row, checkpoint, free=cuda)
-                    continue
-                except (RuntimeError, ValueError, ImportError) as e:  # a backend that refuses this model or shape,
-                # or is not installed (flash-attn2 without flash_attn)
-                    row.status = f"unavailable: {str(e).splitlines()[0][:200]}"
-                    _add(result, row, checkpoint, free=cuda)
-                    continue
-                if tokens is None:  # the row's greedy tokens are generate's
-                    tokens = generated[:, length:]
-                elif not torch.equal(generated[:, length:], tokens):  # two decode loops, one greedy answer
-                    row.status = "ok; generate and the static-cache loop chose different tokens"
-                if (length, batch) not in first:
-                    first[length, batch] = (name, logits.cpu(), tokens)
-                ref = first[length, batch]
-                row.vs = ref[0]
-                try:
-                    row.max_abs_logit_diff, row.top1_agreement = _consistency(logits, ref[1], device)
-                    if fp32_logits is not None:
-                        row.fp32_max_abs_logit_diff, row.fp32_top1_agreement = _consistency(logits, fp32_logits, device)
-                        row.recall_accuracy = _recall_accuracy(logits, ids, subject.task, keep)
-                except torch.cuda.OutOfMemoryError:  # the timings stand; the comparison says why it is missing
-                    row.status = "ok; consistency not computed: out of memory comparing the logits"
-                    torch.cuda.empty_cache()
-                row.greedy_identical = (tokens == ref[2]).all(dim=1).tolist()
-                if fp32_missing and row.status == "ok":
-                    row.status = fp32_missing
-                del logits
-                _add(result, row, checkpoint)
-            first.pop((length, batch), None)  # the next length or batch has its own reference
+            measure(length, batch)
     return result
 
 
