@@ -255,19 +255,48 @@ def test_the_varlen_packed_calls_gradients_reach_the_packed_tensors(causal):
     assert_close_grads([ours[0], *ours[1].unbind(1)], [ref[0], *ref[1].unbind(1)], [lowp[0], *lowp[1].unbind(1)])
 
 
-def test_torch_compile_traces_forward_and_backward_without_graph_breaks():
-    dtype = torch.bfloat16
-    q, k, v = (randn(1, 128, 4, 64, seed=s, dtype=dtype).requires_grad_() for s in (8, 9, 10))
+def compiled_call(name):
+    """A trainable call (flash_attn_<name>), inputs that make it run, and the reference's output from float
+    copies of them: the plain ones, the varlen one (lengths 70 and 58) and the packed ones."""
+    dtype, d = torch.bfloat16, 64
+    cu = cu_seqlens([70, 58])
+    q, k, v = (randn(1, 128, 4, d, seed=s, dtype=dtype) for s in (8, 9, 10))
+    qkv = randn(1, 128, 3, 4, d, seed=11, dtype=dtype)
+    calls = {
+        "func": (lambda q, k, v: flashtune.flash_attn_func(q, k, v, causal=True), (q, k, v),
+                 lambda q, k, v: attention_reference(q, k, v, True)[0]),
+        "varlen_func": (lambda q, k, v: flashtune.flash_attn_varlen_func(q, k, v, cu, cu, 70, 70, causal=True),
+                        (q[0], k[0], v[0]), lambda q, k, v: varlen_reference(q, k, v, cu, cu, True)[0]),
+        "qkvpacked_func": (lambda t: flashtune.flash_attn_qkvpacked_func(t, causal=True), (qkv,),
+                           lambda t: attention_reference(*t.unbind(2), True)[0]),
+        "kvpacked_func": (lambda q, kv: flashtune.flash_attn_kvpacked_func(q, kv, causal=True), (q, qkv[:, :, 1:]),
+                          lambda q, kv: attention_reference(q, *kv.unbind(2), True)[0]),
+        "varlen_qkvpacked_func": (lambda t: flashtune.flash_attn_varlen_qkvpacked_func(t, cu, 70, causal=True),
+                                  (qkv[0],), lambda t: varlen_reference(*t.unbind(1), cu, cu, True)[0]),
+        "varlen_kvpacked_func": (
+            lambda q, kv: flashtune.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 70, 70, causal=True),
+            (q[0], qkv[0, :, 1:]), lambda q, kv: varlen_reference(q, *kv.unbind(1), cu, cu, True)[0]),
+    }
+    return calls[name]
+
+
+@pytest.mark.parametrize("name", ["func", "varlen_func", "qkvpacked_func", "kvpacked_func", "varlen_qkvpacked_func",
+                                  "varlen_kvpacked_func"])
+def test_torch_compile_traces_forward_and_backward_without_graph_breaks(name):
+    """Every trainable call under torch.compile(fullgraph=True) (a graph break raises): its forward and
+    backward in one compiled step, the gradients against the fp32 reference's."""
+    call, inputs, reference = compiled_call(name)
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
 
     @torch.compile(fullgraph=True)
-    def step(q, k, v):
-        return flashtune.flash_attn_func(q, k, v, causal=True).float().square().sum()
+    def step(*leaves):
+        return call(*leaves).float().square().sum()
 
-    step(q, k, v).backward()
-    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    attention_reference(*ref, True)[0].square().sum().backward()
-    for ours, r in zip((q, k, v), ref):
-        assert rel_l2(ours.grad.float(), r.grad) < 2e-2
+    step(*leaves).backward()
+    ref = [t.detach().float().requires_grad_() for t in inputs]
+    reference(*ref).square().sum().backward()
+    for ours, r in zip(leaves, ref):
+        assert rel_l2(ours.grad.float(), r.grad) < 2e-2, name
 
 
 def test_the_backward_kernel_is_the_one_that_runs(monkeypatch):

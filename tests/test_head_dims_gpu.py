@@ -4,6 +4,7 @@ computing at the next built size while reading and writing the head dim's bytes 
 Phi-3-like model (head dim 96) through transformers. Outputs start as NaN."""
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -77,8 +78,11 @@ def test_a_phi3_like_model_with_head_dim_96_generates_like_sdpa():
                                      pad_token_id=None, bos_token_id=None, eos_token_id=None)
     torch.manual_seed(0)
     ref = transformers.Phi3ForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
-    ours = transformers.Phi3ForCausalLM._from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
+    # a config of its own: _from_config sets the attention on the config it is handed
+    ours = transformers.Phi3ForCausalLM._from_config(copy.deepcopy(config), attn_implementation=hf.NAME,
+                                                     torch_dtype=torch.bfloat16)
     ref, ours = ref.cuda().eval(), ours.cuda().eval()
+    assert (ref.config._attn_implementation, ours.config._attn_implementation) == ("sdpa", hf.NAME)
     ours.load_state_dict(ref.state_dict())
     ids = torch.randint(0, 1000, (2, 300), device=DEV)
     with torch.no_grad():

@@ -2,6 +2,7 @@
 with flashtune's real kernel, and agrees with SDPA."""
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -12,7 +13,8 @@ transformers = pytest.importorskip("transformers")
 
 
 def _qwen2_pair():
-    """A small random Qwen2 twice, with the same weights: SDPA's and flashtune's attention."""
+    """A small random Qwen2 twice, with the same weights: SDPA's and flashtune's attention (each from a
+    config of its own: _from_config sets the attention on the config it is handed)."""
     from flashtune import hf
     from flashtune.runtime import ops
 
@@ -22,8 +24,10 @@ def _qwen2_pair():
     torch.manual_seed(0)
     ref = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
     ref = ref.cuda().eval()
-    ours = transformers.Qwen2ForCausalLM._from_config(config, attn_implementation=hf.NAME, torch_dtype=torch.bfloat16)
+    ours = transformers.Qwen2ForCausalLM._from_config(copy.deepcopy(config), attn_implementation=hf.NAME,
+                                                      torch_dtype=torch.bfloat16)
     ours = ours.cuda().eval()
+    assert (ref.config._attn_implementation, ours.config._attn_implementation) == ("sdpa", hf.NAME)
     ours.load_state_dict(ref.state_dict())
     return ref, ours
 

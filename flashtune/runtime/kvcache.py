@@ -378,14 +378,11 @@ def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_
     return (out, lse) if return_softmax_lse else out
 
 
-def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
-                        sinks=None, alibi_slopes=None):
-    """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
-    first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
-    in place (any strides of multiples of 8 elements), the queries the last sq of them:
-    transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
-    checked again (no sync, and a CUDA graph can capture the call)."""
-    var = checks.check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
+def _padded_cache_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
+                         scale: float, causal: bool, window_left: int = -1, window_right: int = -1,
+                         softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                         alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    var = checks.check_variants((window_left, window_right), softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     profile = active_profile(q.device)
     spec = decode_spec(profile, q.dtype, q.shape[-1], bool(causal), q.shape[1], q.shape[2] // k.shape[2], None,
                        variants=var.variants, key_rows=q.shape[0] * k.shape[2] * k.shape[1],
@@ -394,6 +391,30 @@ def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_
                         softmax_scale=scale, num_splits=0, with_lse=False, poison=ops.poison_outputs,
                         policy=profile.decode_split, variant_args=var)
     return out
+
+
+# A custom op, so that torch.compile (transformers compiles a static cache's decode step) traces the
+# call as one node, not into the kernel's selection, build and loading (host work a graph cannot hold).
+_padded_cache_decode_op = torch.library.custom_op("flashtune::padded_cache_decode",
+                                                  mutates_args=())(_padded_cache_decode)
+
+
+@_padded_cache_decode_op.register_fake
+def _(q, k, v, first, end, scale, causal, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
+      alibi_slopes=None):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
+                        sinks=None, alibi_slopes=None):
+    """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
+    first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
+    in place (any strides of multiples of 8 elements), the queries the last sq of them:
+    transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
+    checked again (no sync, and a CUDA graph can capture the call)."""
+    args = (q, k, v, first, end, float(scale), bool(causal), *window_size, float(softcap), sinks, alibi_slopes)
+    plain = type(q) is torch.Tensor and not torch.compiler.is_compiling()  # eager: no dispatch wrapper
+    return (_padded_cache_decode if plain else _padded_cache_decode_op)(*args)
 
 
 def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int | None,
