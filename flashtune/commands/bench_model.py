@@ -116,7 +116,7 @@ def build_model(shape: ModelShape, layers: int | None, dtype: torch.dtype, devic
                         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
                         tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=131072)
     if shape.family == "mistral":
-        config.sliding_window = None  # flashtune has no sliding window; compare like with like
+        config.sliding_window = None  # full attention, as the other families' rows time (flashtune has windows too)
     torch.manual_seed(seed)
     model_cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
                  "mistral": transformers.MistralForCausalLM}[shape.family]
