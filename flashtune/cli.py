@@ -526,7 +526,7 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @profile_option
 @list_option("--seqlens", "--seqlen", "Sequence lengths (default 512,...,16384).")
 @hdims_option("Head dims (default 64,128,256).")
-@list_option("--batches", "--batch", "Batch sizes (default 16384 // seqlen; --model: 1; --decode: 1,8,32,128).")
+@list_option("--batches", "--batch", "Batch sizes (default 16384 // seqlen; --model: 1,16; --decode: 1,8,32,128).")
 @click.option("--heads", type=click.IntRange(min=1), help="Query heads (default 2048 // hdim; --decode: 32).")
 @list_option("--heads-kv", None, "K/V heads for GQA/MQA (default = heads; --decode: 1,8,32).")
 @causal_option
@@ -548,8 +548,9 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
                    "associative recall (once, then cached), whose rows add its task accuracy and agreement with "
                    "fp32 math. Backends: flashtune (prefill and decode), sdpa (its default), sdpa-*, eager.")
 @click.option("--layers", type=click.IntRange(min=1), help="With --model: fewer layers, to fit.")
-@list_option("--prefill", None, "With --model: prompt lengths (default 1024,4096,16384).")
-@click.option("--decode-steps", type=click.IntRange(min=5), default=128, show_default=True,
+@list_option("--prefill", None, "With --model: prompt lengths (default 1024,16384,65536,131072; a row that "
+                                "`flashtune memory` predicts not to fit the GPU is not run, and says so).")
+@click.option("--decode-steps", type=click.IntRange(min=5), default=256, show_default=True,
               help="With --model: greedy tokens generated with the KV cache (the first 4 are not timed: the "
                    "prefill's, the profiled step's, the CUDA graph's warm-up and its first replay).")
 @click.option("--decode", is_flag=True,
@@ -614,8 +615,10 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
 
         if len(dtypes or ()) > 1:
             raise click.BadParameter("one dtype with --model", param_hint="--dtypes")
-        result = bench.run_model_bench(model_name, bench.backend_names(backends), prefill or [1024, 4096, 16384],
-                                       batch=list(batches or [1]), decode_steps=decode_steps, layers=layers,
+        result = bench.run_model_bench(model_name, bench.backend_names(backends),
+                                       list(prefill or bench.DEFAULT_PREFILL),
+                                       batch=list(batches or bench.DEFAULT_BATCHES), decode_steps=decode_steps,
+                                       layers=layers,
                                        dtype=(dtypes or ["bfloat16"])[0], checkpoint=_checkpoint(json_out),
                                        progress=lambda message: console.print(message, highlight=False))
     elif decode:

@@ -217,3 +217,22 @@ def test_fp32_math_out_of_memory_leaves_the_rows_and_says_so(monkeypatch, tmp_pa
         (96, "ok; no fp32 comparison: fp32 math out of memory at 96 tokens"),
         (96, "ok; no fp32 comparison: fp32 math out of memory at 96 tokens")]
     assert all(r.fp32_top1_agreement is None for r in result.rows[2:]) and result.rows[2].ttft_ms > 0
+
+
+def test_a_row_predicted_not_to_fit_is_left_out_and_says_so(tiny_config, monkeypatch):
+    """The default lengths reach 128k: a row whose `flashtune memory` prediction is over the GPU's memory
+    (eager's score matrix at the longer prompt here) is not run, and its status says why; the rows
+    that fit run, and the first of them is the one the others are compared with."""
+    from flashtune.commands.memory import accounts
+
+    shape = model_bench.find_model(tiny_config)
+    eager_40 = accounts(shape, 1, 40, "float32").total(flash=False)
+    assert accounts(shape, 1, 40, "float32").total(flash=True) < eager_40
+    monkeypatch.setattr(model_bench, "device_memory", lambda device: eager_40 - 1)
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa"], prefill=[24, 40], batch=1,
+                                         decode_steps=3, dtype="float32", repeats=1, device="cpu")
+    (e24, s24, e40, s40) = result.rows
+    assert e24.status == s24.status == s40.status == "ok", result.rows
+    assert e40.status.startswith("not run: `flashtune memory` predicts") and e40.ttft_ms is None
+    assert e40.predicted_peak_mb == round(eager_40 / 2**20, 1)
+    assert s40.vs == "sdpa" and s24.vs == "eager"

@@ -53,6 +53,11 @@ ATTENTION_KERNELS = {
 }
 
 DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-math", "eager", "flash-attn2")
+# The defaults: prompts of 1k to 128k tokens (each row that `flashtune memory` predicts to fit) at batch 1
+# and 16, 256 greedy decode steps.
+DEFAULT_PREFILL = (1024, 16384, 65536, 131072)
+DEFAULT_BATCHES = (1, 16)
+DEFAULT_DECODE_STEPS = 256
 TRAINED_MODEL = "recall"  # --model recall: the model the bench trains (flashtune/measure/recall_model.py)
 RECALL_RECIPE = None  # None: recall_model.Recipe()
 
@@ -97,7 +102,7 @@ class ModelBenchResult:
 
 
 def backend_names(names: list[str] | None) -> list[str]:
-    """--backends with --model, checked (default: flashtune, SDPA's flash, cuDNN and math, eager)."""
+    """--backends with --model, checked (default: DEFAULT_MODEL_BACKENDS)."""
     return checked_backends(names, MODEL_BACKENDS, DEFAULT_MODEL_BACKENDS, " with --model")
 
 
@@ -327,7 +332,7 @@ def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed:
 
 
 def run_model_bench(model_name: str, backends: list[str], prefill: list[int], batch: int | list[int] = 1,
-                    decode_steps: int = 128, layers: int | None = None, dtype: str = "bfloat16",
+                    decode_steps: int = DEFAULT_DECODE_STEPS, layers: int | None = None, dtype: str = "bfloat16",
                     repeats: int = 3, device: str = "cuda", seed: int = 0,
                     checkpoint: Callable[[ModelBenchResult], None] | None = None,
                     progress: Callable[[str], None] | None = None) -> ModelBenchResult:
@@ -337,7 +342,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     prefill and of a decode step, and consistency with the first backend (and, for the trained
     model, its task accuracy and agreement with fp32 math). `checkpoint` gets the result after
     each row (bench --out writes it: a long run keeps what it measured); a backend out of memory
-    at a length is that row's status, and the run goes on. `batch`: one batch size or several, each
+    at a length is that row's status, and the run goes on; so is one that `flashtune memory` predicts
+    to need more than the GPU has (not run). `batch`: one batch size or several, each
     length run at each (rows in that order, each compared with the first backend at its own batch)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -345,6 +351,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     subject = _subject(model_name, layers, dtype, device, seed, progress)
     model, shape = subject.model, subject.shape
     cuda = device.startswith("cuda")
+    capacity = device_memory(device)
     result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps,
                               training=subject.training)
 
@@ -365,6 +372,13 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             impl, sdpa_backend = MODEL_BACKENDS[name]
             row = ModelRow(name, length, batch)
             context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+            predicted = accounts(shape, batch, length, dtype).total(flash=name not in NON_FLASH_BACKENDS)
+            row.predicted_peak_mb = round(predicted / 2**20, 1)
+            if predicted > capacity:  # it would run out of memory, maybe after minutes of the backends before it
+                row.status = (f"not run: `flashtune memory` predicts {predicted / 2**30:.1f} GiB, more than the "
+                              f"GPU's {capacity / 2**30:.1f} GiB")
+                _add(result, row, checkpoint)
+                continue
             try:
                 model.set_attn_implementation(impl)
                 with context(), torch.no_grad():
@@ -378,9 +392,6 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                         ttfts.append(seconds)
                     if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
                         row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-                    flash = name not in NON_FLASH_BACKENDS
-                    predicted = accounts(shape, batch, length, dtype).total(flash=flash)
-                    row.predicted_peak_mb = round(predicted / 2**20, 1)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
                     try:
@@ -441,6 +452,11 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
         for batch in batches:
             measure(length, batch)
     return result
+
+
+def device_memory(device: str) -> float:
+    """The bytes a row may predict to need before it is left out: the GPU's memory (no limit on the CPU)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.startswith("cuda") else float("inf")
 
 
 def _fp32_logits(subject: _Subject, ids: torch.Tensor, keep: int) -> torch.Tensor:
