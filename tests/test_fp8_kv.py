@@ -81,6 +81,30 @@ def test_fp8_cache_decode_kernels_are_named_sized_and_refused_where_no_hardware_
     assert not decode_tile_problems(128, DecodeTile(16, 16, 4, 2), get_arch("sm_89"), True)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_89", "sm_120"])
+def test_the_rtx_cards_e4m3_cache_kernels_compile_with_hardware_fp8_conversions(arch):
+    """CI's compile-check of the RTX 4090's and 5090's e4m3-cache decode (the h200-sm80 profile run-tests
+    that code on the H200, where ptxas emulates FP8 conversions): it builds without spills, and its SASS
+    unpacks e4m3 pairs in hardware (F2FP ... E4M3.UNPACK_B) into the 16-bit mma.sync (HMMA)."""
+    import subprocess
+
+    from flashtune.kernels.build import build_spec
+    from flashtune.kernels.toolchain import detect_toolchain
+    from flashtune.runtime.decode import decode_spec
+
+    profile = dataclasses.replace(find_profile("h200"), arch=get_arch(arch), family="sm80")
+    spec = decode_spec(profile, torch.bfloat16, 128, False, 1, 8, None, kv_fp8=True)
+    assert spec.name.endswith(f"_e4m3kv_{arch.replace('_', '')}")
+    result = build_spec(spec)
+    assert result.registers and not result.spill_stores, (result.registers, result.spill_stores)
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    sass = subprocess.run([cuobjdump, "-sass", str(result.library)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"F2FP\.\w+\.E4M3\.UNPACK_B", sass) and "HMMA.16816.F32" in sass
+
+
 def test_profiles_build_fp8_cache_kernels_only_when_asked(tmp_path):
     from flashtune.kernels.decode_spec import decode_specs_for_profile
 
