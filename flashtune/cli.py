@@ -568,6 +568,11 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="The prefill grid's pass: the forward, the backward alone (dq, dk, dv from a kept forward) or "
                    "both; TFLOPS count the backward as 2.5 forwards (FlashAttention's count); the error column "
                    "is dq's.")
+@click.option("--window", type=click.IntRange(min=1), metavar="KEYS",
+              help="The prefill grid's causal cells with a sliding window (Mistral's sliding_window=KEYS: each query "
+                   "sees its own key and the KEYS-1 before it); cells no longer than the window are plain causal. "
+                   "TFLOPS count only the pairs inside the window (flashtune skips the blocks outside; SDPA gets it "
+                   "as a mask, which its flash kernel refuses).")
 @click.option("--train", is_flag=True,
               help="Training instead of the prefill grid: a small Llama-style model (GQA, head dim 64) trained "
                    "from one seed on associative recall with each backend in forward and backward (default sdpa "
@@ -577,7 +582,7 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="With --train: optimizer steps per run (two thirds at 1k tokens, a third at 4k).")
 def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
                   as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
-                  seqlens_q, pages, kv_dtype, pass_name, train, train_steps) -> None:
+                  seqlens_q, pages, kv_dtype, pass_name, window, train, train_steps) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -590,6 +595,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         flashtune bench --decode --hdims 128 --heads-kv 8 --batches 1,32 --caches 16384 --pages 0,64
         flashtune bench --decode --kv-dtype e4m3 --hdims 128 --heads-kv 8 --batches 8 --caches 131072
         flashtune bench --pass fwd+bwd --hdims 64,128 --causal
+        flashtune bench --hdims 128 --seqlens 4096,32768 --batches 1 --window 4096
         flashtune bench --train --train-steps 300 --out train.json --plot train.png
 
     Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
@@ -650,13 +656,16 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         from flashtune.measure.problem import HDIMS, SEQLENS, fa_grid
 
         names = bench.backend_names(backends)
+        if window and causal is False:
+            raise click.BadParameter("a sliding window here is causal; drop --no-causal", param_hint="--window")
         shapes = [shape for dtype in dtypes or ["bfloat16"] for batch in batches or [None]
                   for kv in heads_kv or [None]
                   for shape in fa_grid(seqlens or SEQLENS, hdims or HDIMS, _causal_values(causal), dtype, batch,
-                                       heads, kv)]
+                                       heads, kv, window or 0)]
         with progress_bar("bench", console, len(shapes)) as bar:
             result = bench.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.advance(
-                f"{shape.dtype} hdim {shape.hdim} causal={shape.causal} seqlen {shape.seqlen_q}"),
+                f"{shape.dtype} hdim {shape.hdim} causal={shape.causal}"
+                + (f" window {shape.window}" if shape.window else "") + f" seqlen {shape.seqlen_q}"),
                 checkpoint=_checkpoint(json_out), pass_name=pass_name)
         if csv_path:
             write_text(csv_path, bench.to_csv(result.rows))
@@ -682,7 +691,7 @@ def _checkpoint(json_out: str | None):
 MODE_OPTIONS = {
     "grid": {"seqlens": "--seqlens", "hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv",
              "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv", "batches": "--batches",
-             "pass_name": "--pass"},
+             "pass_name": "--pass", "window": "--window"},
     "decode": {"hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv", "batches": "--batches",
                "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
                "csv_path": "--csv", "kv_dtype": "--kv-dtype"},

@@ -26,6 +26,36 @@ def test_flops_follow_the_fa_convention():
     assert shape.flops == 4 * 32 * 32 * 512 * 512 * 64
 
 
+def test_a_windowed_cell_counts_only_the_pairs_inside_its_window():
+    """Issue 38's bar compares a 4k window on 32k tokens with plain causal 4k: the window's FLOPs are
+    its pairs' (w·s - w²/2 + w/2 a head), a window holding every key is plain causal (the FA count)."""
+    w, s = 4096, 32768
+    assert problem.window_pairs(s, s, w) == w * s - w * w // 2 + w // 2
+    assert problem.attention_flops(1, 2, s, s, 128, True, w) == 4 * 2 * 128 * problem.window_pairs(s, s, w)
+    assert problem.attention_flops(1, 2, w, w, 128, True, w) == problem.attention_flops(1, 2, w, w, 128, True)
+    # bottom-right aligned: 3 queries over 10 keys, a window of 4 sees 4 keys each; one over none sees none
+    assert problem.window_pairs(3, 10, 4) == 12 and problem.window_pairs(5, 3, 2) == 1 + 2 + 2
+    assert problem.window_pairs(40, 40, 7) == sum(min(7, i + 1) for i in range(40))
+
+
+def test_a_window_grid_is_causal_and_windows_only_the_longer_sequences():
+    grid = problem.fa_grid([2048, 4096, 32768], [128], (False, True), batch=1, window=4096)
+    assert [(p.causal, p.seqlen_q, p.window) for p in grid] == [(True, 2048, 0), (True, 4096, 0), (True, 32768, 4096)]
+
+
+def test_sdpas_window_mask_is_the_references_window():
+    from flashtune.measure.backends import window_mask
+    from flashtune.measure.reference import attention_reference
+
+    q, k, v = (torch.randn(1, n, 2, 32, dtype=torch.float64) for n in (9, 20, 20))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=window_mask(9, 20, 5, "cpu")).transpose(1, 2)
+    ref, _ = attention_reference(q, k, v, True, None, (4, 0))
+    assert torch.allclose(sdpa, ref, atol=1e-12)
+    assert Inputs(q, k, v, True, 1.0, window=5).window_size == (4, 0)
+    assert Inputs(q, k, v, True, 1.0).window_size == (-1, -1)
+
+
 def test_fa_grid_keeps_tokens_and_hidden_constant():
     grid = problem.fa_grid()
     assert len(grid) == 6 * 3 * 2

@@ -117,6 +117,8 @@ REFUSED = [
     (("--train", "--dtypes", "float16"), "--train trains in bf16 autocast"),
     (("--train", "--backends", "flash-attn3"), "known with --train"),
     (("--json", "--csv", "-"), "both write to stdout"),
+    (("--decode", "--window", "4096"), "--window: not an option of bench --decode (only of the prefill grid)"),
+    (("--window", "4096", "--no-causal"), "a sliding window here is causal; drop --no-causal"),
 ]
 
 

@@ -66,7 +66,8 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
     backward = pass_name != "fwd"
     if backward:
         inputs = [tuple(t.requires_grad_() for t in qkv) for qkv in inputs]
-    cases = [Inputs(q, k, v, shape.causal, scale) for q, k, v in inputs]
+    cases = [Inputs(q, k, v, shape.causal, scale, shape.window) for q, k, v in inputs]
+    window = cases[0].window_size
     q0, k0, v0 = inputs[0]
     group = shape.heads // shape.heads_kv
     sample_h = min(SAMPLE_HEADS, shape.heads)
@@ -76,10 +77,10 @@ def measure_shape(shape: Problem, backends: list[str], repeats: int, warmup: int
         dout = torch.randn(q0.shape, dtype=q0.dtype, device=q0.device,
                            generator=torch.Generator(device=q0.device).manual_seed(seed + 1000))
         sample_q = sample[0].float().requires_grad_()
-        out, _ = attention_reference(sample_q, *(t.float() for t in sample[1:]), shape.causal, scale)
+        out, _ = attention_reference(sample_q, *(t.float() for t in sample[1:]), shape.causal, scale, window)
         ref = torch.autograd.grad(out, sample_q, dout[:1, :, :sample_h].float())[0]
     else:
-        ref, _ = attention_reference(*sample, shape.causal, scale)
+        ref, _ = attention_reference(*sample, shape.causal, scale, window)
     def first_call(row: BenchRow, run) -> None:  # its peak memory and its error on the sample
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -153,6 +154,7 @@ class BenchRow:
     batch: int
     heads: int
     heads_kv: int
+    window: int = 0  # --window: the causal window's keys (0: none); TFLOPS count the pairs inside it
     ms: float | None = None
     tflops: float | None = None
     peak_mem_mb: float | None = None
@@ -164,13 +166,13 @@ class BenchRow:
     @classmethod
     def empty(cls, backend: str, problem: Problem) -> BenchRow:
         return cls(backend, problem.dtype, problem.hdim, problem.causal, problem.seqlen_q, problem.seqlen_k,
-                   problem.batch, problem.heads, problem.heads_kv)
+                   problem.batch, problem.heads, problem.heads_kv, problem.window)
 
     @property
     def shape_key(self) -> tuple:
         """What identifies the row's problem (everything but the backend and the measurements)."""
         return (self.dtype, self.hdim, self.causal, self.seqlen_q, self.seqlen_k, self.batch, self.heads,
-                self.heads_kv)
+                self.heads_kv, self.window)
 
 
 ROW_KEYS = tuple(f.name for f in fields(BenchRow))  # the JSON and CSV columns
@@ -262,7 +264,8 @@ def shape_table(rows: list[BenchRow], ours: str = "flashtune") -> Table:
         mine = ours_ms.get(r.shape_key)
         ratio = f"{r.ms / mine:.2f}" if (r.ms and mine and r.backend != ours) else ""
         table.add_row(
-            *(r.dtype,) * several_dtypes, str(r.hdim), "yes" if r.causal else "no",
+            *(r.dtype,) * several_dtypes, str(r.hdim),
+            f"window {r.window}" if r.window else "yes" if r.causal else "no",
             str(r.seqlen_q) if r.seqlen_q == r.seqlen_k else f"{r.seqlen_q}/{r.seqlen_k}",
             f"{r.batch}x{r.heads}" + (f"/{r.heads_kv}" if r.heads_kv != r.heads else ""),
             r.backend,
@@ -314,7 +317,7 @@ def plot(result: BenchResult, path: str) -> None:
     panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in result.rows:
         if r.tflops:
-            panels[(r.dtype, r.hdim, r.causal)][r.backend].append((r.seqlen_q, r.tflops))
+            panels[(r.dtype, r.hdim, r.causal, r.window)][r.backend].append((r.seqlen_q, r.tflops))
     keys = sorted(panels)
     if not keys:
         raise ValueError("nothing to plot: no backend produced a timing")
@@ -327,7 +330,8 @@ def plot(result: BenchResult, path: str) -> None:
             style = dict(linewidth=2.5, marker="o") if backend == "flashtune" else dict(marker=".")
             ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{key[0]}, hdim {key[1]}, {'causal' if key[2] else 'non-causal'}")
+        mask = f"causal, window {key[3]}" if key[3] else "causal" if key[2] else "non-causal"
+        ax.set_title(f"{key[0]}, hdim {key[1]}, {mask}")
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOPS")
         ax.grid(alpha=0.3)

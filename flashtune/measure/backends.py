@@ -26,6 +26,12 @@ class Inputs:
     v: torch.Tensor
     causal: bool
     scale: float
+    window: int = 0  # causal: each query sees its own key and the window - 1 before it (0: every key)
+
+    @property
+    def window_size(self) -> tuple[int, int]:
+        """flash_attn's window_size for it: (left, right) keys around each query's own."""
+        return (self.window - 1, 0) if self.window else (-1, -1)
 
 
 Runner = Callable[[], "torch.Tensor"]  # returns output as (batch, seqlen, heads, head_dim)
@@ -42,7 +48,8 @@ def _flashtune(inputs: Inputs, fp8: bool = False) -> Runner:
         descales = {"q_descale": q_descale, "k_descale": k_descale}
 
     def run() -> torch.Tensor:
-        return ops.flash_attn_func(q, k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal, **descales)
+        return ops.flash_attn_func(q, k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal,
+                                   window_size=inputs.window_size, **descales)
 
     from flashtune.kernels.build import BuildError
     from flashtune.kernels.spec import SpecError
@@ -76,6 +83,8 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
             q = inputs.q.transpose(1, 2).contiguous()
             k = inputs.k.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
             v = inputs.v.transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+        # SDPA has no window: a mask of the pairs inside it (which its flash kernel refuses)
+        mask = window_mask(sq, sk, inputs.window, q.device) if inputs.window else None
         if backend_name == "MATH":
             import torch
 
@@ -86,7 +95,8 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
 
         def run() -> torch.Tensor:
             with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=inputs.causal, scale=inputs.scale)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=inputs.causal and mask is None,
+                                                     scale=inputs.scale)
             return out.transpose(1, 2)
 
         try:
@@ -96,6 +106,16 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
         return run
 
     return make
+
+
+def window_mask(seqlen_q: int, seqlen_k: int, window: int, device) -> torch.Tensor:
+    """(seqlen_q, seqlen_k) bool, True where a key is inside a query's causal window (its own key, bottom-right
+    aligned, and the window - 1 before it)."""
+    import torch
+
+    own = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    keys = torch.arange(seqlen_k, device=device)[None, :]
+    return (keys <= own) & (keys > own - window)
 
 
 def imported(module: str, attr: str):
@@ -123,7 +143,9 @@ def tried(call: Callable[[], object]) -> Runner:
 def _flash_attn_module(module: str, attr: str = "flash_attn_func") -> Callable[[Inputs], Runner]:
     def make(inputs: Inputs) -> Runner:
         fn = imported(module, attr)
-        return tried(lambda: fn(inputs.q, inputs.k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal))
+        window = {"window_size": inputs.window_size} if inputs.window else {}
+        return tried(lambda: fn(inputs.q, inputs.k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal,
+                                **window))
 
     return make
 

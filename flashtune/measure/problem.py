@@ -30,10 +30,12 @@ class Problem:
     kv_fp8: bool = False  # verify's KV-cache case: k and v stored in e4m3 (per sequence and KV head descales)
     backward: bool = False  # verify's gradient case: dq, dk, dv through the backward kernel
     name: str = ""  # how a report calls it
+    window: int = 0  # bench --window: causal, each query sees its own key and the window - 1 before it (0: all)
 
     @property
     def flops(self) -> float:
-        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.causal)
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.causal,
+                               self.window)
 
     @property
     def input_bytes(self) -> int:
@@ -41,10 +43,28 @@ class Problem:
         return elem * self.batch * self.hdim * (self.seqlen_q * self.heads + 2 * self.seqlen_k * self.heads_kv)
 
 
-def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool) -> float:
-    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count."""
+def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool,
+                    window: int = 0) -> float:
+    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count. A causal
+    window of fewer keys than the sequence's counts only the query-key pairs inside it (the kernel
+    skips the blocks outside)."""
+    if window and window < seqlen_k:
+        return 4.0 * batch * heads * hdim * window_pairs(seqlen_q, seqlen_k, window)
     flops = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
     return flops / 2 if causal else flops
+
+
+def window_pairs(seqlen_q: int, seqlen_k: int, window: int) -> int:
+    """Query-key pairs of one head under a causal window of `window` keys, bottom-right aligned: query
+    i sees min(window, i + seqlen_k - seqlen_q + 1) keys (none where that is below 1)."""
+    lo, hi = seqlen_k - seqlen_q + 1, seqlen_k  # the keys up to each query's own, first and last query
+    first, last = max(lo, 1), min(hi, window)  # the queries whose count is that number, below the window
+
+    def triangle(n: int) -> int:
+        return n * (n + 1) // 2
+
+    ramp = triangle(last) - triangle(first - 1) if last >= first else 0
+    return ramp + window * max(0, hi - max(lo, window + 1) + 1)
 
 
 def make_inputs(problem: Problem, seed: int):
@@ -63,16 +83,20 @@ def make_inputs(problem: Problem, seed: int):
 
 def fa_grid(seqlens: Iterable[int] = SEQLENS, hdims: Iterable[int] = HDIMS,
             causal: Iterable[bool] = (False, True), dtype: str = "bfloat16", batch: int | None = None,
-            heads: int | None = None, heads_kv: int | None = None) -> list[Problem]:
-    """The FA benchmark grid; batch and heads follow the convention unless given."""
+            heads: int | None = None, heads_kv: int | None = None, window: int = 0) -> list[Problem]:
+    """The FA benchmark grid; batch and heads follow the convention unless given. With a window: its
+    causal cells alone, windowed where the sequence is longer than the window (else plain causal, which
+    a window that holds every key is)."""
     shapes = []
     for hdim in hdims:
         for is_causal in causal:
+            if window and not is_causal:
+                continue
             for s in seqlens:
                 b = batch or max(1, TOKENS_PER_BATCH // s)
                 h = heads or max(1, HIDDEN // hdim)
                 hkv = heads_kv or h
                 if h % hkv:
                     raise ValueError(f"--heads-kv {hkv} must divide --heads {h}")
-                shapes.append(Problem(dtype, hdim, is_causal, s, s, b, h, hkv))
+                shapes.append(Problem(dtype, hdim, is_causal, s, s, b, h, hkv, window=window if window < s else 0))
     return shapes
