@@ -110,8 +110,10 @@ def test_packed_sequences_match_each_sequence_run_alone():
     ("MistralConfig", dict(sliding_window=128)),
     ("Gemma2Config", dict(head_dim=128, sliding_window=128, attn_logit_softcapping=50.0)),
     ("GptOssConfig", dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128)),
-    # MLA: Q/K 192 (128 + 64 rotary), V 128, zero-padded to 256 in prefill and decode
-    ("DeepseekV3Config", dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, kv_lora_rank=128,
+    # MLA: Q/K 192 (128 + 64 rotary), V 128, zero-padded to 256 in prefill and decode; K/V come out of the
+    # latent per query head (transformers' eager and SDPA paths repeat them again below 8 KV heads)
+    ("DeepseekV3Config", dict(num_key_value_heads=8, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                              kv_lora_rank=128,
                               q_lora_rank=192, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
                               n_group=1, topk_group=1)),
 ])
@@ -122,9 +124,10 @@ def test_models_with_windows_softcap_and_sinks_generate_as_close_to_fp32_as_eage
     from flashtune.runtime import ops
 
     ops.use_profile(os.environ.get("FLASHTUNE_PROFILE"))
+    fields = {"num_key_value_heads": 2, **fields}
     config = getattr(transformers, config_name)(vocab_size=1000, hidden_size=512, intermediate_size=1024,
-                                                num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                                                pad_token_id=None, bos_token_id=None, eos_token_id=None, **fields)
+                                                num_hidden_layers=4, num_attention_heads=8, pad_token_id=None,
+                                                bos_token_id=None, eos_token_id=None, **fields)
 
     def build(config, attention, dtype):
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, torch_dtype=dtype)

@@ -119,7 +119,8 @@ def build_model(shape: ModelShape, layers: int | None, dtype: torch.dtype, devic
     config = config_cls(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                         num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                        tie_word_embeddings=shape.tied_embeddings, max_position_embeddings=131072)
+                        tie_word_embeddings=shape.tied_embeddings,
+                        max_position_embeddings=2**18)  # a 128k prompt and its decode steps
     if shape.family == "mistral":
         config.sliding_window = None  # full attention, as the other families' rows time (flashtune has windows too)
     torch.manual_seed(seed)

@@ -110,7 +110,7 @@ class Recipe:
             vocab_size=self.task.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
             num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
             head_dim=self.head_dim, rope_theta=self.rope_theta, tie_word_embeddings=False,
-            max_position_embeddings=131072, bos_token_id=BOS, eos_token_id=None, pad_token_id=None)
+            max_position_embeddings=2**18, bos_token_id=BOS, eos_token_id=None, pad_token_id=None)
 
 
 @dataclass
