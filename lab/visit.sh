@@ -89,6 +89,10 @@
 #   bench-bwd     bench --pass bwd and --pass fwd+bwd, hdim 64/128, beside cuDNN and SDPA flash (issue 37), JSON in $OUT
 #   vdim-tests    tests/test_v_head_dim_gpu.py and the hf MLA/variants model test under h200, 16 workers
 #   train         bench --train: the recall model trained 300 steps with SDPA (twice), flashtune and cuDNN (issue 37's training check)
+#   hf-tests      the transformers GPU tests (tests/test_hf_gpu.py, the Phi-3 one, meta-tensor tracing) under h200,
+#                 judged against fp32 math beside SDPA/eager in bf16 (tests/fp32_agreement.py)
+#   bench-window  bench --window 4096 at hdim 128 on 4k (plain causal) and 32k tokens beside cuDNN and SDPA efficient
+#                 (issue 38's bar: the window's cell at 0.8x the causal 4k cell's TFLOPS or more), JSON in $OUT
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -288,6 +292,11 @@ for step in "$@"; do case $step in
          done ;;
   train) run bench-train 300 python3 -m flashtune bench --profile h200 --train --train-steps 300 \
            --backends sdpa,flashtune,sdpa-cudnn --out "$OUT/bench-train.json" --plot "$OUT/bench-train.png" ;;
+  hf-tests) FLASHTUNE_PROFILE=h200 run hf-tests 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_hf_gpu.py tests/test_compile_tracing.py "tests/test_head_dims_gpu.py::test_a_phi3_like_model_with_head_dim_96_generates_as_close_to_fp32_as_sdpa" ;;
+  bench-window) run bench-window 300 python3 -m flashtune bench --profile h200 --hdims 128 --seqlens 4096,32768 \
+           --batches 1 --heads 16 --window 4096 --backends flashtune,sdpa-cudnn,sdpa-efficient \
+           --out "$OUT/bench-window.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;
