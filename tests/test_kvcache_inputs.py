@@ -206,6 +206,8 @@ def test_sglangs_call_reaches_the_paged_kernels_with_every_argument(monkeypatch)
     (dict(cache_leftpad=torch.zeros(2, dtype=torch.int32)), "cache_leftpad are not served with cu_seqlens_q"),
     (dict(q=torch.zeros(2, 1, 32, 128, dtype=BF16)), "with cu_seqlens_q, q is \\(total_q, heads, head_dim\\)"),
     (dict(cache_seqlens=40), "cache_seqlens 40 must be within the capacity 32"),
+    (dict(q=torch.zeros(5, 32, 128, dtype=BF16, requires_grad=True)), "forward-only"),  # no silent missing grad
+    (dict(q_descale=torch.ones(2, 8)), "q_descale: q stays 16-bit"),
     (dict(cache_seqlens=torch.tensor([3, 32, 1], dtype=torch.int32)), "seqused_k must be an int32 tensor of shape"),
     (dict(), "on cpu"),  # everything else right: the device
 ])

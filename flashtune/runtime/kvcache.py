@@ -243,20 +243,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if block_table is not None:
             fail("page_table and block_table are the same argument (FlashAttention-3's and 2's names): pass one")
         block_table = page_table
-    if cu_seqlens_q is not None:
-        return _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
-                               block_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, num_splits, return_softmax_lse, q_descale, k_descale, v_descale, sinks)
-    if max_seqlen_q is not None:
-        fail("max_seqlen_q goes with cu_seqlens_q (queries of several lengths); q (batch, seqlen_q, heads, "
-             "head_dim) gives its own")
     if checks.needs_grad(q, k_cache, v_cache, k, v):
         fail("flash_attn_with_kvcache is forward-only (inference); run it under torch.no_grad(), or detach the "
              "inputs (flash_attn_func and flash_attn_varlen_func have a backward)")
-    heads_q, batch = (q.shape[2], q.shape[0]) if isinstance(q, torch.Tensor) and q.dim() == 4 else (0, None)
-    var = checks.check_variants(window_size, softcap, sinks, heads_q, alibi_slopes, batch)
     if q_descale is not None:
         fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
+    if cu_seqlens_q is not None:
+        return _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad,
+                               block_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, num_splits, return_softmax_lse, k_descale, v_descale, sinks)
+    if max_seqlen_q is not None:
+        fail("max_seqlen_q goes with cu_seqlens_q (queries of several lengths); q (batch, seqlen_q, heads, "
+             "head_dim) gives its own")
+    heads_q, batch = (q.shape[2], q.shape[0]) if isinstance(q, torch.Tensor) and q.dim() == 4 else (0, None)
+    var = checks.check_variants(window_size, softcap, sinks, heads_q, alibi_slopes, batch)
     page_size = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     seqlen_new = _check_new(q, k_cache, k, v)
     rotary_dim = _check_rotary(rotary_cos, rotary_sin, q.shape[-1], seqlen_new > 0)
@@ -341,7 +341,7 @@ def _refuse_fa3_only(qv, rotary_seqlens, attention_chunk, pack_gqa, sm_margin) -
 
 def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                     cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits,
-                    return_softmax_lse, q_descale, k_descale, v_descale, sinks):
+                    return_softmax_lse, k_descale, v_descale, sinks):
     """flash_attn_with_kvcache with cu_seqlens_q, as SGLang calls it: packed queries over a paged
     cache whose keys the caller has written (cache_seqlens of them each); served by paged_varlen."""
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -359,8 +359,6 @@ def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_
              "block_table)")
     if max_seqlen_q is None:
         fail("cu_seqlens_q needs max_seqlen_q, the longest query sequence it delimits")
-    if q_descale is not None:
-        fail("q_descale: q stays 16-bit in decode (an FP8 cache dequantises K and V, not q); pass None")
     if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < 2:
         fail("cu_seqlens_q must be an int32 tensor of batch+1 offsets")
     batch = cu_seqlens_q.numel() - 1
