@@ -573,6 +573,9 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
                    "sees its own key and the KEYS-1 before it); cells no longer than the window are plain causal. "
                    "TFLOPS count only the pairs inside the window (flashtune skips the blocks outside; SDPA gets it "
                    "as a mask, which its flash kernel refuses).")
+@click.option("--hdim-v", type=click.IntRange(min=8), metavar="D",
+              help="The prefill grid with V's head dim D unlike Q/K's (--hdims; e.g. --hdims 192 --hdim-v 128, "
+                   "DeepSeek's MLA prefill): the output takes V's; TFLOPS count 2·pairs·(hdim + D). Forward only.")
 @click.option("--train", is_flag=True,
               help="Training instead of the prefill grid: a small Llama-style model (GQA, head dim 64) trained "
                    "from one seed on associative recall with each backend in forward and backward (default sdpa "
@@ -582,7 +585,7 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
               help="With --train: optimizer steps per run (two thirds at 1k tokens, a third at 4k).")
 def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal, dtypes, backends, repeats,
                   as_json, json_out, csv_path, plot_path, model_name, layers, prefill, decode_steps, decode, caches,
-                  seqlens_q, pages, kv_dtype, pass_name, window, train, train_steps) -> None:
+                  seqlens_q, pages, kv_dtype, pass_name, window, hdim_v, train, train_steps) -> None:
     """Side-by-side A/B: flashtune against every attention backend present.
 
     Same shapes and inputs in one process, only the backend switched; median of CUDA-event
@@ -596,6 +599,7 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         flashtune bench --decode --kv-dtype e4m3 --hdims 128 --heads-kv 8 --batches 8 --caches 131072
         flashtune bench --pass fwd+bwd --hdims 64,128 --causal
         flashtune bench --hdims 128 --seqlens 4096,32768 --batches 1 --window 4096
+        flashtune bench --hdims 192 --hdim-v 128 --causal
         flashtune bench --train --train-steps 300 --out train.json --plot train.png
 
     Exit codes: 0 done, 2 bad input, 3 no GPU visible, 130 interrupted.
@@ -658,13 +662,18 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         names = bench.backend_names(backends)
         if window and causal is False:
             raise click.BadParameter("a sliding window here is causal; drop --no-causal", param_hint="--window")
+        if hdim_v and (hdim_v % 8 or hdim_v > 256):
+            raise click.BadParameter(f"{hdim_v}: V's head dim is a multiple of 8 up to 256", param_hint="--hdim-v")
+        if hdim_v and pass_name != "fwd":
+            raise click.BadParameter("a V head dim unlike Q/K's is forward-only; drop --pass", param_hint="--hdim-v")
         shapes = [shape for dtype in dtypes or ["bfloat16"] for batch in batches or [None]
                   for kv in heads_kv or [None]
                   for shape in fa_grid(seqlens or SEQLENS, hdims or HDIMS, _causal_values(causal), dtype, batch,
-                                       heads, kv, window or 0)]
+                                       heads, kv, window or 0, hdim_v or 0)]
         with progress_bar("bench", console, len(shapes)) as bar:
             result = bench.run_bench(shapes, names, repeats, on_shape=lambda shape, rows: bar.advance(
-                f"{shape.dtype} hdim {shape.hdim} causal={shape.causal}"
+                f"{shape.dtype} hdim {shape.hdim}" + (f"/{shape.hdim_v}" if shape.hdim_v else "")
+                + f" causal={shape.causal}"
                 + (f" window {shape.window}" if shape.window else "") + f" seqlen {shape.seqlen_q}"),
                 checkpoint=_checkpoint(json_out), pass_name=pass_name)
         if csv_path:
@@ -691,7 +700,7 @@ def _checkpoint(json_out: str | None):
 MODE_OPTIONS = {
     "grid": {"seqlens": "--seqlens", "hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv",
              "causal": "--causal", "repeats": "--repeats", "csv_path": "--csv", "batches": "--batches",
-             "pass_name": "--pass", "window": "--window"},
+             "pass_name": "--pass", "window": "--window", "hdim_v": "--hdim-v"},
     "decode": {"hdims": "--hdims", "heads": "--heads", "heads_kv": "--heads-kv", "batches": "--batches",
                "caches": "--caches", "seqlens_q": "--seqlens-q", "pages": "--pages", "repeats": "--repeats",
                "csv_path": "--csv", "kv_dtype": "--kv-dtype"},

@@ -93,6 +93,7 @@
 #                 judged against fp32 math beside SDPA/eager in bf16 (tests/fp32_agreement.py)
 #   bench-window  bench --window 4096 at hdim 128 on 4k (plain causal) and 32k tokens beside cuDNN and SDPA efficient
 #                 (issue 38's bar: the window's cell at 0.8x the causal 4k cell's TFLOPS or more), JSON in $OUT
+#   bench-mla     bench --hdims 192 --hdim-v 128 (DeepSeek's MLA prefill) at 1k, 4k and 16k beside SDPA's backends, JSON in $OUT
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -297,6 +298,8 @@ for step in "$@"; do case $step in
   bench-window) run bench-window 300 python3 -m flashtune bench --profile h200 --hdims 128 --seqlens 4096,32768 \
            --batches 1 --heads 16 --window 4096 --backends flashtune,sdpa-cudnn,sdpa-efficient \
            --out "$OUT/bench-window.json" ;;
+  bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
+           --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;

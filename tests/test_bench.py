@@ -43,6 +43,16 @@ def test_a_window_grid_is_causal_and_windows_only_the_longer_sequences():
     assert [(p.causal, p.seqlen_q, p.window) for p in grid] == [(True, 2048, 0), (True, 4096, 0), (True, 32768, 4096)]
 
 
+def test_a_v_head_dim_of_its_own_counts_in_the_flops_and_the_inputs():
+    """bench --hdim-v (DeepSeek's MLA prefill, 192/128): S = Q K^T at 192, O = P V at 128."""
+    grid = problem.fa_grid([4096], [192, 128], (True,), batch=1, hdim_v=128)
+    mla, same = grid
+    assert (mla.hdim, mla.v_dim, same.hdim_v) == (192, 128, 0)  # a V head dim equal to Q/K's is no V head dim
+    assert mla.flops == 2 * 1 * mla.heads * 4096 * 4096 * (192 + 128) / 2
+    assert same.flops == problem.attention_flops(1, same.heads, 4096, 4096, 128, True)
+    assert mla.input_bytes == 2 * 4096 * mla.heads * (192 + 192 + 128)
+
+
 def test_sdpas_window_mask_is_the_references_window():
     from flashtune.measure.backends import window_mask
     from flashtune.measure.reference import attention_reference

@@ -119,6 +119,9 @@ REFUSED = [
     (("--json", "--csv", "-"), "both write to stdout"),
     (("--decode", "--window", "4096"), "--window: not an option of bench --decode (only of the prefill grid)"),
     (("--window", "4096", "--no-causal"), "a sliding window here is causal; drop --no-causal"),
+    (("--decode", "--hdim-v", "128"), "--hdim-v: not an option of bench --decode (only of the prefill grid)"),
+    (("--hdims", "192", "--hdim-v", "100"), "100: V's head dim is a multiple of 8 up to 256"),
+    (("--hdims", "192", "--hdim-v", "128", "--pass", "bwd"), "a V head dim unlike Q/K's is forward-only"),
 ]
 
 

@@ -155,6 +155,7 @@ class BenchRow:
     heads: int
     heads_kv: int
     window: int = 0  # --window: the causal window's keys (0: none); TFLOPS count the pairs inside it
+    hdim_v: int = 0  # --hdim-v: V's head dim where it differs from hdim (0: the same)
     ms: float | None = None
     tflops: float | None = None
     peak_mem_mb: float | None = None
@@ -166,13 +167,13 @@ class BenchRow:
     @classmethod
     def empty(cls, backend: str, problem: Problem) -> BenchRow:
         return cls(backend, problem.dtype, problem.hdim, problem.causal, problem.seqlen_q, problem.seqlen_k,
-                   problem.batch, problem.heads, problem.heads_kv, problem.window)
+                   problem.batch, problem.heads, problem.heads_kv, problem.window, problem.hdim_v)
 
     @property
     def shape_key(self) -> tuple:
         """What identifies the row's problem (everything but the backend and the measurements)."""
         return (self.dtype, self.hdim, self.causal, self.seqlen_q, self.seqlen_k, self.batch, self.heads,
-                self.heads_kv, self.window)
+                self.heads_kv, self.window, self.hdim_v)
 
 
 ROW_KEYS = tuple(f.name for f in fields(BenchRow))  # the JSON and CSV columns
@@ -264,7 +265,7 @@ def shape_table(rows: list[BenchRow], ours: str = "flashtune") -> Table:
         mine = ours_ms.get(r.shape_key)
         ratio = f"{r.ms / mine:.2f}" if (r.ms and mine and r.backend != ours) else ""
         table.add_row(
-            *(r.dtype,) * several_dtypes, str(r.hdim),
+            *(r.dtype,) * several_dtypes, f"{r.hdim}/{r.hdim_v}" if r.hdim_v else str(r.hdim),
             f"window {r.window}" if r.window else "yes" if r.causal else "no",
             str(r.seqlen_q) if r.seqlen_q == r.seqlen_k else f"{r.seqlen_q}/{r.seqlen_k}",
             f"{r.batch}x{r.heads}" + (f"/{r.heads_kv}" if r.heads_kv != r.heads else ""),
@@ -317,7 +318,7 @@ def plot(result: BenchResult, path: str) -> None:
     panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in result.rows:
         if r.tflops:
-            panels[(r.dtype, r.hdim, r.causal, r.window)][r.backend].append((r.seqlen_q, r.tflops))
+            panels[(r.dtype, r.hdim, r.causal, r.window, r.hdim_v)][r.backend].append((r.seqlen_q, r.tflops))
     keys = sorted(panels)
     if not keys:
         raise ValueError("nothing to plot: no backend produced a timing")
@@ -331,7 +332,7 @@ def plot(result: BenchResult, path: str) -> None:
             ax.plot([p[0] for p in points], [p[1] for p in points], label=backend, **style)
         ax.set_xscale("log", base=2)
         mask = f"causal, window {key[3]}" if key[3] else "causal" if key[2] else "non-causal"
-        ax.set_title(f"{key[0]}, hdim {key[1]}, {mask}")
+        ax.set_title(f"{key[0]}, hdim {key[1]}" + (f"/{key[4]}" if key[4] else "") + f", {mask}")
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOPS")
         ax.grid(alpha=0.3)

@@ -31,26 +31,33 @@ class Problem:
     backward: bool = False  # verify's gradient case: dq, dk, dv through the backward kernel
     name: str = ""  # how a report calls it
     window: int = 0  # bench --window: causal, each query sees its own key and the window - 1 before it (0: all)
+    hdim_v: int = 0  # bench --hdim-v: V's (and the output's) head dim where it differs from Q/K's (0: the same)
+
+    @property
+    def v_dim(self) -> int:
+        return self.hdim_v or self.hdim
 
     @property
     def flops(self) -> float:
         return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.causal,
-                               self.window)
+                               self.window, self.hdim_v)
 
     @property
     def input_bytes(self) -> int:
         elem = 2
-        return elem * self.batch * self.hdim * (self.seqlen_q * self.heads + 2 * self.seqlen_k * self.heads_kv)
+        return elem * self.batch * (self.seqlen_q * self.heads * self.hdim
+                                    + self.seqlen_k * self.heads_kv * (self.hdim + self.v_dim))
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool,
-                    window: int = 0) -> float:
-    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count. A causal
-    window of fewer keys than the sequence's counts only the query-key pairs inside it (the kernel
-    skips the blocks outside)."""
+                    window: int = 0, hdim_v: int = 0) -> float:
+    """4·b·h·sq·sk·d (two matmuls), halved when causal: the FlashAttention papers' count; with a V
+    head dim of its own, 2·b·h·sq·sk·(d + d_v). A causal window of fewer keys than the sequence's
+    counts only the query-key pairs inside it (the kernel skips the blocks outside)."""
+    per_pair = 2.0 * batch * heads * (hdim + (hdim_v or hdim))
     if window and window < seqlen_k:
-        return 4.0 * batch * heads * hdim * window_pairs(seqlen_q, seqlen_k, window)
-    flops = 4.0 * batch * heads * seqlen_q * seqlen_k * hdim
+        return per_pair * window_pairs(seqlen_q, seqlen_k, window)
+    flops = per_pair * seqlen_q * seqlen_k
     return flops / 2 if causal else flops
 
 
@@ -74,19 +81,20 @@ def make_inputs(problem: Problem, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, problem.dtype)
 
-    def rand(s, h):
-        return torch.randn(problem.batch, s, h, problem.hdim, device="cuda", dtype=dtype, generator=gen)
+    def rand(s, h, d=problem.hdim):
+        return torch.randn(problem.batch, s, h, d, device="cuda", dtype=dtype, generator=gen)
 
     q = rand(problem.seqlen_q, problem.heads)
-    return q, rand(problem.seqlen_k, problem.heads_kv), rand(problem.seqlen_k, problem.heads_kv)
+    return q, rand(problem.seqlen_k, problem.heads_kv), rand(problem.seqlen_k, problem.heads_kv, problem.v_dim)
 
 
 def fa_grid(seqlens: Iterable[int] = SEQLENS, hdims: Iterable[int] = HDIMS,
             causal: Iterable[bool] = (False, True), dtype: str = "bfloat16", batch: int | None = None,
-            heads: int | None = None, heads_kv: int | None = None, window: int = 0) -> list[Problem]:
-    """The FA benchmark grid; batch and heads follow the convention unless given. With a window: its
-    causal cells alone, windowed where the sequence is longer than the window (else plain causal, which
-    a window that holds every key is)."""
+            heads: int | None = None, heads_kv: int | None = None, window: int = 0,
+            hdim_v: int = 0) -> list[Problem]:
+    """The FA benchmark grid; batch and heads follow the convention unless given (heads by Q/K's head
+    dim). With a window: its causal cells alone, windowed where the sequence is longer than the window
+    (else plain causal, which a window that holds every key is). hdim_v: V's head dim, where it differs."""
     shapes = []
     for hdim in hdims:
         for is_causal in causal:
@@ -98,5 +106,6 @@ def fa_grid(seqlens: Iterable[int] = SEQLENS, hdims: Iterable[int] = HDIMS,
                 hkv = heads_kv or h
                 if h % hkv:
                     raise ValueError(f"--heads-kv {hkv} must divide --heads {h}")
-                shapes.append(Problem(dtype, hdim, is_causal, s, s, b, h, hkv, window=window if window < s else 0))
+                shapes.append(Problem(dtype, hdim, is_causal, s, s, b, h, hkv, window=window if window < s else 0,
+                                      hdim_v=hdim_v if hdim_v != hdim else 0))
     return shapes
