@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -187,6 +188,11 @@ def test_the_trained_model_rows_add_task_accuracy_and_fp32_agreement(monkeypatch
     assert "held-out recall accuracy" in shown and "recall acc" in shown and "top-1 vs fp32" in shown
     # 30 steps do not solve the task: the run says so
     assert result.training["solves_task"] is False and "below 95% held-out recall accuracy" in shown
+    assert result.training["within_training_budget"] and "budget" not in shown  # a tiny recipe, seconds on a CPU
+    over = {**result.training, "seconds": 150.0, "within_training_budget": False}
+    console = Console(record=True, width=400)
+    model_bench.render(replace(result, training=over), console)
+    assert "training took 150 s on cpu, over its 120 s budget" in console.export_text()
     with pytest.raises(ValueError, match="--layers does not apply"):
         model_bench.run_model_bench("recall", ["eager"], prefill=[48], layers=1, device="cpu")
 

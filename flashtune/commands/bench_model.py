@@ -329,6 +329,7 @@ def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed:
         return recipe.task.sample(batch, length, gen)[0].to(device)
     training = {"recipe_key": recipe.key(), **asdict(record)}
     training["solves_task"] = all(v >= TASK_ACCURACY_BAR for v in record.accuracy.values())
+    training["within_training_budget"] = record.seconds <= TRAINING_BUDGET_S
     return _Subject(model, shape, task_prompts, recipe.task, fp32, training)
 
 
@@ -518,6 +519,7 @@ def plot(result: ModelBenchResult, path: str) -> None:
 
 
 TASK_ACCURACY_BAR = 0.95  # issue 34: a model that solves its task has confident logits to compare
+TRAINING_BUDGET_S = 120  # issue 34: the bench's own model trains in at most two minutes on the GPU
 
 
 def render(result: ModelBenchResult, console: Console) -> None:
@@ -557,3 +559,7 @@ def render(result: ModelBenchResult, console: Console) -> None:
     if result.training and not result.training.get("solves_task", True):
         console.print(f"[yellow]the trained model is below {TASK_ACCURACY_BAR:.0%} held-out recall accuracy at some "
                       "prompt lengths: its logits are less confident there, and the consistency columns say less[/]")
+    if result.training and not result.training.get("within_training_budget", True):
+        console.print(f"[yellow]the recall model's training took {result.training['seconds']:.0f} s on "
+                      f"{result.training['device']}, over its {TRAINING_BUDGET_S} s budget: its recipe "
+                      "(flashtune/measure/recall_model.py) is too large for this GPU[/]")
