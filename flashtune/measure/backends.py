@@ -110,12 +110,10 @@ def _sdpa(backend_name: str) -> Callable[[Inputs], Runner]:
 
 def window_mask(seqlen_q: int, seqlen_k: int, window: int, device) -> torch.Tensor:
     """(seqlen_q, seqlen_k) bool, True where a key is inside a query's causal window (its own key, bottom-right
-    aligned, and the window - 1 before it)."""
-    import torch
+    aligned, and the window - 1 before it): the reference's mask, for SDPA."""
+    from flashtune.measure.reference import visible_keys
 
-    own = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
-    keys = torch.arange(seqlen_k, device=device)[None, :]
-    return (keys <= own) & (keys > own - window)
+    return visible_keys(seqlen_q, seqlen_k, True, (window - 1, 0), device)
 
 
 def imported(module: str, attr: str):

@@ -11,6 +11,22 @@ import math
 import torch
 
 
+def visible_keys(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor:
+    """(seqlen_q, seqlen_k) bool, True where a query sees a key: up to its own key when causal, and within
+    window (left, right) keys of it (-1: unbounded), its own key bottom-right aligned (flash_attn's masks)."""
+    own = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    left, right = window
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if causal:
+        keep &= cols <= own
+    if left >= 0:
+        keep &= cols >= own - left
+    if right >= 0:
+        keep &= cols <= own + right
+    return keep
+
+
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         softmax_scale: float | None = None, window: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, sinks: torch.Tensor | None = None,
@@ -32,19 +48,11 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    rows = torch.arange(sq, device=q.device)[:, None]
-    cols = torch.arange(sk, device=q.device)[None, :]
-    own = rows + (sk - sq)  # each query's own key, bottom-right aligned
     if alibi_slopes is not None:
+        own = torch.arange(sq, device=q.device)[:, None] + (sk - sq)  # each query's own key, bottom-right aligned
         slopes = alibi_slopes.to(q.device, wide).expand(b, hq)[:, :, None, None]
-        scores = scores - slopes * (own - cols).abs().to(wide)
-    if causal:
-        scores = scores.masked_fill(cols > own, float("-inf"))
-    left, right = window
-    if left >= 0:
-        scores = scores.masked_fill(cols < own - left, float("-inf"))
-    if right >= 0:
-        scores = scores.masked_fill(cols > own + right, float("-inf"))
+        scores = scores - slopes * (own - torch.arange(sk, device=q.device)[None, :]).abs().to(wide)
+    scores = scores.masked_fill(~visible_keys(sq, sk, causal, window, q.device), float("-inf"))
     if sinks is not None:  # one more column per head: the sink, with a zero value row
         sink_col = sinks.to(q.device, wide)[None, :, None, None].expand(b, hq, sq, 1)
         scores = torch.cat([scores, sink_col], dim=-1)
