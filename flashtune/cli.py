@@ -457,7 +457,7 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     profile, _ = resolve_profile(profile_name)
     for note in tune.check_request(profile, gpus_seen[0], hdims, tiles, fp8):
         click.secho(f"note: {note}", fg="yellow", err=True)
-    opts = search.TuneOptions(hdims=tuple(hdims or profile.head_dims), causal=_causal_values(causal), dtype=dtype,
+    opts = search.TuneOptions(hdims=tune.tuned_hdims(profile, hdims, fp8), causal=_causal_values(causal), dtype=dtype,
                               max_candidates=max_candidates, shapes=tuple(tiles or ()), time_budget_s=time_budget,
                               max_spill_bytes=max_spill_bytes, repeats=repeats, final_round=final_round,
                               jobs=jobs, gpus=gpus, fp8=fp8)

@@ -94,6 +94,8 @@
 #   bench-window  bench --window 4096 at hdim 128 on 4k (plain causal) and 32k tokens beside cuDNN and SDPA efficient
 #                 (issue 38's bar: the window's cell at 0.8x the causal 4k cell's TFLOPS or more), JSON in $OUT
 #   bench-mla     bench --hdims 192 --hdim-v 128 (DeepSeek's MLA prefill) at 1k, 4k and 16k beside SDPA's backends, JSON in $OUT
+#   h192          the sm90 profiles' hdim-192 prefill kernel: the GPU tests at 192 and 136 under h200 (test_ops_gpu.py's
+#                 192 cases, test_head_dims_gpu.py), then bench --hdims 192 beside cuDNN and SDPA flash (JSON in $OUT)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -298,6 +300,10 @@ for step in "$@"; do case $step in
   bench-window) run bench-window 300 python3 -m flashtune bench --profile h200 --hdims 128 --seqlens 4096,32768 \
            --batches 1 --heads 16 --window 4096 --backends flashtune,sdpa-cudnn,sdpa-efficient \
            --out "$OUT/bench-window.json" ;;
+  h192) FLASHTUNE_PROFILE=h200 run h192-tests 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           -k "(192 or head_dims) and not phi3" tests/test_ops_gpu.py tests/test_head_dims_gpu.py
+         run bench-h192 200 python3 -m flashtune bench --profile h200 --hdims 192 --backends flashtune,sdpa-cudnn,sdpa-flash \
+           --out "$OUT/bench-h192.json" ;;
   bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;

@@ -207,6 +207,9 @@ def test_head_dims_between_the_built_ones_are_computed_at_the_next():
     assert [computed_head_dim(d) for d in (32, 40, 64, 72, 96, 128, 136, 192, 256)] == [
         64, 64, 64, 128, 128, 128, 256, 256, 256]
     assert [computed_head_dim(d) for d in (24, 100, 264, 0)] == [None] * 4
+    # a profile's prefill kernels: the next of its own head dims (an sm90 profile's 192 among them)
+    assert [computed_head_dim(d, (64, 128, 192, 256)) for d in (136, 192, 200)] == [192, 192, 256]
+    assert computed_head_dim(160, (64, 128)) is None
     tile = DecodeTile(16, 32, 4, 3)
     spec = DecodeSpec("sm_90a", "bfloat16", 96, tile, False)
     assert "_h96_" in spec.name and "Traits<__nv_bfloat16, 96," in spec.source()
@@ -214,6 +217,22 @@ def test_head_dims_between_the_built_ones_are_computed_at_the_next():
     assert default_decode_tile(get_arch("sm_89"), 80, 16) == default_decode_tile(get_arch("sm_89"), 128, 16)
     with pytest.raises(SpecError, match="multiples of 8 from 32 to 256"):
         DecodeSpec("sm_90a", "bfloat16", 100, tile, False)
+
+
+def test_a_decode_tile_at_192_is_refused_for_256s(tmp_path):
+    """The decode kernels compute head dim 192 at 256 with 256's tile: a tile given at 192 would never be
+    read, so the profile says where to give it."""
+    import yaml
+
+    from flashtune.kernels.profiles import ProfileError, find_profile, load_profile
+
+    data = yaml.safe_load(find_profile("h200").path.read_text())
+    data["decode"] = {"tiles": [{"hdim": 192, "rows": 16, "block_n": 16, "warps": 4, "stages": 2}]}
+    path = tmp_path / "d192.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"decode\.tiles\[0\]\.hdim: the decode kernels compute head dim 192 "
+                                           r"at 256: give the tile there; allowed: 64, 128, 256"):
+        load_profile(path)
 
 
 def test_profiles_show_lists_a_decode_tile_for_every_rows_a_call_can_take():

@@ -106,19 +106,21 @@ def test_the_rtx_cards_e4m3_cache_kernels_compile_with_hardware_fp8_conversions(
 
 
 def test_profiles_build_fp8_cache_kernels_only_when_asked(tmp_path):
-    from flashtune.kernels.decode_spec import decode_specs_for_profile
+    from flashtune.kernels.decode_spec import decode_row_groups, decode_specs_for_profile
 
     h200, rtx5090 = find_profile("h200"), find_profile("rtx5090")
     assert h200.fp8_kv and not rtx5090.fp8_kv
     specs = decode_specs_for_profile(h200)
     # each e4m3 kernel beside its 16-bit twin, with twice its stages (the same ring bytes) ...
     fp8 = {s for s in specs if s.kv_fp8}
-    twins = {s for s in specs if not s.kv_fp8 and not (s.hdim == 256 and s.tile.rows == 32)
+    row_groups = {s for s in specs if decode_row_groups(s.hdim, s.tile.rows) > 1}  # 32 rows at 192 and 256
+    assert {(s.hdim, s.tile.rows) for s in row_groups} == {(192, 32), (256, 32)}
+    twins = {s for s in specs if not s.kv_fp8 and s not in row_groups
              and dataclasses.replace(s, tile=e4m3_cache_tile(s.tile), kv_fp8=True) in fp8}
     only_16bit = [s for s in specs if not s.kv_fp8 and s not in twins]
     assert len(twins) == len(fp8) > 20 and all(s.ring_bytes == 2 * dataclasses.replace(s, kv_fp8=True).ring_bytes
                                                for s in twins)
-    assert only_16bit and all(s.hdim == 256 and s.tile.rows == 32 for s in only_16bit)  # ... but row groups'
+    assert only_16bit and all(s in row_groups for s in only_16bit)  # ... but row groups'
     assert not any(s.kv_fp8 for s in decode_specs_for_profile(rtx5090))
     bad = tmp_path / "bad.yaml"
     bad.write_text(find_profile("h200").path.read_text().replace("  kv: e4m3", "  kv: e5m2"))

@@ -110,7 +110,8 @@ def test_packed_sequences_match_each_sequence_run_alone():
     ("MistralConfig", dict(sliding_window=128)),
     ("Gemma2Config", dict(head_dim=128, sliding_window=128, attn_logit_softcapping=50.0)),
     ("GptOssConfig", dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128)),
-    # MLA: Q/K 192 (128 + 64 rotary), V 128, zero-padded to 256 in prefill and decode; K/V come out of the
+    # MLA: Q/K 192 (128 + 64 rotary), V 128, zero-padded to the profile's built size (192 on sm90 profiles, else
+    # 256) in prefill and decode; K/V come out of the
     # latent per query head (transformers' eager and SDPA paths repeat them again below 8 KV heads)
     ("DeepseekV3Config", dict(num_key_value_heads=8, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                               kv_lora_rank=128,

@@ -148,6 +148,38 @@ def test_spec_choice_errors_name_what_the_profile_serves():
     assert spec.name == "flashtune_fwd_sm80_f16_h128_64x64_w4_s1_c_sm89"
 
 
+def test_an_sm90_profile_computes_head_dims_above_128_at_its_192_kernel():
+    h200, sm80 = find_profile("h200"), find_profile("h200-sm80")
+    assert 192 in h200.head_dims and 192 not in sm80.head_dims
+    for hdim, built in ((136, 192), (160, 192), (192, 192), (200, 256), (256, 256)):
+        spec = ops.select_spec(h200, torch.bfloat16, hdim, True, 4096, 4096)
+        assert spec.hdim == built and f"_h{built}_" in spec.name
+        assert ops.select_spec(sm80, torch.bfloat16, hdim, True, 4096, 4096).hdim == 256  # the sm80 family has no 192
+    with pytest.raises(FlashtuneInputError, match="FP8 q/k need head dim 64, 128, 256 exactly, got 192"):
+        ops.select_spec(h200, torch.bfloat16, 192, False, 512, 512, fp8=True)
+    decode = ops.kernel_for(h200, torch.bfloat16, 192, False, 1, 4000, 4)
+    assert decode.hdim == 192 and decode.tile == h200.decode_tile(256, decode.tile.rows)  # computed at 256 inside
+
+
+@pytest.mark.parametrize("profile_name, dtype, width", [("h200", torch.bfloat16, 192), ("h200-sm80", torch.bfloat16, 256),
+                                                        ("h200", "e4m3", 256)])
+def test_an_unlike_v_head_dim_pads_to_the_profiles_built_size(monkeypatch, profile_name, dtype, width):
+    """DeepSeek's MLA prefill, Q/K 192 and V 128: all three zero-padded to one built head dim (192 where the
+    profile builds it, but for e4m3 q/k, which have no 192 kernel), the output cut back to V's."""
+    from flashtune.runtime.checks import FP8
+
+    seen = []
+    monkeypatch.setattr(ops, "active_profile", lambda device: find_profile(profile_name))
+    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest: (
+        seen.append((spec.hdim, q.shape[-1], v.shape[-1], spec.fp8)) or torch.zeros(*q.shape[:-1], v.shape[-1]),
+        torch.zeros(1)))
+    qk_dtype = FP8 if dtype == "e4m3" else dtype
+    q, k = torch.zeros(1, 300, 4, 192).to(qk_dtype), torch.zeros(1, 300, 4, 192).to(qk_dtype)
+    v = torch.zeros(1, 300, 4, 128, dtype=torch.bfloat16)
+    out, _ = ops._attention_fwd(q, k, v, None, None, 300, 300, 0.1, True, torch.ones(1, 4), torch.ones(1, 4))
+    assert seen == [(width, width, width, dtype == "e4m3")] and out.shape[-1] == 128
+
+
 def test_a_profile_for_another_arch_is_refused_on_this_gpu():
     h200 = describe_target(gpu_name="H200")
     selection.check_runs_on(find_profile("h200-sm80"), h200)  # sm_90 SASS runs on 9.0

@@ -68,7 +68,7 @@ def test_shipped_descriptions_are_short_and_their_history_is_in_provenance():
     hand edits, the files that measured them) belongs in provenance."""
     for p in list_profiles():
         assert len(textwrap.wrap(p.description, 120)) <= 3, p.name
-    assert len(find_profile("h200").provenance["edited_by_hand"]) == 5
+    assert len(find_profile("h200").provenance["edited_by_hand"]) == 6  # five measured edits, and hdim 192 added
 
 
 def test_shipped_families():
@@ -220,7 +220,8 @@ def test_not_a_mapping(tmp_path):
     (lambda d: d.update(arch="sm_75"), ": arch: unknown arch 'sm_75'; allowed: sm_80"),
     (lambda d: d.update(family="sm90"), ": family: family sm90 needs wgmma, which sm_89 lacks"),
     (lambda d: d.update(dtypes=["float32"]), ": dtypes[0]: unknown dtype 'float32'; allowed: float16, bfloat16"),
-    (lambda d: d.update(head_dims=[64, 96]), ": head_dims[1]: head dim 96 is not supported; allowed: 64, 128, 256"),
+    (lambda d: d.update(head_dims=[64, 96]), ": head_dims[1]: head dim 96 is not built by family sm80; allowed: 64, 128, 256"),
+    (lambda d: d.update(head_dims=[64, 192]), ": head_dims[1]: head dim 192 is not built by family sm80; allowed: 64, 128, 256"),
     (lambda d: d["match"].update(compute_capability=["sm_89"]), "match.compute_capability[0]: 'sm_89' is not MAJOR.MINOR"),
     (lambda d: d["configs"][0].update(causal="maybe"), "configs[0].causal: 'maybe'; allowed: true, false or any"),
 ])
@@ -397,9 +398,13 @@ def test_fp8_configs_may_hold_tiles_only_fp8_fits(tmp_path):
     limit). (128x256, the wider FP8-only tile, is over the overlap schedule's register budget.)"""
     data = yaml.safe_load(find_profile("h200").path.read_text())
     wide = {"hdim": 128, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 176, "stages": 3}
-    data["fp8"] = {"qk": "e4m3", "configs": [c for c in data["configs"] if c["hdim"] != 128] + [wide]}
+    data["fp8"] = {"qk": "e4m3", "configs": [c for c in data["configs"] if c["hdim"] not in (128, 192)] + [wide]}
     profile = load_profile(write(tmp_path, data, "h200-fp8.yaml"))
     assert profile.tile_for(128, True, 8192, 8192, fp8=True).stages == 3
+    data["fp8"]["configs"].append({**wide, "hdim": 192, "block_n": 112, "stages": 2})  # no FP8 Q/K kernel at 192
+    with pytest.raises(ProfileError, match=r"fp8\.configs\[\d+\]\.hdim: .*head dim 192 has no FP8 Q/K kernel"):
+        load_profile(write(tmp_path, data, "h200-fp8-192.yaml"))
+    data["fp8"]["configs"].pop()
     data["configs"] = data["fp8"]["configs"]  # the same tile for the 16-bit kernels: refused
     with pytest.raises(ProfileError, match=r"configs\[\d+\]\.shared_memory"):
         load_profile(write(tmp_path, data, "h200-wide16.yaml"))

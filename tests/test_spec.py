@@ -46,7 +46,8 @@ def test_specs_are_hashable_and_equal_by_value():
     (dict(dtype="float32"), "dtype 'float32' is not supported"),
     (dict(fp8=True, arch="sm_80"), "sm_80 has no FP8 tensor cores"),
     (dict(tile=TileConfig(128, 64, 2, 2)), "rows per warp"),
-    (dict(hdim=96), "head dim 96 is not supported"),
+    (dict(hdim=96), "head dim 96 is not built by family sm80"),
+    (dict(hdim=192), "head dim 192 is not built by family sm80"),
     (dict(tile=TileConfig(128, 128, 4, 3), hdim=256), "128x128_w4_s3"),
 ])
 def test_unbuildable_specs_are_refused_with_the_reason(kw, message):
@@ -65,6 +66,39 @@ def test_specs_for_profile_cover_dtypes_hdims_and_both_causal_flags():
     assert {(s.dtype, s.hdim) for s in narrowed} == {("bfloat16", 64)}
     # causal and not, each as a 16-bit kernel and (fp8: {qk: e4m3}) its FP8 Q/K twin
     assert sorted((s.causal, s.fp8) for s in narrowed) == [(False, False), (False, True), (True, False), (True, True)]
+
+
+def test_an_sm90_profile_builds_192_without_fp8_twins_and_its_decode_kernels_too():
+    from flashtune.kernels.decode_spec import decode_specs_for_profile
+
+    profile = find_profile("h200")
+    at_192 = [s for s in specs_for_profile(profile) if s.hdim == 192]
+    assert {(s.dtype, s.causal) for s in at_192} == {(d, c) for d in profile.dtypes for c in (False, True)}
+    assert not any(s.fp8 for s in at_192)  # FP8 Q/K rows of 192 bytes are not whole swizzle panels
+    assert all(s.tile.shape_label == "128x112_wg2_s2" for s in at_192)
+    assert {s.hdim for s in decode_specs_for_profile(profile) if not s.kv_fp8} == {64, 128, 192, 256}
+    with pytest.raises(SpecError, match="head dim 192 has no FP8 Q/K kernel"):
+        _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 112, 2), hdim=192, fp8=True)
+
+
+@pytest.mark.slow
+def test_the_192_kernel_compiles_without_spills_on_wgmma():
+    """The sm90 kernel at 192 is the 64/128/256 template at another size: ptxas's registers and spills,
+    and wgmma in its SASS, before a GPU runs it (168 registers, no spills with nvcc 13.0)."""
+    import subprocess
+
+    from flashtune.kernels.build import build_specs
+    from flashtune.kernels.toolchain import detect_toolchain
+
+    cuobjdump = detect_toolchain().cuobjdump_path
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed (pip install '.[test]' brings it)")
+    spec = next(s for s in specs_for_profile(find_profile("h200"), dtypes=["bfloat16"], hdims=[192]) if s.causal)
+    results, failures = build_specs([spec], jobs=1)
+    assert not failures, failures
+    assert results[0].spill_stores == 0 and results[0].spill_loads == 0
+    sass = subprocess.run([cuobjdump, "-sass", results[0].library], capture_output=True, text=True).stdout
+    assert "HGMMA" in sass and spec.name in sass
 
 
 def test_specs_for_profile_retargets_and_rejects_unknown_choices():

@@ -93,7 +93,7 @@ def test_the_matrix_has_decode_and_paged_kv_cache_rows():
     paged = [c for c in decode if c.page_size]
     # per dtype: 3 per head dim through flash_attn_func (GQA 1 and 4 tokens, MQA 4 tokens), 4 paged,
     # MQA one token short and long (two 16-row blocks, one of 32) and long at hdim 256 (two row groups)
-    assert len(decode) == 2 * 3 * 3 + 2 * 4 + 2 * 3
+    assert len(decode) == 2 * 3 * len(profile.head_dims) + 2 * 4 + 2 * 3 and len(profile.head_dims) == 4
     mqa_q1 = [c for c in decode if c.heads_kv == 1 and c.seqlen_q == 1]
     fast = dataclasses.replace(profile, decode_split=DecodeSplitPolicy(memory_gbps=4800))  # the H200's peak
     tiles = {(c.hdim, c.seqlen_k): decode_spec(fast, getattr(torch, c.dtype), c.hdim, False, 1, 32, None,

@@ -103,7 +103,8 @@ struct Traits {
   static_assert(sizeof(Elem) == 2, "16-bit V, P and O");
   static_assert(kQKRowBytes == 128 || kQKRowBytes == 64, "Q/K rows of 64 or 128 bytes per swizzle panel");
   static_assert(kKBytes % 1024 == 0 && kQBytes % 1024 == 0 && kVBytes % 1024 == 0, "tiles stay 1024-byte aligned");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128 or 256");
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "head dim 64, 128, 192 or 256");
+  static_assert(kHeadDim * kQKElemBytes % kQKRowBytes == 0, "Q/K rows of whole swizzle panels (no FP8 at 192)");
   static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3, "block_m = 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "block_n: multiple of 16, <= 256");
   static_assert(kStages >= 1 && kStages <= 4, "1 to 4 stages");

@@ -341,8 +341,9 @@ def decode_specs_for_profile(profile, arch: str | None = None, dtypes=None, hdim
     for kv_fp8 in (False, True) if profile.fp8_kv else (False,):
         for dtype in dtypes or profile.dtypes:
             for hdim in hdims or profile.head_dims:
-                for rows in DECODE_ROWS:
-                    if (hdim, rows) not in DEFAULT_TILE_ORDER or (kv_fp8 and decode_row_groups(hdim, rows) > 1):
+                for rows in DECODE_ROWS:  # a head dim the decode kernels compute at the next size (192) has its own
+                    if ((computed_head_dim(hdim) or hdim, rows) not in DEFAULT_TILE_ORDER
+                            or (kv_fp8 and decode_row_groups(hdim, rows) > 1)):
                         continue
                     for causal in (False, True):
                         for paging in PAGINGS:

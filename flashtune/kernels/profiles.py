@@ -22,7 +22,8 @@ from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
 from flashtune.kernels.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_of
-from flashtune.kernels.tiles import HEAD_DIMS, TileConfig, check_tile, sm90_tile
+from flashtune.kernels.tiles import (BASE_HEAD_DIMS, FAMILY_HEAD_DIMS, FP8_HEAD_DIMS, TileConfig, check_tile,
+                                     computed_head_dim, sm90_tile)
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
 # qk: the prefill kernels' FP8 Q/K twins; kv: decode kernels for an e4m3 KV cache; k_smoothing: qk_fp8
@@ -228,7 +229,7 @@ class _Validator:
         if not dtypes:
             raise self.fail("dtypes", "empty list", ", ".join(DTYPES))
 
-        head_dims = self.head_dims(data["head_dims"])
+        head_dims = self.head_dims(data["head_dims"], family)
         fp8 = self.fp8(data.get("fp8"), arch)
         match_names, match_ccs = self.match(data["match"])
         nvcc_flags = self.nvcc_flags(data.get("nvcc_flags", []))
@@ -264,6 +265,10 @@ class _Validator:
             if entry["hdim"] not in head_dims:
                 raise self.fail(f"{key}.hdim", f"head dim {entry['hdim']} is not in head_dims",
                                 ", ".join(map(str, head_dims)))
+            if entry["hdim"] not in BASE_HEAD_DIMS:  # the decode kernels compute 192 at 256, with 256's tile
+                raise self.fail(f"{key}.hdim", f"the decode kernels compute head dim {entry['hdim']} at "
+                                f"{computed_head_dim(entry['hdim'])}: give the tile there",
+                                ", ".join(str(d) for d in head_dims if d in BASE_HEAD_DIMS))
             tile = DecodeTile(entry["rows"], entry["block_n"], entry["warps"], entry["stages"])
             problems = decode_tile_problems(entry["hdim"], tile, arch)
             if problems:
@@ -401,12 +406,13 @@ class _Validator:
             table.append(entry)
         return table if placed else table + replacements
 
-    def head_dims(self, value: list) -> tuple[int, ...]:
-        allowed = ", ".join(map(str, HEAD_DIMS))
+    def head_dims(self, value: list, family: str) -> tuple[int, ...]:
+        built = FAMILY_HEAD_DIMS[family]
+        allowed = ", ".join(map(str, built))
         dims = tuple(self.expect(v, int, f"head_dims[{i}]", allowed) for i, v in enumerate(value))
         for i, dim in enumerate(dims):
-            if dim not in HEAD_DIMS:
-                raise self.fail(f"head_dims[{i}]", f"head dim {dim} is not supported", allowed)
+            if dim not in built:
+                raise self.fail(f"head_dims[{i}]", f"head dim {dim} is not built by family {family}", allowed)
         if not dims or len(set(dims)) != len(dims):
             raise self.fail("head_dims", "empty or repeated entries", f"distinct values from {allowed}")
         return dims
@@ -448,7 +454,7 @@ class _Validator:
             raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
         entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, schedule)
                         for i, entry in enumerate(value))
-        self.check_buckets(entries, head_dims, key)
+        self.check_buckets(entries, tuple(h for h in head_dims if not fp8 or h in FP8_HEAD_DIMS), key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,

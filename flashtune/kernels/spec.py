@@ -14,7 +14,7 @@ from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.paths import csrc_dir
 from flashtune.kernels.schedule import FIELD_NAMES, Schedule
 from flashtune.kernels.variants import NO_VARIANTS, Variants
-from flashtune.kernels.tiles import (TileConfig, shared_memory_bytes, sm90_default_schedule, sm90_schedule,
+from flashtune.kernels.tiles import (FP8_HEAD_DIMS, TileConfig, shared_memory_bytes, sm90_default_schedule, sm90_schedule,
                                      threads_per_cta, tile_problems)
 
 DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
@@ -236,5 +236,6 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
                     if causal is not None and is_causal != causal:
                         continue
                     for flag in fp8_flags:
-                        specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, flag, arch)] = None
+                        if not flag or entry.hdim in FP8_HEAD_DIMS:  # no FP8 twin at hdim 192
+                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, flag, arch)] = None
     return list(specs)

@@ -10,16 +10,25 @@ from dataclasses import dataclass
 from flashtune.kernels.arch import KERNEL_FAMILIES, ArchFacts, family_runs_on
 from flashtune.kernels.schedule import Overrides, Schedule, overrides_label, resolve, rule_problems
 
-HEAD_DIMS = (64, 128, 256)  # the head dims kernels are built for
+# The head dims kernels are built for. Every kernel (both prefill families, decode, the backward,
+# FP8 Q/K) has 64, 128 and 256; the sm90 prefill kernel has 192 too (DeepSeek's MLA prefill: Q/K
+# 192, V 128), where the sm80 kernel's loads do not split 192's rows of 24 16-byte chunks over its
+# threads and FP8 Q/K rows (192 bytes) are not whole 128-byte swizzle panels. A profile lists the
+# ones it builds (head_dims); the others are computed at the next of them.
+BASE_HEAD_DIMS = (64, 128, 256)
+FAMILY_HEAD_DIMS = {"sm80": BASE_HEAD_DIMS, "sm90": (64, 128, 192, 256)}
+HEAD_DIMS = FAMILY_HEAD_DIMS["sm90"]  # every prefill head dim of some family
+FP8_HEAD_DIMS = BASE_HEAD_DIMS
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256  # served: every multiple of 8 between, computed at a built size
 
 
-def computed_head_dim(hdim: int) -> int | None:
-    """The built head dim a head dim is computed at (the next of HEAD_DIMS, its extra columns
-    zero), or None when it is not served (not a multiple of 8 from 32 to 256)."""
+def computed_head_dim(hdim: int, built: tuple[int, ...] = BASE_HEAD_DIMS) -> int | None:
+    """The built head dim a head dim is computed at (the next of `built`: a profile's head_dims for
+    its prefill kernels, else the sizes every kernel has; its extra columns zero), or None when it
+    is not served (not a multiple of 8 from 32 to 256, or above every built one)."""
     if not isinstance(hdim, int) or hdim % 8 or not MIN_HEAD_DIM <= hdim <= MAX_HEAD_DIM:
         return None
-    return next(d for d in HEAD_DIMS if d >= hdim)
+    return next((d for d in sorted(built) if d >= hdim), None)
 
 SM80_NUM_WARPS = (1, 2, 4, 8)
 SM80_ROWS_PER_WARP = (16, 32)
@@ -163,8 +172,10 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if fp8 and not arch.fp8:
         add("fp8", f"{arch.name} has no FP8 tensor cores",
             "fp8 on sm_89, sm_90/sm_90a, sm_100a, sm_120; null elsewhere")
-    if hdim not in HEAD_DIMS:
-        add("hdim", f"head dim {hdim} is not supported", ", ".join(map(str, HEAD_DIMS)))
+    if hdim not in FAMILY_HEAD_DIMS[family]:
+        add("hdim", f"head dim {hdim} is not built by family {family}", ", ".join(map(str, FAMILY_HEAD_DIMS[family])))
+    elif fp8 and hdim not in FP8_HEAD_DIMS:
+        add("hdim", f"head dim {hdim} has no FP8 Q/K kernel", ", ".join(map(str, FP8_HEAD_DIMS)))
     for key in ("block_m", "block_n"):
         value = getattr(cfg, key)
         if value <= 0 or value % 16:

@@ -14,7 +14,7 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
-from flashtune.kernels.tiles import computed_head_dim
+from flashtune.kernels.tiles import FP8_HEAD_DIMS, computed_head_dim
 from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
@@ -47,13 +47,14 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     `deterministic` is the backward's (autograd's formula below reads it from the inputs)."""
     if q.numel() == 0:
         return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
-    if v.shape[-1] != q.shape[-1]:  # a V head dim unlike Q/K's: all three zero-padded to one head dim
-        width = computed_head_dim(max(q.shape[-1], v.shape[-1]))
+    profile = active_profile(q.device)
+    if v.shape[-1] != q.shape[-1]:  # a V head dim unlike Q/K's: all three zero-padded to one built head dim
+        built = tuple(d for d in profile.head_dims if q.dtype != FP8 or d in FP8_HEAD_DIMS)  # no FP8 Q/K at 192
+        width = computed_head_dim(max(q.shape[-1], v.shape[-1]), built) or max(q.shape[-1], v.shape[-1])
         out, lse = _attention_fwd(*(_zero_padded(t, width) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale, k_descale, with_lse,
                                   softcap, window_left, window_right, sinks, alibi_slopes, deterministic)
         return out[..., :v.shape[-1]].contiguous(), lse
-    profile = active_profile(q.device)
     varlen = cu_seqlens_q is not None
     window = (window_left, window_right)
     var = VariantArgs(Variants(softcap > 0, window != (-1, -1), sinks is not None, alibi_slopes is not None), window,

@@ -13,7 +13,7 @@ from flashtune.kernels.gpu import GpuInfo, detect_gpus
 from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
-from flashtune.kernels.tiles import computed_head_dim
+from flashtune.kernels.tiles import FP8_HEAD_DIMS, computed_head_dim
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
@@ -99,13 +99,14 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(
             f"profile {profile.name} has no FP8 kernels (fp8: null); use a profile with "
             "`fp8: {qk: e4m3}` for this GPU (`flashtune profiles` lists them), or 16-bit q/k")
-    built = computed_head_dim(hdim)
-    if built is None or built not in profile.head_dims:
+    built = computed_head_dim(hdim, profile.head_dims)
+    if built is None:
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} (its kernels: head dims "
                                   f"{', '.join(map(str, profile.head_dims))}; a multiple of 8 from 32 to 256 is "
                                   "computed at the next of them)")
-    if fp8 and built != hdim:
-        raise FlashtuneInputError(f"FP8 q/k need head dim {', '.join(map(str, profile.head_dims))} exactly, got {hdim}; "
+    fp8_dims = [d for d in profile.head_dims if d in FP8_HEAD_DIMS]
+    if fp8 and (built != hdim or hdim not in fp8_dims):
+        raise FlashtuneInputError(f"FP8 q/k need head dim {', '.join(map(str, fp8_dims))} exactly, got {hdim}; "
                                   "use 16-bit q/k")
     hdim = built
     try:

@@ -14,7 +14,7 @@ import yaml
 from flashtune.kernels.bwd_spec import BwdTile
 from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile
 from flashtune.kernels.profiles import Profile
-from flashtune.kernels.tiles import TileConfig
+from flashtune.kernels.tiles import FP8_HEAD_DIMS, TileConfig
 
 
 def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int | None, tile: TileConfig,
@@ -34,12 +34,13 @@ def _table_lines(base: Profile, table, indent: str) -> list[str]:
 BucketTiles = dict[tuple[int, bool], list[tuple[int, int | None, TileConfig]]]  # (hdim, causal) -> (lo, hi, tile)
 
 
-def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "  ") -> list[str]:
+def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "  ", fp8: bool = False) -> list[str]:
     """Config lines per (hdim, causal): tuned ones get one tile per bucket [lo, hi) (adjacent equal
-    tiles merged); the others keep the entries of `table` (default: the base's configs)."""
+    tiles merged); the others keep the entries of `table` (default: the base's configs). `fp8`: the
+    lines of fp8.configs, at the head dims with FP8 Q/K kernels."""
     table = base.configs if table is None else table
     lines = []
-    for hdim in base.head_dims:
+    for hdim in (h for h in base.head_dims if not fp8 or h in FP8_HEAD_DIMS):
         for causal in (False, True):
             if (hdim, causal) not in tiles:
                 lines += [_config_line(base.family, hdim, causal, e.seqlen_min, e.seqlen_max, e.tile, indent)
@@ -111,7 +112,7 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
     text = "# Written by `flashtune tune`; see provenance at the end.\n"
     text += yaml.safe_dump(header, sort_keys=False, width=100)
     if fp8:  # FP8 tiles tuned: they become fp8.configs (starting from the twins' current tiles)
-        fp8_lines = tuned_configs(base, tiles, base.fp8_configs or base.configs, indent="    ")
+        fp8_lines = tuned_configs(base, tiles, base.fp8_configs or base.configs, indent="    ", fp8=True)
         config_lines = _table_lines(base, base.configs, "  ")
     else:
         fp8_lines = _table_lines(base, base.fp8_configs, "    ")
