@@ -254,8 +254,12 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
 @click.option("--backward/--no-backward", default=True, show_default=True,
               help="Also the backward kernels (the gradients of flash_attn_func and flash_attn_varlen_func): per "
                    "dtype, head dim 64 and 128, causal and not; else compiled on a training step's first call.")
+@click.option("--narrow/--no-narrow", default=True, show_default=True,
+              help="sm90 profiles: also each 16-bit prefill kernel's narrow twin, which reads a head dim between the "
+                   "built ones (Phi-3's 96) or a V head dim unlike Q/K's (MLA's 192/128) in place; else compiled "
+                   "on such a call's first use.")
 @json_option
-def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, backward, as_json) -> None:
+def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, backward, narrow, as_json) -> None:
     """JIT-compile a profile's attention kernels into the cache.
 
     One kernel per (dtype, head dim, causal, tile) of the profile, each with its exact,
@@ -273,7 +277,8 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
     console = None if as_json else make_console()
     if console:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
-    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=decode, backward=backward)
+    report = build.run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=decode, backward=backward,
+                             narrow=narrow)
     if as_json:
         print_json(report.to_json())
     else:

@@ -199,7 +199,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
         k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
     if (q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None
-            and v.shape[-1] == q.shape[-1]):  # a V head dim unlike Q/K's: the varlen call pads them
+            and v.shape[-1] == q.shape[-1]):  # a V head dim unlike Q/K's: the varlen call serves it
         positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
         end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
         first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)

@@ -96,6 +96,9 @@
 #   bench-mla     bench --hdims 192 --hdim-v 128 (DeepSeek's MLA prefill) at 1k, 4k and 16k beside SDPA's backends, JSON in $OUT
 #   h192          the sm90 profiles' hdim-192 prefill kernel: the GPU tests at 192 and 136 under h200 (test_ops_gpu.py's
 #                 192 cases, test_head_dims_gpu.py), then bench --hdims 192 beside cuDNN and SDPA flash (JSON in $OUT)
+#   narrow        the sm90 narrow kernels (odd head dims and MLA's V read in place): test_head_dims_gpu.py's prefill and
+#                 test_v_head_dim_gpu.py under h200, the bf16 prefill kernels and their narrow twins built, bench --hdims 96
+#                 beside cuDNN and SDPA flash (JSON in $OUT), memcheck on tools/sanitize_case.py; bench-mla gives 192/128
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -304,6 +307,12 @@ for step in "$@"; do case $step in
            -k "(192 or head_dims) and not phi3" tests/test_ops_gpu.py tests/test_head_dims_gpu.py
          run bench-h192 200 python3 -m flashtune bench --profile h200 --hdims 192 --backends flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-h192.json" ;;
+  narrow) FLASHTUNE_PROFILE=h200 run narrow-tests 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           -k "prefill or v_head_dim" tests/test_head_dims_gpu.py tests/test_v_head_dim_gpu.py
+         run build-narrow 200 python3 -m flashtune build --profile h200 --dtypes bfloat16 --no-decode --no-backward --jobs 16
+         run bench-h96 200 python3 -m flashtune bench --profile h200 --hdims 96 --backends flashtune,sdpa-cudnn,sdpa-flash \
+           --out "$OUT/bench-h96.json"
+         run memcheck-narrow 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py h200 ;;
   bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;

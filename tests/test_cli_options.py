@@ -52,7 +52,7 @@ def captured_build(monkeypatch):
 
     asked = []
 
-    def fake_run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=True, backward=True):
+    def fake_run_build(profile, arch, dtypes, hdims, force, jobs, console, decode=True, backward=True, narrow=True):
         asked.append((dtypes, hdims))
         raise click.exceptions.Exit(0)
 

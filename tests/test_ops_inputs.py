@@ -161,11 +161,10 @@ def test_an_sm90_profile_computes_head_dims_above_128_at_its_192_kernel():
     assert decode.hdim == 192 and decode.tile == h200.decode_tile(256, decode.tile.rows)  # computed at 256 inside
 
 
-@pytest.mark.parametrize("profile_name, dtype, width", [("h200", torch.bfloat16, 192), ("h200-sm80", torch.bfloat16, 256),
-                                                        ("h200", "e4m3", 256)])
+@pytest.mark.parametrize("profile_name, dtype, width", [("h200-sm80", torch.bfloat16, 256), ("h200", "e4m3", 256)])
 def test_an_unlike_v_head_dim_pads_to_the_profiles_built_size(monkeypatch, profile_name, dtype, width):
-    """DeepSeek's MLA prefill, Q/K 192 and V 128: all three zero-padded to one built head dim (192 where the
-    profile builds it, but for e4m3 q/k, which have no 192 kernel), the output cut back to V's."""
+    """DeepSeek's MLA prefill, Q/K 192 and V 128, where no narrow kernel serves (the sm80 family, e4m3 q/k):
+    all three zero-padded to one built head dim (256: neither has a 192 kernel), the output cut back to V's."""
     from flashtune.runtime.checks import FP8
 
     seen = []
@@ -178,6 +177,41 @@ def test_an_unlike_v_head_dim_pads_to_the_profiles_built_size(monkeypatch, profi
     v = torch.zeros(1, 300, 4, 128, dtype=torch.bfloat16)
     out, _ = ops._attention_fwd(q, k, v, None, None, 300, 300, 0.1, True, torch.ones(1, 4), torch.ones(1, 4))
     assert seen == [(width, width, width, dtype == "e4m3")] and out.shape[-1] == 128
+
+
+@pytest.mark.parametrize("hdim, hdim_v, seqlen_q, expected", [
+    (96, None, 4096, "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_narrow_sm90a"),  # Phi-3's, at 128 in place
+    (192, 128, 4096, "flashtune_fwd_sm90_bf16_h192_128x112_wg2_s2_c_narrow_sm90a"),  # DeepSeek's MLA prefill
+    (128, None, 4096, "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"),        # a built head dim: the plain one
+    (96, None, 1, "flashtune_decode_bf16_h96_"),                                      # decode: its own kernels
+])
+def test_an_sm90_profile_reads_head_dims_between_the_built_ones_in_place(hdim, hdim_v, seqlen_q, expected):
+    spec = ops.kernel_for(find_profile("h200"), torch.bfloat16, hdim, True, seqlen_q, 4096, hdim_v=hdim_v)
+    assert spec.name.startswith(expected)
+    sm80 = ops.kernel_for(find_profile("h200-sm80"), torch.bfloat16, 96, True, 4096, 4096)
+    assert not sm80.narrow and sm80.hdim == 128  # the sm80 family: the op pads copies
+    with pytest.raises(FlashtuneInputError, match="unlike Q/K's .* narrow prefill kernel"):
+        ops.kernel_for(find_profile("h200-sm80"), torch.bfloat16, 192, True, 4096, 4096, hdim_v=128)
+
+
+@pytest.mark.parametrize("profile_name, hdim_v, padded", [("h200", 96, None), ("h200", 64, None),
+                                                           ("h200-sm80", 96, 128), ("h200-sm80", 64, 128)])
+def test_the_op_pads_copies_only_where_no_narrow_kernel_serves(monkeypatch, profile_name, hdim_v, padded):
+    """q/k of head dim 96 (and v of 96, or 64): an sm90 profile's narrow kernel gets the tensors as they
+    are; the sm80 family gets copies zero-padded to 128, and its output cut back to v's."""
+    seen = []
+    monkeypatch.setattr(ops, "active_profile", lambda device: find_profile(profile_name))
+    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest: (
+        seen.append((spec.narrow, q.shape[-1], k.shape[-1], v.shape[-1])) or torch.zeros(*q.shape[:-1], v.shape[-1]),
+        torch.zeros(1)))
+    q, k, v = torch.zeros(1, 300, 4, 96), torch.zeros(1, 300, 4, 96), torch.zeros(1, 300, 4, hdim_v)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    out, _ = ops._attention_fwd(q, k, v, None, None, 300, 300, 0.1, True)
+    assert seen == ([(True, 96, 96, hdim_v)] if padded is None else [(False, padded, padded, padded)])
+    assert out.shape[-1] == hdim_v
+    seen.clear()  # a broadcast k (no tensor map describes a stride of 0): padded copies on every profile
+    ops._attention_fwd(q, k[:, :, :1].expand(k.shape), v, None, None, 300, 300, 0.1, True)
+    assert seen == [(False, 128, 128, 128)]
 
 
 def test_a_profile_for_another_arch_is_refused_on_this_gpu():

@@ -101,6 +101,38 @@ def test_the_192_kernel_compiles_without_spills_on_wgmma():
     assert "HGMMA" in sass and spec.name in sass
 
 
+def test_build_takes_an_sm90_profiles_narrow_twins_unless_told_not_to():
+    h200 = find_profile("h200")
+    plain, both = specs_for_profile(h200), specs_for_profile(h200, narrow=True)
+    twins = [s for s in both if s.narrow]
+    assert sorted(s.name.replace("_narrow", "") for s in twins) == sorted(s.name for s in plain if not s.fp8)
+    assert not any(s.narrow for s in specs_for_profile(find_profile("h200-sm80"), narrow=True))
+
+
+def test_a_narrow_kernel_is_named_and_built_apart_and_only_in_the_sm90_family():
+    plain = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True)
+    narrow = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True, narrow=True)
+    assert narrow.name == "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_narrow_sm90a"
+    assert ("Traits<__nv_bfloat16, 128, 128, 176, 2, true, false, KernelSchedule, flashtune::Variants<false, false, "
+            "false, false>, flashtune::sm90::KvCache::kNone, true>") in narrow.source()
+    assert "KvCache" not in plain.source() and narrow.source_hash() != plain.source_hash()
+    with pytest.raises(SpecError, match="narrow kernel .* is the sm90 family's, 16-bit"):
+        _spec(narrow=True)  # sm80
+    with pytest.raises(SpecError, match="narrow kernel"):
+        _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 128, 2), fp8=True, narrow=True)
+
+
+@pytest.mark.slow
+def test_a_narrow_kernel_compiles_without_spills():
+    """Phi-3's head dim 96 in place on h200's hdim-128 tile (168 registers, no spills with nvcc 13.0)."""
+    from flashtune.kernels.build import build_specs
+
+    spec = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 176, 2), causal=True, narrow=True)
+    results, failures = build_specs([spec], jobs=1)
+    assert not failures, failures
+    assert results[0].spill_stores == 0 and results[0].spill_loads == 0 and results[0].registers
+
+
 def test_specs_for_profile_retargets_and_rejects_unknown_choices():
     profile = find_profile("rtx4090")
     assert {s.arch for s in specs_for_profile(profile, arch="sm_120")} == {"sm_120"}

@@ -1,7 +1,8 @@
 """A V head dim unlike Q/K's (DeepSeek's MLA prefill: 192/128; 128/64), on the GPU: flash_attn_func
 in prefill and decode lengths, causal and not, GQA, and flash_attn_varlen_func, against the fp32
 reference, outputs poisoned first, fresh random inputs each case; under the profile the run selects
-(FLASHTUNE_PROFILE=h200-sm80 as well). Served by zero-padding q, k and v to one built head dim."""
+(FLASHTUNE_PROFILE=h200-sm80 as well). Computed at one built head dim: in place by an sm90 profile's narrow
+kernel in prefill, else on q, k and v zero-padded to it."""
 from __future__ import annotations
 
 import pytest

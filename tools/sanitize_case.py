@@ -125,6 +125,18 @@ for hdim in (64, 128, 256):
         flashtune.flash_attn_with_kvcache(q, k8.view(-1, 16, heads_kv, hdim), v8.view(-1, 16, heads_kv, hdim),
                                           cache_seqlens=seqlens, block_table=table, causal=causal,
                                           k_descale=k_descale, v_descale=v_descale)
+# Head dims between the built ones and a V head dim unlike Q/K's (an sm90 profile's narrow kernels: TMA
+# boxes partly and wholly past a tensor's head dim, O stored up to its own): fixed length (TMA stores
+# where the tile has them) and varlen (direct stores), causal and not.
+for dqk, dv in ((96, 96), (136, 136), (192, 128), (64, 128)):
+    for causal in (False, True):
+        q = torch.randn(2, 333, 8, dqk, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 500, 2, dqk, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, 500, 2, dv, device="cuda", dtype=torch.bfloat16)
+        flashtune.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        cu_q = torch.tensor([0, 100, 333], dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0, 150, 500], dtype=torch.int32, device="cuda")
+        flashtune.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 233, 350, causal=causal)
 backward_calls()
 torch.cuda.synchronize()
 print("sanitize_case: done")

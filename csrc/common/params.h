@@ -71,6 +71,11 @@ struct FwdParams {
   int32_t num_splits;
   float* o_partial;
   float* lse_partial;
+
+  // The sm90 family's narrow kernels (kernel_traits.cuh: kNarrow; others never read these): q and k,
+  // and v and o, at head dims of their own up to the kernel's (multiples of 8), the columns past them
+  // zero-filled in shared memory by the TMA and never stored. Last, so every other field keeps its offset.
+  int32_t head_dim_qk, head_dim_v;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

@@ -51,7 +51,7 @@ struct Epilogue {
   // and stores it as 16 bytes: a warp's store covers 8 rows x 64 contiguous bytes. Every lane of
   // the warp calls it (the shuffles), whether its row is stored or not.
   static __device__ __forceinline__ void store_row(Elem* out_row, const float (&acc_o)[T::kORegs], int r, float inv,
-                                                   int t, bool in) {
+                                                   int t, bool in, int cols = D) {
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) {
       uint32_t x[4];
@@ -67,7 +67,8 @@ struct Epilogue {
       r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
       r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
       if (odd) x[0] = r0, x[2] = r1; else x[1] = r0, x[3] = r1;
-      if (in) *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
+      if (in && (!T::kNarrow || 8 * (4 * k + t) < cols))  // narrow: only the chunks of o's own head dim
+        *reinterpret_cast<uint4*>(out_row + 8 * (4 * k + t)) = make_uint4(x[0], x[1], x[2], x[3]);
     }
   }
 
@@ -146,7 +147,7 @@ struct Epilogue {
       }
       inv_of[r] = inv;
       const int row = m0 + row_in_tile + 8 * r;
-      if (!tma_store) store_row(out + int64_t(row) * p.o_row_stride, acc_o, r, inv, t, row < rows_end);
+      if (!tma_store) store_row(out + int64_t(row) * p.o_row_stride, acc_o, r, inv, t, row < rows_end, p.head_dim_v);
       if (row >= rows_end) continue;
       if (p.lse != nullptr && t == 0)
         p.lse[lse_off + int64_t(tile.head) * p.lse_head_stride + row] = T::kSinks ? lse_sink : row_lse(mx[r], lse_scale, l);
@@ -172,8 +173,9 @@ struct Epilogue {
       if (tid == 0) {
 #pragma unroll
         for (int c = 0; c < D / 64; ++c)
-          tma_store_4d(&maps.o, s_o + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m0 + cw * 64, tile.head,
-                       tile.batch);
+          if (!T::kNarrow || 64 * c < p.head_dim_v)  // narrow: no panel wholly past o's head dim
+            tma_store_4d(&maps.o, s_o + c * T::kPanelBytesO + cw * 64 * 128, 64 * c, m0 + cw * 64, tile.head,
+                         tile.batch);
         bulk_commit_group();
       }
     }

@@ -34,10 +34,14 @@ namespace sm90 {
 // group, keys up to each sequence's cache_seqlens, split across CTAs (decode's combine merges).
 enum class KvCache : int { kNone = 0, kContiguous = 1, kPages = 2 };
 
+// Narrow: q/k and v/o narrower than kHeadDim (params.h: head_dim_qk, head_dim_v), read by the TMA
+// with the columns past their head dims zero-filled in shared memory (zero q.k terms, zero O
+// columns) and O stored up to v's (the TMA store clips; direct stores skip the chunks past it).
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
-          class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone>
+          class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone, bool kNarrow_ = false>
 struct Traits {
   using Elem = Elem_;
+  static constexpr bool kNarrow = kNarrow_;
   static constexpr KvCache kKvCache = kKvCache_;
   static constexpr bool kCache = kKvCache != KvCache::kNone;
   static constexpr bool kPaged = kKvCache == KvCache::kPages;
@@ -120,6 +124,7 @@ struct Traits {
   static_assert(!kCache || (kOverlap && !kPersistent && !kTmaStore && !kDeferEpilogue && !kFp8Qk),
                 "a KV-cache kernel: overlap, one tile per CTA, direct stores, 16-bit");
   static_assert(!kCache || (!kSinks && !kAlibi && !kWindow && !kSoftcap), "a KV-cache kernel has no variant yet");
+  static_assert(!kNarrow || (!kCache && !kFp8Qk), "narrow: a 16-bit prefill kernel");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,

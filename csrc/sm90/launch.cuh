@@ -21,17 +21,23 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if constexpr (T::kFp8Qk) {  // the kernel reads both descales unconditionally
     if (p.q_descale == nullptr || p.k_descale == nullptr) return int(cudaErrorInvalidValue);
   }
+  // A narrow kernel's tensors have head dims of their own: the maps' widths, past which the TMA loads
+  // zeros and stores nothing.
+  const uint64_t dim_qk = T::kNarrow ? uint64_t(p.head_dim_qk) : T::kHeadDim;
+  const uint64_t dim_v = T::kNarrow ? uint64_t(p.head_dim_v) : T::kHeadDim;
+  if (T::kNarrow && (dim_qk == 0 || dim_qk > T::kHeadDim || dim_qk % 8 || dim_v == 0 || dim_v > T::kHeadDim || dim_v % 8))
+    return int(cudaErrorInvalidValue);
   TmaMaps maps;
-  int err = encode_4d(&maps.q, p.q, kQKType, batch, rows_q, p.heads_q, T::kHeadDim, p.q_batch_stride,
+  int err = encode_4d(&maps.q, p.q, kQKType, batch, rows_q, p.heads_q, dim_qk, p.q_batch_stride,
                       p.q_row_stride, p.q_head_stride, T::kQKBoxCols, T::kBlockM);
   if (!err)
-    err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, T::kHeadDim, p.k_batch_stride,
+    err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, dim_qk, p.k_batch_stride,
                     p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kBlockN);
   if (!err)
-    err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, T::kHeadDim, p.v_batch_stride,
+    err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, dim_v, p.v_batch_stride,
                     p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
   if (!err && T::kTmaStore)  // O is written in boxes of 64 columns x one warpgroup's 64 rows
-    err = encode_4d(&maps.o, p.o, kVType, batch, rows_q, p.heads_q, T::kHeadDim, p.o_batch_stride,
+    err = encode_4d(&maps.o, p.o, kVType, batch, rows_q, p.heads_q, dim_v, p.o_batch_stride,
                     p.o_row_stride, p.o_head_stride, 64, 64);
   if (err) return cudaErrorInvalidValue;  // a tensor the TMA cannot describe (python checks come first)
   const cudaError_t attr =

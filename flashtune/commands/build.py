@@ -55,15 +55,16 @@ class BuildReport:
 
 def run_build(profile: Profile, arch: str | None, dtypes, hdims, force: bool, jobs: int | None,
               console: Console | None, with_binding: bool = True, decode: bool = True,
-              backward: bool = True) -> BuildReport:
+              backward: bool = True, narrow: bool = True) -> BuildReport:
     """Build every kernel of the profile (narrowed by the options), the decode and backward kernels
-    included; a progress bar on the console."""
-    specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None)
+    and an sm90 profile's narrow twins included; a progress bar on the console."""
+    specs = specs_for_profile(profile, arch=arch, dtypes=dtypes or None, hdims=hdims or None, narrow=narrow)
     target = get_arch(arch or profile.arch.name)
     check_build_toolchain(target)  # once, before any compile: exit 2
     report = BuildReport(profile.name, target.name, profile.family, str(cache_root()))
     if profile.fp8_qk and not target.fp8:  # the profile's FP8 twins need FP8 tensor cores
-        dropped = len(specs_for_profile(profile, dtypes=dtypes or None, hdims=hdims or None)) - len(specs)
+        every = specs_for_profile(profile, dtypes=dtypes or None, hdims=hdims or None, narrow=narrow)
+        dropped = len(every) - len(specs)
         report.notes.append(f"{dropped} FP8 Q/K kernels of profile {profile.name} are not built: {target.name} has "
                             "no FP8 tensor cores (they exist on sm_89, sm_90 and sm_120)")
     if decode:

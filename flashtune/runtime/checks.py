@@ -89,7 +89,7 @@ def check_tensors(q, k, v, varlen: bool) -> None:
         fail(f"k and v must have the same shape but for the head dim, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[-1] != k.shape[-1]:
         fail(f"q and k must share head_dim, got {q.shape[-1]} and {k.shape[-1]}")
-    if v.shape[-1] != k.shape[-1]:  # served by zero-padding (ops.py), at the next built head dim
+    if v.shape[-1] != k.shape[-1]:  # at the next built head dim: in place (sm90's narrow kernels) or zero-padded (ops.py)
         if computed_head_dim(v.shape[-1]) is None or computed_head_dim(q.shape[-1]) is None:
             fail(f"head dims q/k {q.shape[-1]}, v {v.shape[-1]}: each must be a multiple of 8 from {MIN_HEAD_DIM} "
                  f"to {MAX_HEAD_DIM}")

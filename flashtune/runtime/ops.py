@@ -23,7 +23,7 @@ from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, che
                                       refuse_broadcast, scale_for, sinks_or_s_aux, unit_descale_flags)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
-from flashtune.runtime.selection import active_profile, kernel_for, select_spec, use_profile
+from flashtune.runtime.selection import active_profile, kernel_for, narrow_serves, select_spec, use_profile
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "use_profile", "active_profile",
            "select_spec", "quantise_qk", "FlashtuneInputError"]
@@ -48,27 +48,31 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.numel() == 0:
         return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
     profile = active_profile(q.device)
-    if v.shape[-1] != q.shape[-1]:  # a V head dim unlike Q/K's: all three zero-padded to one built head dim
+    varlen = cu_seqlens_q is not None
+    # the TMA pads in shared memory (a broadcast input, which no tensor map describes, is padded by a copy)
+    narrow = (narrow_serves(profile, q.dtype == FP8, varlen, max_seqlen_q)
+              and not any(0 in t.stride() for t in (q, k, v)))
+    if v.shape[-1] != q.shape[-1] and not narrow:  # a V head dim unlike Q/K's: all three zero-padded to one
         built = tuple(d for d in profile.head_dims if q.dtype != FP8 or d in FP8_HEAD_DIMS)  # no FP8 Q/K at 192
         width = computed_head_dim(max(q.shape[-1], v.shape[-1]), built) or max(q.shape[-1], v.shape[-1])
         out, lse = _attention_fwd(*(_zero_padded(t, width) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale, k_descale, with_lse,
                                   softcap, window_left, window_right, sinks, alibi_slopes, deterministic)
         return out[..., :v.shape[-1]].contiguous(), lse
-    varlen = cu_seqlens_q is not None
     window = (window_left, window_right)
     var = VariantArgs(Variants(softcap > 0, window != (-1, -1), sinks is not None, alibi_slopes is not None), window,
                       softcap, sinks, alibi_slopes)
     spec = kernel_for(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, q.shape[-2] // k.shape[-2],
                       fp8=q.dtype == FP8, varlen=varlen, variants=var.variants,
-                      key_rows=0 if varlen else q.shape[0] * k.shape[-2] * max_seqlen_k, device_index=q.device.index)
+                      key_rows=0 if varlen else q.shape[0] * k.shape[-2] * max_seqlen_k, device_index=q.device.index,
+                      hdim_v=v.shape[-1], narrow=narrow)
     if isinstance(spec, DecodeSpec):  # short queries: runtime/decode.py, the same outputs
         out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,
                               policy=profile.decode_split, variant_args=var)
         return out, lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device)
     extra = (softcap, window, sinks, alibi_slopes)
-    if spec.hdim != q.shape[-1]:  # a head dim between the built ones: zero columns to the kernel's
+    if spec.hdim != q.shape[-1] and not spec.narrow:  # a head dim between the built ones: zero columns to the kernel's
         out, lse = run_spec(spec, *(_zero_padded(t, spec.hdim) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse, *extra)
         return out[..., :q.shape[-1]].contiguous(), lse

@@ -85,10 +85,11 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
                 seqlen_q: int, seqlen_k: int, fp8: bool = False,
-                variants: Variants = NO_VARIANTS) -> KernelSpec:
+                variants: Variants = NO_VARIANTS, narrow: bool = False) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
     output's; `fp8`: q and k in e4m3). A head dim between the built ones (a multiple of 8 from 32
-    to 256) is served by the next built one's kernel, on inputs zero-padded to it (ops.py)."""
+    to 256) is served by the next built one's kernel: its narrow twin (`narrow`, sm90: the inputs read in
+    place), or on inputs zero-padded to it (ops.py)."""
     dtype_name = dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
     if fp8 and not profile.arch.fp8:
         raise FlashtuneInputError(
@@ -118,11 +119,20 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
                                   f"(dtypes: {', '.join(profile.dtypes)})")
     # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
     key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags,
-           variants)
+           variants, narrow)
     spec = _spec_cache.get(key)
     if spec is None:
-        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8, variants=variants)
+        spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8, variants=variants,
+                                           narrow=narrow)
     return spec
+
+
+def narrow_serves(profile: Profile, fp8: bool, varlen: bool, seqlen_q: int) -> bool:
+    """Whether a prefill call whose head dims are not a built one's (or whose V head dim is not Q/K's)
+    runs on its tensors as they are: an sm90 profile's narrow kernel (16-bit, not a decode-length
+    call), which the TMA reads with zeros past each tensor's head dim; elsewhere the op zero-pads
+    copies of them."""
+    return profile.family == "sm90" and not fp8 and (varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
 
 
 # Query lengths up to this (decode, speculative decoding) go to the decode kernels: their query
@@ -133,17 +143,28 @@ DECODE_MAX_SEQLEN_Q = 16
 
 def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                head_ratio: int = 1, fp8: bool = False, varlen: bool = False,
-               variants: Variants = NO_VARIANTS, key_rows: int = 0, device_index: int = 0) -> KernelSpec | DecodeSpec:
+               variants: Variants = NO_VARIANTS, key_rows: int = 0, device_index: int = 0,
+               hdim_v: int | None = None, narrow: bool = True) -> KernelSpec | DecodeSpec:
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
     (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
     `variants`: which of softcap, window, sinks and alibi the call has (every family has them);
     key_rows, device_index: the key rows the call reads (sequences x KV heads x keys), on which
-    device (runtime/decode.py's decode_spec: a short call's packed rows)."""
+    device (runtime/decode.py's decode_spec: a short call's packed rows). hdim_v: V's head dim where it
+    is not Q/K's (a prefill call that narrow_serves; elsewhere the op pads v to one head dim first).
+    narrow=False: the op pads copies anyway (a broadcast input, which no tensor map describes)."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
-    spec = select_spec(profile, dtype, hdim, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
+    hdim_v = hdim_v or hdim
+    narrow = narrow and narrow_serves(profile, fp8, varlen, seqlen_q)
+    if hdim_v != hdim and not narrow:
+        raise FlashtuneInputError(f"a V head dim ({hdim_v}) unlike Q/K's ({hdim}) takes an sm90 profile's narrow "
+                                  "prefill kernel; the op pads the others to one head dim")
+    spec = select_spec(profile, dtype, max(hdim, hdim_v), causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
                        variants=NO_VARIANTS if decode else variants)
     if not decode:
+        if narrow and spec.hdim != min(hdim, hdim_v):
+            spec = select_spec(profile, dtype, max(hdim, hdim_v), causal, seqlen_q, seqlen_k, variants=variants,
+                               narrow=True)
         return spec
     from flashtune.runtime.decode import decode_spec
 
