@@ -19,8 +19,10 @@ def test_llama3_8b_accounts_by_hand():
     assert acc.weights == 8_030_261_248 * 2
     assert acc.kv_cache == 2 * 32 * 8 * 128 * 8192 * 2 == 2**30  # 128 KiB per token
     assert acc.score_matrix == 32 * 8192 * 8192 * 9
-    # the gated MLP's multiply: act(gate), up and their product, beside residual and normed input
-    assert acc.activations == 8192 * (3 * 14336 + 2 * 4096) * 2
+    # the gated MLP's multiply: act(gate), up and their product, beside the embeddings, the layer's input,
+    # the residual and the normed input; and the rotary tables (cos, sin: head_dim each per position)
+    assert acc.activations == (8192 * (3 * 14336 + 4 * 4096) + 2 * 8192 * 128) * 2
+    assert acc.total(flash=True) == acc.weights + acc.kv_cache + acc.activations + 32 * 2**20  # + cuBLAS's workspace
     assert memory.accounts(m, 1, 8192, kv_dtype="fp8").kv_cache == 2**29
 
 
@@ -108,3 +110,35 @@ def test_whole_model_peaks_measured_on_the_h200_are_within_10_percent():
         predicted = acc.total(flash=r["backend"] not in ("sdpa-math", "eager"))
         measured = r["peak_mem_mb"] * 2**20
         assert abs(measured - predicted) / measured < 0.10, (r["backend"], r["prefill"], predicted / measured)
+
+
+@pytest.mark.parametrize("hidden, intermediate, heads, kv_heads, head_dim, batch", [
+    (128, 352, 4, 2, 32, 2),   # GQA, batch 2
+    (256, 704, 4, 4, 64, 1),   # no GQA, batch 1 (the rotary tables count fully)
+])
+def test_activations_match_the_tensors_a_llama_prefill_holds(hidden, intermediate, heads, kv_heads, head_dim, batch):
+    """The accounts' KV cache and activations against the peak of live tensor bytes that torch's
+    profiler records through transformers' Llama prefill on the CPU (the same tensors a GPU holds,
+    less library workspaces): within 3%. Llama's MLP ratio (intermediate 2.75 x hidden), where the
+    MLP is the peak; a model with an MLP under about twice its hidden size peaks in attention."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = memory.ModelShape("tiny", 3, hidden, heads, kv_heads, head_dim, intermediate, 97)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=hidden, intermediate_size=intermediate,
+                                      num_hidden_layers=3, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      head_dim=head_dim, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa",
+                                                       torch_dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 97, (batch, 768))
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(ids, use_cache=True, logits_to_keep=1)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    acc = memory.accounts(shape, batch, 768)
+    assert peak == pytest.approx(acc.kv_cache + acc.activations, rel=0.03)

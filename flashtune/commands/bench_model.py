@@ -321,6 +321,7 @@ def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed:
     fp32, record = recall_model.load_or_train(recipe, device, cache_dir(), progress=report)
     model = recall_model.build(recipe, getattr(torch, dtype), attn_implementation="eager").to(device).eval()
     model.load_state_dict(fp32.state_dict())
+    fp32.cpu()  # on the GPU only while it computes the reference logits (_fp32_logits)
     shape = ModelShape(TRAINED_MODEL, recipe.layers, recipe.hidden, recipe.heads, recipe.kv_heads, recipe.head_dim,
                        recipe.intermediate, recipe.task.vocab)
 
@@ -383,6 +384,10 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 continue
             try:
                 model.set_attn_implementation(impl)
+                if cuda:  # each row from the same memory: the cuBLAS workspaces earlier rows' streams left go
+                    torch.cuda.synchronize()
+                    torch._C._cuda_clearCublasWorkspaces()
+                    torch.cuda.empty_cache()
                 with context(), torch.no_grad():
                     ttfts = []
                     for _ in range(repeats):
@@ -462,11 +467,19 @@ def device_memory(device: str) -> float:
 
 
 def _fp32_logits(subject: _Subject, ids: torch.Tensor, keep: int) -> torch.Tensor:
-    """The trained model's logits in fp32 with SDPA's math kernel (on the CPU, for the comparison)."""
+    """The trained model's logits in fp32 with SDPA's math kernel (on the CPU, for the comparison).
+    The fp32 copy waits on the CPU between these calls, so the backends' peaks hold only their model."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
-        return torch.cat([subject.fp32(ids[i:i + 1], logits_to_keep=keep).logits.cpu() for i in range(ids.shape[0])])
+    subject.fp32.to(ids.device)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+            return torch.cat([subject.fp32(ids[i:i + 1], logits_to_keep=keep).logits.cpu()
+                              for i in range(ids.shape[0])])
+    finally:
+        subject.fp32.cpu()
+        if ids.is_cuda:
+            torch.cuda.empty_cache()
 
 
 def _recall_accuracy(logits: torch.Tensor, ids: torch.Tensor, task, keep: int) -> float:

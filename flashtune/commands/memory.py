@@ -7,11 +7,18 @@ Three accounts, each with how it grows:
   one layer at a time (batch x heads x seqlen_q x seqlen_k elements, about 9 bytes each at
   the peak: scores, their fp32 softmax and the 16-bit probabilities, as measured for SDPA's
   math backend on an H200). A flash kernel holds none of it.
-Plus the transient activations of one layer, an estimate. Everything is bytes.
+Plus the transient activations of one layer and torch's cuBLAS workspace. Everything is bytes.
 
-The transient peak of a Llama-style layer is its gated MLP, evaluated eagerly as
-down(act(gate(x)) * up(x)): at the multiply, act(gate(x)), up(x) and their product are live
-(3 x intermediate per token) beside the residual stream and the normed input (2 x hidden).
+The transient peak of a Llama-style prefill (transformers, eager PyTorch) is a layer's gated MLP,
+evaluated as down(act(gate(x)) * up(x)): at the multiply, act(gate(x)), up(x) and their product
+are live (3 x intermediate per token) beside four hidden-size tensors (the embeddings, which the
+model's forward keeps to its end, the layer's input, the residual after attention and the normed
+input) and the rotary cos/sin tables (2 x head_dim per position, shared by the batch). Counted by
+tracking every tensor's bytes through transformers' Llama forward (on the CPU, where the same
+tensors live): 14,724 bytes per token for the recall model at batch 2, this formula's to 4 bytes.
+That is the peak where the MLP is at least about twice the hidden size (Llama's 2.75x, every model
+here); a narrower MLP peaks in attention instead (q, k, v, their rotated copies, the output),
+which this estimate does not model.
 """
 from __future__ import annotations
 
@@ -27,6 +34,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "
 # Peak bytes per score element of a non-flash attention (bf16 inputs): measured for SDPA's
 # math backend on the H200 (benchmarks/h200/..._fa-grid.json: 9.1-9.4 at seqlen >= 8k).
 SCORE_BYTES_PER_ELEMENT = 9
+# torch's cuBLAS workspace on sm_90 (32 MiB a stream, allocated through its caching allocator at
+# the first matmul): the fixed step in the H100 model bench's peaks between one backend and the next.
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,11 @@ class Accounts:
     kv_cache: int
     score_matrix: int  # one layer's, for a non-flash kernel; 0 with a flash kernel
     activations: int  # one layer's transient tensors (estimate)
+    workspace: int = CUBLAS_WORKSPACE_BYTES
 
     def total(self, flash: bool) -> int:
-        return self.weights + self.kv_cache + self.activations + (0 if flash else self.score_matrix)
+        return (self.weights + self.kv_cache + self.activations + self.workspace
+                + (0 if flash else self.score_matrix))
 
 
 def accounts(model: ModelShape, batch: int, seqlen: int, dtype: str = "bfloat16",
@@ -107,7 +119,7 @@ def accounts(model: ModelShape, batch: int, seqlen: int, dtype: str = "bfloat16"
         weights=int(model.params * elem),
         kv_cache=int(2 * model.layers * model.kv_heads * model.head_dim * tokens * kv_elem),
         score_matrix=batch * model.heads * seqlen * seqlen * SCORE_BYTES_PER_ELEMENT,
-        activations=int(tokens * (3 * model.intermediate + 2 * model.hidden) * elem),
+        activations=int((tokens * (3 * model.intermediate + 4 * model.hidden) + 2 * seqlen * model.head_dim) * elem),
     )
 
 
@@ -230,6 +242,7 @@ def render(rep: MemoryReport, console: Console) -> None:
                   _gib(acc.score_matrix), _gib(0))
     table.add_row("activations (one layer, estimate)", "batch x seqlen", _gib(acc.activations),
                   _gib(acc.activations))
+    table.add_row("cuBLAS workspace", "fixed", _gib(acc.workspace), _gib(acc.workspace))
     table.add_row("[bold]total[/]", "", f"[bold]{_gib(rep.total_without_flash)}[/]",
                   f"[bold]{_gib(rep.total_with_flash)}[/]")
     console.print(table)
