@@ -46,7 +46,8 @@ def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shape
                                  f"{', '.join(map(str, FP8_HEAD_DIMS))})", param_hint="--hdims")
     notes = []
     for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
-        problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8) for h in tuned_hdims(profile, hdims, fp8)}
+        problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8)
+                    for h in tuned_hdims(profile, hdims, fp8)}
         said = "; ".join(f"hdim {h}: {', '.join(p)}" for h, p in problems.items() if p)
         if all(problems.values()):
             raise click.BadParameter(f"{shape[0]}x{shape[1]} cannot run on {profile.arch.name}: {said}",

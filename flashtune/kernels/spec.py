@@ -14,8 +14,8 @@ from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.paths import csrc_dir
 from flashtune.kernels.schedule import FIELD_NAMES, Schedule
 from flashtune.kernels.variants import NO_VARIANTS, Variants
-from flashtune.kernels.tiles import (FP8_HEAD_DIMS, TileConfig, shared_memory_bytes, sm90_default_schedule, sm90_schedule,
-                                     threads_per_cta, tile_problems)
+from flashtune.kernels.tiles import (FP8_HEAD_DIMS, TileConfig, shared_memory_bytes, sm90_default_schedule,
+                                     sm90_schedule, threads_per_cta, tile_problems)
 
 DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
 
