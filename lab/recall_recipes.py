@@ -1,0 +1,81 @@
+"""Recall-model recipes side by side on the GPU (issue 34: the shipped recipe plateaus at the key
+prior, 38% held-out accuracy on an H100; lab/results/2026-12-07_recall-cpu-study/ says why). Each
+variant trains from the same seed through recall_model.train with SDPA, for at most its share of
+the time, then is scored on the plain task (keys drawn from the prior, none following another) at
+4k and 16k tokens, as the bench scores the shipped recipe.
+
+Variants (VARIANTS below): the shipped recipe; "follow": in training a key is the previous key + 1
+with probability 0.5, which rewards the previous-token head the recall circuit is built on (the
+CPU study: 16 keys learned with it, not without); "follow-short": the same with the 512-token
+stage's steps doubled and the long stages halved; "follow-128": 128 uniform keys and values.
+
+Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
+"""
+import dataclasses
+import json
+import sys
+import time
+
+import torch
+
+from flashtune.measure import recall_model
+from flashtune.measure.recall_model import HELD_OUT_SEED, Recipe, RecallTask, Stage, recall_accuracy
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowTask(RecallTask):
+    """RecallTask whose training prompts chain keys: each key is the previous one + 1 (mod keys)
+    with probability `follow`, else drawn from the prior; values stay bound to their keys."""
+    follow: float = 0.5
+
+    def sample(self, batch, length, generator):
+        ids, _ = super().sample(batch, length, generator)
+        keys = ids[:, 1::2] - 1
+        chained = torch.rand(keys.shape, generator=generator) < self.follow
+        for j in range(1, keys.shape[1]):
+            keys[:, j] = torch.where(chained[:, j], (keys[:, j - 1] + 1) % self.keys, keys[:, j])
+        binding = torch.multinomial(self._prior(self.values).expand(batch, -1), self.keys, replacement=True,
+                                    generator=generator)
+        ids[:, 1::2] = 1 + keys
+        ids[:, 2::2] = 1 + self.keys + binding.gather(1, keys[:, :ids[:, 2::2].shape[1]])
+        return ids, recall_model.recall_positions(ids, self)
+
+
+SHIPPED = Recipe()
+VARIANTS = {
+    "shipped": SHIPPED,
+    "follow": dataclasses.replace(SHIPPED, task=FollowTask()),
+    "follow-short": dataclasses.replace(SHIPPED, task=FollowTask(), stages=(
+        Stage(512, 64, 2400), Stage(4096, 8, 150), Stage(16384, 2, 75))),
+    "follow-128": dataclasses.replace(SHIPPED, task=FollowTask(keys=128, values=128, zipf=0.0)),
+}
+
+
+def run(name: str, recipe: Recipe) -> dict:
+    torch.cuda.empty_cache()
+    model, record = recall_model.train(recipe, "cuda")
+    plain = RecallTask(recipe.task.keys, recipe.task.values, recipe.task.zipf)  # scored without chains
+    accuracy = {length: round(recall_accuracy(model, plain, length, prompts=4, seed=HELD_OUT_SEED + length,
+                                              device="cuda"), 4) for length in (4096, 16384)}
+    curve = record.loss_curve
+    return {"variant": name, "seconds": record.seconds, "final_loss": record.final_loss, "accuracy": accuracy,
+            "loss_at": {step: loss for step, loss in curve if step % 200 == 0}, "recipe": dataclasses.asdict(recipe)}
+
+
+def main() -> None:
+    out, names = sys.argv[1], sys.argv[2:] or list(VARIANTS)
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        results.append(run(name, VARIANTS[name]))
+        results[-1]["wall_seconds"] = round(time.perf_counter() - start, 1)
+        with open(out, "w") as f:  # rewritten after each variant: a cut-short visit keeps what ran
+            json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    print(f"{'variant':14} {'train s':>8} {'final loss':>10} {'acc 4k':>7} {'acc 16k':>7}")
+    for r in results:
+        print(f"{r['variant']:14} {r['seconds']:8.1f} {r['final_loss']:10.4f} {r['accuracy'][4096]:7.1%} "
+              f"{r['accuracy'][16384]:7.1%}")
+
+
+if __name__ == "__main__":
+    main()
