@@ -508,7 +508,8 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 
     Three accounts: weights (fixed), the KV cache (linear in batch x seqlen) and the attention
     score matrix that a non-flash kernel materialises (quadratic in seqlen, one layer at a
-    time), plus one layer's activations; then a verdict against the GPU and what helps.
+    time), plus one layer's activations and torch's cuBLAS workspace; then a verdict against the
+    GPU and what helps.
 
     \b
         flashtune memory --model llama3-8b-like --batch 4 --seqlen 32768

@@ -1,8 +1,8 @@
 """Recall-model recipes side by side on the GPU (issue 34: the shipped recipe plateaus at the key
 prior, 38% held-out accuracy on an H100; lab/results/2026-12-07_recall-cpu-study/ says why). Each
-variant trains from the same seed through recall_model.train with SDPA, for at most its share of
-the time, then is scored on the plain task (keys drawn from the prior, none following another) at
-4k and 16k tokens, as the bench scores the shipped recipe.
+variant trains from the same seed through recall_model.train with SDPA (about a minute each on an
+H100), then is scored on the plain task (keys drawn from the prior, none following another) at 4k
+and 16k tokens, as the bench scores the shipped recipe. The JSON is rewritten after each variant.
 
 Variants (VARIANTS below): the shipped recipe; "follow": in training a key is the previous key + 1
 with probability 0.5, which rewards the previous-token head the recall circuit is built on (the
@@ -32,8 +32,10 @@ class FollowTask(RecallTask):
         ids, _ = super().sample(batch, length, generator)
         keys = ids[:, 1::2] - 1
         chained = torch.rand(keys.shape, generator=generator) < self.follow
-        for j in range(1, keys.shape[1]):
-            keys[:, j] = torch.where(chained[:, j], (keys[:, j - 1] + 1) % self.keys, keys[:, j])
+        chained[:, 0] = False
+        index = torch.arange(keys.shape[1]).expand_as(keys)
+        start = torch.where(chained, 0, index).cummax(1).values  # each key's chain starts at the last drawn one
+        keys = (keys.gather(1, start) + index - start) % self.keys
         binding = torch.multinomial(self._prior(self.values).expand(batch, -1), self.keys, replacement=True,
                                     generator=generator)
         ids[:, 1::2] = 1 + keys

@@ -21,7 +21,7 @@ def test_llama3_8b_accounts_by_hand():
     assert acc.score_matrix == 32 * 8192 * 8192 * 9
     # the gated MLP's multiply: act(gate), up and their product, beside the embeddings, the layer's input,
     # the residual and the normed input; and the rotary tables (cos, sin: head_dim each per position)
-    assert acc.activations == (8192 * (3 * 14336 + 4 * 4096) + 2 * 8192 * 128) * 2
+    assert acc.activations == 8192 * (3 * 14336 + 4 * 4096 + 2 * 128) * 2
     assert acc.total(flash=True) == acc.weights + acc.kv_cache + acc.activations + 32 * 2**20  # + cuBLAS's workspace
     assert memory.accounts(m, 1, 8192, kv_dtype="fp8").kv_cache == 2**29
 
@@ -119,7 +119,7 @@ def test_whole_model_peaks_measured_on_the_h200_are_within_10_percent():
 def test_activations_match_the_tensors_a_llama_prefill_holds(hidden, intermediate, heads, kv_heads, head_dim, batch):
     """The accounts' KV cache and activations against the peak of live tensor bytes that torch's
     profiler records through transformers' Llama prefill on the CPU (the same tensors a GPU holds,
-    less library workspaces): within 3%. Llama's MLP ratio (intermediate 2.75 x hidden), where the
+    less library workspaces): within 1%, which the rotary tables' share (1.5-3%) exceeds. Llama's MLP ratio (intermediate 2.75 x hidden), where the
     MLP is the peak; a model with an MLP under about twice its hidden size peaks in attention."""
     transformers = pytest.importorskip("transformers")
     import torch
@@ -133,12 +133,13 @@ def test_activations_match_the_tensors_a_llama_prefill_holds(hidden, intermediat
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa",
                                                        torch_dtype=torch.bfloat16).eval()
     ids = torch.randint(0, 97, (batch, 768))
+    positions = torch.arange(768).expand(batch, -1)  # as generate passes them: rotary tables per sequence
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model(ids, use_cache=True, logits_to_keep=1)
+        model(ids, position_ids=positions, use_cache=True, logits_to_keep=1)
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
     for _, nbytes in events:
         live += nbytes
         peak = max(peak, live)
     acc = memory.accounts(shape, batch, 768)
-    assert peak == pytest.approx(acc.kv_cache + acc.activations, rel=0.03)
+    assert peak == pytest.approx(acc.kv_cache + acc.activations, rel=0.01)

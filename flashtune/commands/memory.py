@@ -13,9 +13,11 @@ The transient peak of a Llama-style prefill (transformers, eager PyTorch) is a l
 evaluated as down(act(gate(x)) * up(x)): at the multiply, act(gate(x)), up(x) and their product
 are live (3 x intermediate per token) beside four hidden-size tensors (the embeddings, which the
 model's forward keeps to its end, the layer's input, the residual after attention and the normed
-input) and the rotary cos/sin tables (2 x head_dim per position, shared by the batch). Counted by
-tracking every tensor's bytes through transformers' Llama forward (on the CPU, where the same
-tensors live): 14,724 bytes per token for the recall model at batch 2, this formula's to 4 bytes.
+input) and the rotary cos/sin tables (2 x head_dim per token where the call passes position ids of
+shape (batch, seqlen), as generate does; one copy for the batch without them, which this counts
+per token all the same). Counted by tracking every tensor's bytes through transformers' Llama
+forward (on the CPU, where the same tensors live): for the recall model at batch 2 without position
+ids 14,724 bytes per token, this formula's 14,848 (the tables counted per token).
 That is the peak where the MLP is at least about twice the hidden size (Llama's 2.75x, every model
 here); a narrower MLP peaks in attention instead (q, k, v, their rotated copies, the output),
 which this estimate does not model.
@@ -34,8 +36,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1, "
 # Peak bytes per score element of a non-flash attention (bf16 inputs): measured for SDPA's
 # math backend on the H200 (benchmarks/h200/..._fa-grid.json: 9.1-9.4 at seqlen >= 8k).
 SCORE_BYTES_PER_ELEMENT = 9
-# torch's cuBLAS workspace on sm_90 (32 MiB a stream, allocated through its caching allocator at
-# the first matmul): the fixed step in the H100 model bench's peaks between one backend and the next.
+# torch's cuBLAS workspace on sm_90 and newer (32 MiB a stream, allocated through its caching
+# allocator at the first matmul; about 8 MiB on sm_80-sm_89, counted as 32 here): the fixed step in
+# the H100 model bench's peaks between one backend and the next.
 CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 
 
@@ -119,7 +122,7 @@ def accounts(model: ModelShape, batch: int, seqlen: int, dtype: str = "bfloat16"
         weights=int(model.params * elem),
         kv_cache=int(2 * model.layers * model.kv_heads * model.head_dim * tokens * kv_elem),
         score_matrix=batch * model.heads * seqlen * seqlen * SCORE_BYTES_PER_ELEMENT,
-        activations=int((tokens * (3 * model.intermediate + 4 * model.hidden) + 2 * seqlen * model.head_dim) * elem),
+        activations=int(tokens * (3 * model.intermediate + 4 * model.hidden + 2 * model.head_dim) * elem),
     )
 
 
