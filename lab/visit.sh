@@ -66,8 +66,9 @@
 #                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
-#   recall-recipes  lab/recall_recipes.py: the shipped recall recipe beside keys that follow the previous key in
-#                 training (issue 34's plateau), each trained from one seed and scored at 4k and 16k, JSON in $OUT
+#   recall-recipes  lab/recall_recipes.py: the shipped recall recipe beside 2.5x its steps at 512 tokens, each with and
+#                 without training keys that follow the previous key (issue 34's plateau), one seed, scored at 4k and
+#                 16k, JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
