@@ -18,7 +18,7 @@ from rich.table import Table
 
 from flashtune.kernels.gpu import GpuInfo
 from flashtune.kernels.profiles import Profile, load_profile
-from flashtune.kernels.tiles import FP8_HEAD_DIMS
+from flashtune.kernels.tiles import prefill_head_dims
 from flashtune.tuning.search import TuneOptions, TuneResult
 from flashtune.tuning.space import shape_problems
 from flashtune.tuning.writer import write_profile
@@ -40,10 +40,11 @@ def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shape
     if bad:
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
                                  param_hint="--hdims")
-    no_fp8 = sorted(set(hdims or ()) - set(FP8_HEAD_DIMS))
+    with_fp8 = prefill_head_dims(profile.head_dims, fp8=True)
+    no_fp8 = sorted(set(hdims or ()) - set(with_fp8))
     if fp8 and no_fp8:
         raise click.BadParameter(f"{no_fp8}: no FP8 Q/K kernel at that head dim (FP8 Q/K: head dims "
-                                 f"{', '.join(map(str, FP8_HEAD_DIMS))})", param_hint="--hdims")
+                                 f"{', '.join(map(str, with_fp8))})", param_hint="--hdims")
     notes = []
     for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
         problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8)
@@ -60,7 +61,7 @@ def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shape
 def tuned_hdims(profile: Profile, hdims, fp8: bool) -> tuple[int, ...]:
     """The head dims a prefill tune covers: --hdims, else the profile's (with --fp8, those that have FP8 Q/K
     kernels)."""
-    return tuple(hdims or (h for h in profile.head_dims if not fp8 or h in FP8_HEAD_DIMS))
+    return tuple(hdims or prefill_head_dims(profile.head_dims, fp8))
 
 
 def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):

@@ -28,7 +28,7 @@ from rich.table import Table
 from flashtune.commands.common import EXIT_FAILED, EXIT_OK
 from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS, bwd_spec_for_profile
 from flashtune.kernels.decode_spec import DecodeSpec
-from flashtune.kernels.tiles import FP8_HEAD_DIMS
+from flashtune.kernels.tiles import prefill_head_dims
 from flashtune.measure.problem import Problem, make_inputs
 
 # Kernel names that mean some attention implementation ran (besides the expected one).
@@ -165,7 +165,7 @@ def correctness_cases(profile) -> list[Problem]:
                               heads=32, heads_kv=8, page_size=64, kv_fp8=True))
     if profile.fp8_qk:  # the FP8 Q/K kernels, on 16-bit inputs quantised by the op
         dtype = profile.dtypes[-1]
-        for hdim in (h for h in profile.head_dims if h in FP8_HEAD_DIMS):
+        for hdim in prefill_head_dims(profile.head_dims, fp8=True):
             for causal in (False, True):
                 c = "causal" if causal else "full"
                 cases.append(_problem(f"fp8qk {dtype} d{hdim} {c} 512", dtype, hdim, causal, 512, 512, fp8=True))

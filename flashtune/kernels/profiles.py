@@ -22,8 +22,8 @@ from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
 from flashtune.kernels.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_of
-from flashtune.kernels.tiles import (BASE_HEAD_DIMS, FAMILY_HEAD_DIMS, FP8_HEAD_DIMS, TileConfig, check_tile,
-                                     computed_head_dim, sm90_tile)
+from flashtune.kernels.tiles import (BASE_HEAD_DIMS, FAMILY_HEAD_DIMS, TileConfig, check_tile, computed_head_dim,
+                                     prefill_head_dims, sm90_tile)
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
 # qk: the prefill kernels' FP8 Q/K twins; kv: decode kernels for an e4m3 KV cache; k_smoothing: qk_fp8
@@ -454,7 +454,7 @@ class _Validator:
             raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
         entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, schedule)
                         for i, entry in enumerate(value))
-        self.check_buckets(entries, tuple(h for h in head_dims if not fp8 or h in FP8_HEAD_DIMS), key)
+        self.check_buckets(entries, prefill_head_dims(head_dims, fp8), key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,

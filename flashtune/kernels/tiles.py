@@ -22,6 +22,11 @@ FP8_HEAD_DIMS = BASE_HEAD_DIMS
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256  # served: every multiple of 8 between, computed at a built size
 
 
+def prefill_head_dims(head_dims: tuple[int, ...], fp8: bool = False) -> tuple[int, ...]:
+    """Of a profile's head dims, those with prefill kernels for this Q/K precision (FP8 Q/K: not 192)."""
+    return tuple(d for d in head_dims if not fp8 or d in FP8_HEAD_DIMS)
+
+
 def computed_head_dim(hdim: int, built: tuple[int, ...] = BASE_HEAD_DIMS) -> int | None:
     """The built head dim a head dim is computed at (the next of `built`: a profile's head_dims for
     its prefill kernels, else the sizes every kernel has; its extra columns zero), or None when it

@@ -29,11 +29,16 @@ def fail(msg: str) -> None:
     raise FlashtuneInputError(f"flashtune: {msg}")
 
 
+def is_broadcast(t: torch.Tensor) -> bool:
+    """A stride of 0 over more than one row (.expand()): what no TMA tensor map describes."""
+    return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+
 def refuse_broadcast(**tensors: torch.Tensor) -> None:
     """The sm90 kernels (prefill, and decode's KV-cache kernels) load by TMA, whose tensor maps
     cannot broadcast: a stride of 0 over more than one row is refused."""
     for name, t in tensors.items():
-        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        if is_broadcast(t):
             fail(f"{name} is broadcast (a stride of 0, e.g. from .expand()), which the sm90 kernels' "
                  "TMA loads cannot read; call .contiguous()")
 

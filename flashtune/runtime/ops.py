@@ -14,13 +14,13 @@ import torch
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec
-from flashtune.kernels.tiles import FP8_HEAD_DIMS, computed_head_dim
+from flashtune.kernels.tiles import computed_head_dim, prefill_head_dims
 from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
 from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, check_cu_seqlens, check_devices,
                                       check_engine_args, check_fp8_args, check_num_splits, check_tensors,
-                                      check_unsupported, check_variants, fail, needs_grad, read_flags,
-                                      refuse_broadcast, scale_for, sinks_or_s_aux, unit_descale_flags)
+                                      check_unsupported, check_variants, fail, is_broadcast, needs_grad,
+                                      read_flags, refuse_broadcast, scale_for, sinks_or_s_aux, unit_descale_flags)
 from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, narrow_serves, select_spec, use_profile
@@ -50,10 +50,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     profile = active_profile(q.device)
     varlen = cu_seqlens_q is not None
     # the TMA pads in shared memory (a broadcast input, which no tensor map describes, is padded by a copy)
-    narrow = (narrow_serves(profile, q.dtype == FP8, varlen, max_seqlen_q)
-              and not any(0 in t.stride() for t in (q, k, v)))
+    narrow = narrow_serves(profile, q.dtype == FP8, varlen, max_seqlen_q) and not any(map(is_broadcast, (q, k, v)))
     if v.shape[-1] != q.shape[-1] and not narrow:  # a V head dim unlike Q/K's: all three zero-padded to one
-        built = tuple(d for d in profile.head_dims if q.dtype != FP8 or d in FP8_HEAD_DIMS)  # no FP8 Q/K at 192
+        built = prefill_head_dims(profile.head_dims, fp8=q.dtype == FP8)
         width = computed_head_dim(max(q.shape[-1], v.shape[-1]), built) or max(q.shape[-1], v.shape[-1])
         out, lse = _attention_fwd(*(_zero_padded(t, width) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale, k_descale, with_lse,

@@ -13,7 +13,7 @@ from flashtune.kernels.gpu import GpuInfo, detect_gpus
 from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
-from flashtune.kernels.tiles import FP8_HEAD_DIMS, computed_head_dim
+from flashtune.kernels.tiles import computed_head_dim, prefill_head_dims
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
@@ -105,7 +105,7 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
         raise FlashtuneInputError(f"head dim {hdim} is not served by profile {profile.name} (its kernels: head dims "
                                   f"{', '.join(map(str, profile.head_dims))}; a multiple of 8 from 32 to 256 is "
                                   "computed at the next of them)")
-    fp8_dims = [d for d in profile.head_dims if d in FP8_HEAD_DIMS]
+    fp8_dims = prefill_head_dims(profile.head_dims, fp8=True)
     if fp8 and (built != hdim or hdim not in fp8_dims):
         raise FlashtuneInputError(f"FP8 q/k need head dim {', '.join(map(str, fp8_dims))} exactly, got {hdim}; "
                                   "use 16-bit q/k")
@@ -159,12 +159,12 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     if hdim_v != hdim and not narrow:
         raise FlashtuneInputError(f"a V head dim ({hdim_v}) unlike Q/K's ({hdim}) takes an sm90 profile's narrow "
                                   "prefill kernel; the op pads the others to one head dim")
-    spec = select_spec(profile, dtype, max(hdim, hdim_v), causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
-                       variants=NO_VARIANTS if decode else variants)
+    wide = max(hdim, hdim_v)
+    # the narrow kernel where a tensor is narrower than the built head dim the call is computed at
+    narrow = narrow and not decode and computed_head_dim(wide, profile.head_dims) not in (None, min(hdim, hdim_v))
+    spec = select_spec(profile, dtype, wide, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
+                       variants=NO_VARIANTS if decode else variants, narrow=narrow)
     if not decode:
-        if narrow and spec.hdim != min(hdim, hdim_v):
-            spec = select_spec(profile, dtype, max(hdim, hdim_v), causal, seqlen_q, seqlen_k, variants=variants,
-                               narrow=True)
         return spec
     from flashtune.runtime.decode import decode_spec
 

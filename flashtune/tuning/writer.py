@@ -14,7 +14,7 @@ import yaml
 from flashtune.kernels.bwd_spec import BwdTile
 from flashtune.kernels.decode_spec import DecodeSplitPolicy, DecodeTile
 from flashtune.kernels.profiles import Profile
-from flashtune.kernels.tiles import FP8_HEAD_DIMS, TileConfig
+from flashtune.kernels.tiles import TileConfig, prefill_head_dims
 
 
 def _config_line(family: str, hdim: int, causal: bool | None, lo: int, hi: int | None, tile: TileConfig,
@@ -40,7 +40,7 @@ def tuned_configs(base: Profile, tiles: BucketTiles, table=None, indent: str = "
     lines of fp8.configs, at the head dims with FP8 Q/K kernels."""
     table = base.configs if table is None else table
     lines = []
-    for hdim in (h for h in base.head_dims if not fp8 or h in FP8_HEAD_DIMS):
+    for hdim in prefill_head_dims(base.head_dims, fp8):
         for causal in (False, True):
             if (hdim, causal) not in tiles:
                 lines += [_config_line(base.family, hdim, causal, e.seqlen_min, e.seqlen_max, e.tile, indent)
