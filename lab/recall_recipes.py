@@ -8,7 +8,9 @@ Variants (VARIANTS below): the shipped recipe; "longer": 3,000 steps at 512 toke
 (the shipped recipe uses 49 of its 120 s on an H100, and on the CPU recall accuracy was still
 climbing after 1,700 steps); "follow": in training a key is the previous key + 1 with probability
 0.5, which rewards the previous-token head the recall circuit is built on (the CPU study: with 16
-keys it learned with it and not without; with 512 it did not help); "longer-follow": both.
+keys it learned with it and not without; with 512 it did not help); "longer-follow": both;
+"longer-lr1e-3": "longer" at a third of the learning rate (on the CPU, 16 keys at 32 tokens: 1e-3
+left the prior's loss within 900 steps, 3e-3 and 1e-2 did not).
 
 Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
 """
@@ -51,6 +53,7 @@ VARIANTS = {
     "longer": dataclasses.replace(SHIPPED, stages=LONGER),
     "follow": dataclasses.replace(SHIPPED, task=FollowTask()),
     "longer-follow": dataclasses.replace(SHIPPED, task=FollowTask(), stages=LONGER),
+    "longer-lr1e-3": dataclasses.replace(SHIPPED, stages=LONGER, lr=1e-3),
 }
 
 
