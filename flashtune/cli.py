@@ -9,6 +9,8 @@ writes a file, lists are comma-separated and their option's singular is the same
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 
 import click
@@ -16,9 +18,11 @@ import click
 from flashtune import __version__
 from flashtune.commands import common
 from flashtune.commands.common import (EXIT_INPUT_ERROR, EXIT_INTERRUPTED, CliError, make_console, print_json,
-                                       progress_bar, require_gpu, resolve_profile, results_json, write_text)
+                                       check_writable, progress_bar, require_gpu, resolve_profile, results_json,
+                                       write_text)
 from flashtune.kernels.profiles import ProfileError
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError
+from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM
 from flashtune.kernels.toolchain import ToolchainError
 from flashtune.measure.backends import DEFAULT_BACKENDS
 from flashtune.paths import CacheDirError
@@ -32,6 +36,9 @@ INTERRUPTED_HINTS = {
     "build": "; kernels already built stay in the cache: run the same command again to build the rest",
 }
 DEPRECATED = "{old} is deprecated and goes in the next release; {new}"
+# The --out files this process has written a checkpoint to: an error is added to them, where a
+# file it has not written (an earlier run's result) is never overwritten by one.
+_CHECKPOINTED: set[str] = set()
 
 
 class FlashtuneGroup(click.Group):
@@ -114,34 +121,67 @@ def _without_deprecated_forms(args: list[str]) -> list[str]:
 def _report_error(message: str, exit_code: int, json_destination: str | None) -> int:
     click.secho(f"error: {message}", fg="red", err=True)
     if json_destination:
-        text = json.dumps({"error": message, "exit_code": exit_code}, indent=2)
+        error = {"error": message, "exit_code": exit_code}
         try:
-            write_text(json_destination, text)
-        except OSError:
+            if json_destination in _CHECKPOINTED:  # this run's rows so far: keep them, mark the error
+                with open(json_destination) as f:
+                    write_text(json_destination, results_json({**json.load(f), **error}))
+            elif json_destination != "-" and os.path.exists(json_destination):
+                click.secho(f"note: {json_destination} is left as it was (an earlier result)", err=True)
+            else:
+                write_text(json_destination, json.dumps(error, indent=2))
+        except (OSError, ValueError, CliError):
             pass  # the red line above still says it
     return exit_code
 
 
 # ---------------------------------------------------------------------------- shared options
 
-def _split(values) -> list[str]:
-    return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
-
-
-def _int_list(ctx, param, values):
+def _split(values, example: str) -> list[str] | None:
+    """The comma-separated items of a list option's values; None when the option was not given. A
+    list given empty (`--hdims ,`) is an error: it would otherwise mean the default, everything."""
     if not values:
         return None
-    try:
-        return [int(v) for v in _split(values)]
-    except ValueError:
-        raise click.BadParameter(f"{','.join(values)!r}: expected comma-separated integers, e.g. 64,128")
+    items = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    if not items:
+        raise click.BadParameter(f"an empty list; give at least one value, e.g. {example}")
+    return items
+
+
+def _int_list_from(minimum: int, example: str):
+    """A callback for a list of integers of at least `minimum`."""
+    def check(ctx, param, values):
+        items = _split(values, example)
+        if items is None:
+            return None
+        try:
+            numbers = [int(v) for v in items]
+        except ValueError:
+            raise click.BadParameter(f"{','.join(values)!r}: expected comma-separated integers, e.g. {example}")
+        bad = [n for n in numbers if n < minimum]
+        if bad:
+            raise click.BadParameter(f"{', '.join(map(str, bad))}: each value must be {minimum} or more")
+        return numbers
+    return check
+
+
+_int_list = _int_list_from(1, "64,128")
+
+
+def _head_dims(ctx, param, values):
+    hdims = _int_list(ctx, param, values)
+    bad = [d for d in hdims or () if d % 8 or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM]
+    if bad:
+        raise click.BadParameter(f"{', '.join(map(str, bad))}: a head dim is a multiple of 8 from {MIN_HEAD_DIM} "
+                                 f"to {MAX_HEAD_DIM}")
+    return hdims
 
 
 def _choice_list(choices: tuple[str, ...]):
     def check(ctx, param, values):
-        if not values:
+        picked = _split(values, ",".join(choices[:2]))
+        if picked is None:
             return None
-        picked = _split(values)
         bad = [v for v in picked if v not in choices]
         if bad:
             raise click.BadParameter(f"{', '.join(bad)}; allowed: {', '.join(choices)}")
@@ -150,11 +190,12 @@ def _choice_list(choices: tuple[str, ...]):
 
 
 def _tile_shapes(ctx, param, values):
-    if not values:
+    items = _split(values, "128x128,128x176")
+    if items is None:
         return None
     try:
-        shapes = [tuple(int(x) for x in v.lower().split("x", 1)) for v in _split(values)]
-        if any(len(shape) != 2 for shape in shapes):
+        shapes = [tuple(int(x) for x in v.lower().split("x", 1)) for v in items]
+        if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
             raise ValueError
         return shapes
     except ValueError:
@@ -171,7 +212,7 @@ def list_option(plural: str, singular: str | None, help: str, callback=_int_list
 
 
 def hdims_option(help: str):
-    return list_option("--hdims", "--hdim", help)
+    return list_option("--hdims", "--hdim", help, _head_dims)
 
 
 def dtypes_option(help: str):
@@ -191,7 +232,7 @@ def _causal_values(causal: bool | None) -> tuple[bool, ...]:
 
 # ---------------------------------------------------------------------------- commands
 
-@click.group(cls=FlashtuneGroup)
+@click.group(cls=FlashtuneGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="flashtune")
 def cli() -> None:
     """Detect the GPU, pick a tile profile, build, verify and benchmark flashtune's attention kernel."""
@@ -235,6 +276,8 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
     from flashtune.commands import profiles
     from flashtune.kernels.profiles import find_profile
 
+    as_json = as_json or click.get_current_context().parent.params["as_json"]  # `profiles --json show` too
+
     profile = find_profile(name_or_path)
     print_json(profiles.details(profile)) if as_json else profiles.render_details(profile, make_console())
 
@@ -272,8 +315,16 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
     Exit codes: 0 built or cached, 1 a compile failed, 2 bad input or toolchain, 130 interrupted.
     """
     from flashtune.commands import build
+    from flashtune.kernels.profiles import list_profiles
 
-    profile, reason = resolve_profile(profile_name)
+    try:
+        profile, reason = resolve_profile(profile_name)
+    except ProfileError:
+        named = [p.name for p in list_profiles() if arch and p.arch.name == arch]
+        if not named or profile_name:
+            raise
+        raise CliError(f"no GPU is visible to match a profile against; for {arch} give --profile "
+                       f"{' or '.join(named)} (`flashtune profiles` lists them)")
     console = None if as_json else make_console()
     if console:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
@@ -311,6 +362,17 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
     """
     from flashtune.commands import verify
 
+    ctx = click.get_current_context()
+    given = {name: flag for name, flag in (("hdims", "--hdims"), ("seqlens", "--seqlens"), ("dtypes", "--dtypes"),
+                                           ("causal", "--causal"), ("profile_name", "--profile"),
+                                           ("expect_kernel", "--expect-kernel"))
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    sdpa_only = [flag for name, flag in given.items() if name in ("hdims", "seqlens", "dtypes", "causal")]
+    if sdpa and len(sdpa_only) < len(given):
+        raise click.UsageError(f"{', '.join(f for f in given.values() if f not in sdpa_only)}: not an option of "
+                               "verify --sdpa (it asks PyTorch, not a profile)")
+    if not sdpa and sdpa_only:
+        raise click.UsageError(f"{', '.join(sdpa_only)}: only with --sdpa; verify checks every case of the profile")
     require_gpu("verify")
     console = make_console()
     if sdpa:
@@ -411,6 +473,8 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
             which = "decode" if decode else "backward"
             raise click.UsageError(f"{', '.join(given)}: not an option of tune --{which} (it times every {which} "
                                    "tile the arch takes, side by side)")
+    check_writable(out, "--out")
+    check_writable(cache_path, "--cache")
     gpus_seen = require_gpu("tune")
     if backward:
         from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS
@@ -520,6 +584,8 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
     model, assumed = memory.model_from_options(model_name, layers=layers, heads=heads, kv_heads=kv_heads,
                                                head_dim=hdim, hidden=hidden, intermediate=intermediate, vocab=vocab)
     if gpu_memory is not None:
+        if not math.isfinite(gpu_memory):
+            raise click.BadParameter(f"{gpu_memory}: give the GPU's memory in GiB, e.g. 24", param_hint="--gpu-memory")
         gpu_bytes = int(gpu_memory * 2**30)
     else:
         gpus = common.detect_gpus()
@@ -538,7 +604,7 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
 @causal_option
 @dtypes_option("Dtypes (default bfloat16).")
 @list_option("--backends", "--backend", f"Absent ones show as such (default {','.join(DEFAULT_BACKENDS)}).",
-             callback=lambda ctx, param, values: _split(values) or None, metavar="NAME[,NAME...]")
+             callback=lambda ctx, param, values: _split(values, "flashtune,sdpa"), metavar="NAME[,NAME...]")
 @click.option("--repeats", type=click.IntRange(min=3), default=30, show_default=True,
               help="Timed runs per row, in 3 rounds interleaved with the other backends (median reported).")
 @json_option
@@ -565,7 +631,8 @@ def memory_command(model_name, layers, heads, kv_heads, hdim, hidden, intermedia
                    "of K/V read and its fraction of a device-to-device copy.")
 @list_option("--caches", "--cache", "With --decode: keys per sequence (default 1024,16384,131072).")
 @list_option("--seqlens-q", "--seqlen-q", "With --decode: query tokens per sequence, causal above 1 (default 1,4).")
-@list_option("--pages", "--page", "With --decode: page sizes of a paged cache, 0 for contiguous (default 0).")
+@list_option("--pages", "--page", "With --decode: page sizes of a paged cache, 0 for contiguous (default 0).",
+             _int_list_from(0, "0,16,64"))
 @click.option("--kv-dtype", type=click.Choice(["e4m3"]),
               help="With --decode: flashtune also reads each cache stored in e4m3 (one descale per KV head), its "
                    "row (backend flashtune-fp8kv) beside its 16-bit one; the other backends read 16 bits. GB/s "
@@ -612,6 +679,12 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
     """
     if as_json and csv_path == "-":
         raise click.UsageError("--json and --csv - both write to stdout; give --csv a file")
+    for path, option in ((json_out, "--out"), (csv_path, "--csv"), (plot_path, "--plot")):
+        check_writable(path, option)
+    if plot_path:
+        from flashtune.commands.bench import pyplot
+
+        pyplot()  # matplotlib's absence said now, not after the run
     require_gpu("bench")
     if profile_name:
         from flashtune.runtime import ops
@@ -698,7 +771,11 @@ def _checkpoint(json_out: str | None):
     incomplete, so a run that is interrupted or dies keeps what it measured; the end overwrites it."""
     if not json_out or json_out == "-":
         return None
-    return lambda result: write_text(json_out, results_json({**result.to_json(), "complete": False}))
+
+    def write(result) -> None:
+        write_text(json_out, results_json({**result.to_json(), "complete": False}))
+        _CHECKPOINTED.add(json_out)
+    return write
 
 
 # Which options each bench mode takes (the prefill grid, --decode, --model); any other is an error,

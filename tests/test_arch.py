@@ -77,7 +77,18 @@ def test_arch_for_unknown_compute_capability():
                                           ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000")])
 def test_lookup_gpu_longest_pattern(gpu, pattern):
     assert lookup_gpu(gpu)[0] == pattern
-    assert lookup_gpu(gpu)[1] == KNOWN_GPUS[pattern]
+    assert lookup_gpu(gpu)[1].sm_count == KNOWN_GPUS[pattern].sm_count
+
+
+def test_lookup_gpu_versions_of_a_card():
+    assert lookup_gpu("NVIDIA A100-SXM4-80GB")[1].memory_gb == 80  # the name states it
+    assert lookup_gpu("NVIDIA A100-SXM4-80GB")[1].varies is None
+    assert lookup_gpu("rtx4090") == lookup_gpu("NVIDIA GeForce RTX 4090")  # spaces and case do not count
+    assert lookup_gpu("NVIDIA GeForce RTX 4090 D")[1].sm_count == 114
+    laptop = lookup_gpu("NVIDIA GeForce RTX 4090 Laptop GPU")[1]  # not the desktop card's figures
+    assert (laptop.compute_capability, laptop.sm_count, laptop.memory_gb) == ((8, 9), None, None)
+    assert "laptop" in laptop.varies
+    assert lookup_gpu("NVIDIA H100 80GB HBM3")[1].sm_count == 132 and lookup_gpu("NVIDIA H100 PCIe")[1].sm_count == 114
 
 
 def test_default_family():

@@ -177,6 +177,86 @@ def test_detect_suggests_only_a_profile_that_builds_for_the_arch():
     assert not builds_for(find_profile("h100"), get_arch("sm_100a"))  # what detect used to suggest
 
 
+def test_an_error_keeps_an_earlier_result_and_this_runs_rows(monkeypatch, tmp_path, no_gpu):
+    import flashtune.cli as cli_module
+    from flashtune.commands import bench
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"rows": ["measured yesterday"]}')
+    result = run("bench", "--out", str(earlier), "--seqlens", "abc")  # a typo: the file stays as it was
+    assert result.exit_code == 2 and earlier.read_text() == '{"rows": ["measured yesterday"]}'
+    assert "error: " in result.stderr and f"note: {earlier} is left as it was" in result.stderr
+
+    class Partial:
+        def to_json(self):
+            return {"header": {"gpu": "test"}, "rows": [{"us": 1.0}]}
+
+    def one_shape_then_ctrl_c(shapes, names, repeats, on_shape, checkpoint, pass_name):
+        checkpoint(Partial())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "_CHECKPOINTED", set())
+    monkeypatch.setattr(cli_module, "require_gpu", lambda command: [])
+    monkeypatch.setattr(bench, "run_bench", one_shape_then_ctrl_c)
+    result = run("bench", "--out", str(earlier), "--hdims", "64", "--seqlens", "512")
+    saved = json.loads(earlier.read_text())  # this run's checkpoint, its rows kept and the error added
+    assert result.exit_code == 130 and saved["rows"] == [{"us": 1.0}]
+    assert saved["complete"] is False and saved["exit_code"] == 130 and saved["error"] == "interrupted"
+
+
+@pytest.mark.parametrize("args, part", [
+    (["build", "--hdims", ","], "an empty list"),  # was: every head dim of the profile
+    (["build", "--dtypes", ""], "an empty list"),
+    (["bench", "--backends", ","], "an empty list"),
+    (["bench", "--seqlens", "0"], "0: each value must be 1 or more"),
+    (["bench", "--batches", "4,-2"], "-2: each value must be 1 or more"),
+    (["bench", "--decode", "--pages", "-1"], "-1: each value must be 0 or more"),
+    (["bench", "--hdims", "7"], "7: a head dim is a multiple of 8 from 32 to 256"),
+    (["tune", "--hdims", "264"], "264: a head dim"),
+    (["tune", "--tiles", "0x128"], "BLOCK_MxBLOCK_N"),
+    (["verify", "--hdims", "64"], "--hdims: only with --sdpa"),  # was: ignored, the whole profile ran
+    (["verify", "--sdpa", "--profile", "h100"], "--profile: not an option of verify --sdpa"),
+    (["memory", "--model", "llama3-8b-like", "--gpu-memory", "inf"], "give the GPU's memory in GiB"),
+    (["bench", "--out", "no-such-folder/out.json"], "there is no folder"),
+    (["bench", "--csv", "no-such-folder/out.csv"], "there is no folder"),
+    (["tune", "--out", "no-such-folder/my.yaml"], "there is no folder"),
+])
+def test_bad_values_are_refused_before_any_work(args, part, no_gpu, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run(*args)
+    assert result.exit_code == 2, (args, result.output)
+    _one_line_error(result, part)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_profile_comes_from_flashtune_profile_as_in_the_runtime(monkeypatch, no_gpu):
+    from flashtune.commands.common import resolve_profile
+
+    monkeypatch.setenv("FLASHTUNE_PROFILE", "rtx5090")
+    profile, reason = resolve_profile(None)  # was: the GPU's match, while the runtime took rtx5090
+    assert profile.name == "rtx5090" and reason == "chosen with FLASHTUNE_PROFILE"
+    assert resolve_profile("h100")[0].name == "h100"  # --profile still wins
+    monkeypatch.setenv("FLASHTUNE_PROFILE", "bogus")
+    result = run("build")
+    assert result.exit_code == 2
+    _one_line_error(result, "FLASHTUNE_PROFILE: profile: no profile named 'bogus'")
+
+
+def test_a_cross_compile_without_a_profile_names_the_arch_profiles(no_gpu, monkeypatch):
+    monkeypatch.delenv("FLASHTUNE_PROFILE", raising=False)
+    _one_line_error(run("build", "--arch", "sm_89"), "for sm_89 give --profile l40s or rtx4090")
+    _one_line_error(run("build", "--profile", "h100", "--arch", "sm_90"), "--arch sm_90a")
+
+
+def test_pages_take_zero_for_a_contiguous_cache(no_gpu):
+    assert run("bench", "--decode", "--pages", "0,16").exit_code == 3  # past the options, to the GPU check
+
+
+def test_short_help_and_the_groups_json():
+    assert run("-h").stdout == run("--help").stdout and run("bench", "-h").exit_code == 0
+    assert json.loads(run("profiles", "--json", "show", "h100").stdout)["name"] == "h100"
+
+
 # ---------------------------------------------------------------- help and described GPUs
 
 @pytest.mark.parametrize("command", ["build", "verify", "tune", "bench", "memory"])

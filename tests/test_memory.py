@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -55,10 +56,23 @@ def test_config_json_and_custom_shapes(tmp_path):
     m = memory.find_model(str(path))
     assert (m.head_dim, m.kv_heads, m.tied_embeddings) == (64, 2, True)
     assert m.params == 2 * (256 * 64 * (8 + 4) + 3 * 256 * 512 + 512) + 1000 * 256 + 256
-    with pytest.raises(ValueError, match="missing key 'vocab_size'"):
-        bad = tmp_path / "bad.json"
-        bad.write_text(json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}))
-        memory.find_model(str(bad))
+    assert memory.find_model(str(tmp_path)) == m  # a model's folder (a Hugging Face snapshot) holds its config
+    assert m.name == tmp_path.name
+    bad = tmp_path / "bad.json"
+    for broken, message in [({k: v for k, v in cfg.items() if k != "vocab_size"}, "missing vocab_size"),
+                            ([cfg], "a JSON object, got a list"),
+                            ({**cfg, "num_attention_heads": 0}, "num_attention_heads = 0"),
+                            ({**cfg, "num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
+                            ({**cfg, "num_hidden_layers": -1}, "num_hidden_layers = -1"),
+                            ({**cfg, "num_key_value_heads": 3}, "num_key_value_heads (3) must divide")]:
+        bad.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            memory.find_model(str(bad))
+    with pytest.raises(ValueError, match="no such file"):
+        memory.find_model(str(tmp_path / "missing" / "config.json"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="a folder without a config.json"):
+        memory.find_model(str(tmp_path / "empty"))
     custom, assumed = memory.custom_model(32, 32, 8, 128)
     assert custom.intermediate == 11008 and len(assumed) == 3
     with pytest.raises(ValueError, match="unknown model"):

@@ -286,3 +286,12 @@ def test_quantise_qk_is_per_batch_and_kv_head():
     assert empty8.shape == (2, 0, 4, 64) and torch.equal(empty_descale, torch.ones(2, 2))
     with pytest.raises(FlashtuneInputError, match="multiple of heads_kv"):
         ops.quantise_qk(q, k, heads_kv=3)
+
+
+def test_scale_and_cu_seqlens_errors_say_what_they_got():
+    from flashtune.runtime import checks
+
+    with pytest.raises(FlashtuneInputError, match="softmax_scale must be a positive finite number, got a"):
+        checks.scale_for("a", 64)
+    with pytest.raises(FlashtuneInputError, match="got a 1-D torch.int64 tensor"):
+        checks.check_cu_seqlens(torch.zeros(3, dtype=torch.int64), "cu_seqlens_q", 3, 3, True)

@@ -4,6 +4,7 @@ on, and how it shows work and results (console, JSON, a file, the progress bar, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from typing import Iterator
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from flashtune.kernels.gpu import GpuInfo, detect_gpus
-from flashtune.kernels.profiles import Profile, select_profile_with_reason
+from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile_with_reason
 
 # What an exit code means, in every command (README: "Exit codes").
 EXIT_OK = 0
@@ -39,7 +40,13 @@ def require_gpu(command: str) -> list[GpuInfo]:
 
 
 def resolve_profile(profile_name: str | None) -> tuple[Profile, str]:
-    """--profile NAME/PATH, else the profile matching the first visible GPU; and why."""
+    """--profile NAME/PATH, else $FLASHTUNE_PROFILE (the one the runtime then uses too), else the
+    profile matching the first visible GPU; and why."""
+    if not profile_name and os.environ.get("FLASHTUNE_PROFILE"):
+        try:
+            return find_profile(os.environ["FLASHTUNE_PROFILE"]), "chosen with FLASHTUNE_PROFILE"
+        except ProfileError as err:
+            raise ProfileError(f"FLASHTUNE_PROFILE: {err}") from err
     gpus = [] if profile_name else detect_gpus()  # an explicit profile needs no GPU (or torch)
     selection = select_profile_with_reason(profile_name, gpus[0] if gpus else None)
     return selection.profile, selection.reason
@@ -92,9 +99,26 @@ def write_text(path: str, text: str) -> None:
     """Write a result to a file, or to stdout for '-'."""
     if path == "-":
         click.echo(text)
-    else:
+        return
+    try:
         with open(path, "w") as f:
             f.write(text)
+    except OSError as err:
+        raise CliError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def check_writable(path: str | None, option: str) -> None:
+    """Before a long run: the folder of a file it will write exists and takes files, so that the
+    run does not end in a failed write of what it measured."""
+    if not path or path == "-":
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CliError(f"{option} {path} is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise CliError(f"{option} {path}: there is no folder {folder}; create it or give another path")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"{option} {path}: the folder {folder} is not writable; give another path")
 
 
 class ProgressStep:

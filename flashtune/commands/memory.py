@@ -77,26 +77,51 @@ def model_from_config(path: str | Path) -> ModelShape:
     """A transformers-style config.json (Llama, Qwen2, Mistral keys)."""
     try:
         cfg = json.loads(Path(path).read_text())
-        heads = cfg["num_attention_heads"]
-        return ModelShape(
-            name=Path(path).stem, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-            kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            family=cfg.get("model_type") if cfg.get("model_type") in ("llama", "qwen2", "mistral") else "llama")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot read a model config: {e}") from e
-    except KeyError as e:
-        raise ValueError(f"{path}: missing key {e}; needed: num_hidden_layers, hidden_size, "
-                         "num_attention_heads, intermediate_size, vocab_size") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a model config is a JSON object, got a {type(cfg).__name__}")
+    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [key for key in needed if key not in cfg]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)}; needed: {', '.join(needed)}")
+    heads = cfg["num_attention_heads"]
+    sizes = {key: cfg[key] for key in needed}
+    sizes["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
+    sizes["head_dim"] = cfg.get("head_dim") or (cfg["hidden_size"] // heads if _positive(heads) else heads)
+    bad = [f"{key} = {value!r}" for key, value in sizes.items() if not _positive(value)]
+    if bad:
+        raise ValueError(f"{path}: {', '.join(bad)}; each must be a whole number of 1 or more")
+    if heads % sizes["num_key_value_heads"]:
+        raise ValueError(f"{path}: num_key_value_heads ({sizes['num_key_value_heads']}) must divide "
+                         f"num_attention_heads ({heads})")
+    return ModelShape(
+        name=Path(path).parent.name if Path(path).name == "config.json" else Path(path).stem,
+        layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+        kv_heads=sizes["num_key_value_heads"], head_dim=sizes["head_dim"],
+        intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        family=cfg.get("model_type") if cfg.get("model_type") in ("llama", "qwen2", "mistral") else "llama")
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def find_model(name_or_path: str) -> ModelShape:
+    """A built-in shape by name, a config.json, or a model's folder holding one (a Hugging Face snapshot)."""
     if name_or_path in MODELS:
         return MODELS[name_or_path]
-    if Path(name_or_path).is_file():
+    path = Path(name_or_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{name_or_path}: a folder without a config.json; give the model's config.json")
+        return model_from_config(path / "config.json")
+    if path.is_file():
         return model_from_config(name_or_path)
+    if len(path.parts) > 1 or path.suffix == ".json":
+        raise ValueError(f"{name_or_path}: no such file; give a config.json's path or a built-in model "
+                         f"({', '.join(MODELS)})")
     raise ValueError(f"unknown model {name_or_path!r}; built in: {', '.join(MODELS)}, or a path to a config.json")
 
 
@@ -159,7 +184,7 @@ def report(model: ModelShape, batch: int, seqlen: int, gpu_bytes: int | None, dt
     with_flash, without_flash = acc.total(flash=True), acc.total(flash=False)
     verdict, advice = [], []
     if gpu_bytes is None:
-        verdict.append("GPU memory unknown (no GPU visible): pass --gpu-memory GB for a verdict")
+        verdict.append("GPU memory unknown (no GPU visible): pass --gpu-memory GIB for a verdict")
     else:
         gb = gpu_bytes / 2**30
         if without_flash <= gpu_bytes:

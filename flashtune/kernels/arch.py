@@ -5,6 +5,7 @@ Popular articles get several of these wrong (the RTX 5090 is sm_120, not sm_89; 
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -99,12 +100,17 @@ KNOWN_GPUS: dict[str, KnownGpu] = {
     "A40": KnownGpu((8, 6), 84, 6, 48),
     "A10": KnownGpu((8, 6), 72, 6, 24),
     "RTX 4090": KnownGpu((8, 9), 128, 72, 24),
+    "RTX 4090 D": KnownGpu((8, 9), 114, 72, 24),
     "RTX 4080": KnownGpu((8, 9), 76, 64, 16),
     "RTX 6000 Ada": KnownGpu((8, 9), 142, 96, 48),
     "L40S": KnownGpu((8, 9), 142, 96, 48),
     "L40": KnownGpu((8, 9), 142, 96, 48),
     "L4": KnownGpu((8, 9), 58, 48, 24),
     "H100": KnownGpu((9, 0), None, 50, None, "SXM 132 SMs and 80 GB, PCIe 114 SMs and 80 GB, NVL 94 GB"),
+    "H100 SXM": KnownGpu((9, 0), 132, 50, 80),
+    "H100 80GB HBM3": KnownGpu((9, 0), 132, 50, 80),  # the SXM card's name as torch reports it
+    "H100 PCIe": KnownGpu((9, 0), 114, 50, 80),
+    "H100 NVL": KnownGpu((9, 0), 132, 50, 94),
     "H200": KnownGpu((9, 0), 132, 60, 141),
     "H800": KnownGpu((9, 0)),
     "GH200": KnownGpu((9, 0), 132, 60, None, "96 GB or 144 GB of memory"),
@@ -168,14 +174,32 @@ def arch_for_compute_capability(major: int, minor: int) -> ArchFacts:
     return ARCHS[key]
 
 
+# Names of a card's smaller versions, whose figures are not the desktop card's.
+MOBILE_WORDS = ("laptop", "mobile", "max-q")
+
+
 def lookup_gpu(name: str) -> tuple[str, KnownGpu] | None:
-    """(pattern, facts) of the longest KNOWN_GPUS pattern in `name`."""
+    """(pattern, facts) of the longest KNOWN_GPUS pattern in `name`; a laptop version keeps the
+    compute capability only, and memory a datacenter name states ("A100-SXM4-80GB") is taken.
+    Spaces, hyphens and case do not count."""
     lowered = name.lower()
-    hits = [p for p in KNOWN_GPUS if p.lower() in lowered]
+    squeezed = _squeeze(name)  # "rtx4090" names the RTX 4090 too
+    hits = [p for p in KNOWN_GPUS if _squeeze(p) in squeezed]
     if not hits:
         return None
     best = max(hits, key=len)
-    return best, KNOWN_GPUS[best]
+    known = KNOWN_GPUS[best]
+    if any(word in lowered for word in MOBILE_WORDS):
+        return best, KnownGpu(known.compute_capability, varies="a laptop version: its SMs, L2 and memory are not "
+                                                               "the desktop card's")
+    stated = re.search(r"(\d+)\s*gb", lowered)
+    if known.memory_gb is None and stated:
+        known = dataclasses.replace(known, memory_gb=int(stated.group(1)), varies=None)
+    return best, known
+
+
+def _squeeze(name: str) -> str:
+    return re.sub(r"[\s_-]", "", name.lower())
 
 
 def family_runs_on(family: str, arch: ArchFacts) -> bool:

@@ -612,7 +612,8 @@ def match_profile(gpu: GpuInfo, profiles: list[Profile] | None = None) -> Select
     if not by_cc:
         return None
     cc = "{}.{}".format(*gpu.compute_capability)
-    reason = f"no profile names {gpu.name!r}; matched by compute capability {cc}"
+    named = "" if gpu.name.endswith(" target") else f"no profile names {gpu.name!r}; "  # `detect --arch` names none
+    reason = f"{named}matched by compute capability {cc}"
     if len(by_cc) > 1:
         reason += f" (also {', '.join(p.name for p in by_cc[1:])}; chose the first by name)"
     return Selection(by_cc[0], reason)

@@ -172,7 +172,8 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
     if not family_runs_on(family, arch):
         needs = KERNEL_FAMILIES[family].needs
-        add("family", f"family {family} needs {needs}, which {arch.name} lacks",
+        hint = " (an H100's or H200's wgmma target is sm_90a: --arch sm_90a)" if arch.name == "sm_90" else ""
+        add("family", f"family {family} needs {needs}, which {arch.name} lacks{hint}",
             "sm80 on every arch; sm90 only on sm_90a")
     if fp8 and not arch.fp8:
         add("fp8", f"{arch.name} has no FP8 tensor cores",

@@ -243,7 +243,10 @@ def scale_for(softmax_scale: float | None, hdim: int) -> float:
     """The softmax scale a call asked for (1/sqrt(head_dim) by default), checked."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(hdim)
-    scale = float(softmax_scale)
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError):
+        scale = math.nan
     if not (scale > 0 and math.isfinite(scale)):
         fail(f"softmax_scale must be a positive finite number, got {softmax_scale}")
     return scale
@@ -258,7 +261,9 @@ def device_values_checked() -> bool:
 def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
                       covers_all: bool) -> None:
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-        fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1")
+        got = (f"a {cu.dim()}-D {DTYPE_NAMES.get(cu.dtype, cu.dtype)} tensor" if isinstance(cu, torch.Tensor)
+               else type(cu).__name__)
+        fail(f"{name} must be a 1-D torch.int32 tensor of length batch+1, got {got} (e.g. .to(torch.int32))")
     if cu.numel() < 1 or cu.stride(0) != 1:
         fail(f"{name} must be contiguous with at least one element (batch+1)")
     if torch.compiler.is_compiling() or (cu.is_cuda and not device_values_checked()):

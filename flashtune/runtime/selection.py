@@ -63,6 +63,9 @@ def check_runs_on(profile: Profile, gpu: GpuInfo) -> None:
 
 def active_profile(device: torch.device | int | None = None) -> Profile:
     """The profile calls on `device` use: use_profile(), else $FLASHTUNE_PROFILE, else the match."""
+    if not torch.cuda.is_available():
+        raise FlashtuneInputError("no CUDA GPU is visible: active_profile() names the profile a GPU's calls use "
+                                  "(`flashtune profiles show NAME` describes one without a GPU)")
     if isinstance(device, int):
         index = device
     else:
