@@ -66,9 +66,9 @@
 #                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
-#   recall-recipes  lab/recall_recipes.py: the shipped recall recipe beside 2.5x its steps at 512 tokens, each with and
-#                 without training keys that follow the previous key (issue 34's plateau), one seed, scored at 4k and
-#                 16k, JSON in $OUT
+#   recall-recipes  lab/recall_recipes.py longer-repeat repeat longer: 2.5x the shipped recall recipe's steps at 512
+#                 tokens and training keys that repeat the previous one (issue 34's plateau; the CPU study's lever),
+#                 one seed, scored at 4k and 16k, JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
@@ -224,7 +224,8 @@ for step in "$@"; do case $step in
   model-recall) run bench-model-recall 590 python3 -m flashtune bench --profile h200 --model recall --prefill 4096,16384 \
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;
-  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" ;;
+  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" longer-repeat repeat \
+                  longer ;;
   model-b1|model-b16) b=${step#model-b}; lengths=1024,16384; [ "$b" = 1 ] && lengths=1024,16384,65536
          run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \

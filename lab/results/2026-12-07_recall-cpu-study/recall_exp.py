@@ -9,7 +9,7 @@ torch.set_num_threads(int(os.environ.get("NT", "2")))
 
 args = dict(keys=512, zipf=1.0, mask="all", lr=3e-3, warmup=100, theta=500000.0, length=256, batch=32,
             steps=600, long_length=0, long_batch=4, long_steps=0, budget=170.0, layers=2, hidden=128,
-            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0)
+            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0, init=0.02, repeat=0.0)
 name = sys.argv[1]
 for a in sys.argv[2:]:
     k, v = a.split("=")
@@ -20,7 +20,7 @@ cfg = transformers.LlamaConfig(
     vocab_size=task.vocab, hidden_size=args["hidden"], intermediate_size=args["inter"],
     num_hidden_layers=args["layers"], num_attention_heads=args["heads"], num_key_value_heads=args["kv"],
     head_dim=args["hd"], rope_theta=args["theta"], tie_word_embeddings=False,
-    max_position_embeddings=2**18, bos_token_id=BOS, eos_token_id=None, pad_token_id=None)
+    max_position_embeddings=2**18, initializer_range=args["init"], bos_token_id=BOS, eos_token_id=None, pad_token_id=None)
 torch.manual_seed(args["seed"])
 model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.float32)
 opt = torch.optim.AdamW(model.parameters(), lr=args["lr"], betas=(0.9, 0.95), weight_decay=0.1)
@@ -57,6 +57,18 @@ for length, batch, steps in stages:
             follow = torch.rand(keys.shape, generator=gen) < args["markov"]
             for j in range(1, keys.shape[1]):
                 keys[:, j] = torch.where(follow[:, j], (keys[:, j - 1] + 1) % task.keys, keys[:, j])
+            gen2 = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+            binding = torch.multinomial(task._prior(task.values).expand(batch, -1), task.keys, replacement=True, generator=gen2)
+            ids[:, 1::2] = 1 + keys
+            ids[:, 2::2] = 1 + task.keys + binding.gather(1, keys[:, :ids[:, 2::2].shape[1]])
+            recall = recall_positions(ids, task)
+        if args["repeat"] > 0:  # a key repeats the previous key with prob repeat (values stay bound)
+            keys = ids[:, 1::2] - 1
+            rep = torch.rand(keys.shape, generator=gen) < args["repeat"]
+            rep[:, 0] = False
+            index = torch.arange(keys.shape[1]).expand_as(keys)
+            start = torch.where(rep, 0, index).cummax(1).values
+            keys = keys.gather(1, start)
             gen2 = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
             binding = torch.multinomial(task._prior(task.values).expand(batch, -1), task.keys, replacement=True, generator=gen2)
             ids[:, 1::2] = 1 + keys
