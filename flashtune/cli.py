@@ -49,6 +49,7 @@ class FlashtuneGroup(click.Group):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = _without_deprecated_forms(list(sys.argv[1:] if args is None else args))
+        _CHECKPOINTED.clear()  # a file an earlier command line in this process completed is not this one's
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.Abort:  # click's name for KeyboardInterrupt (and EOF at a prompt)
@@ -126,9 +127,9 @@ def _report_error(message: str, exit_code: int, json_destination: str | None) ->
             if json_destination in _CHECKPOINTED:  # this run's rows so far: keep them, mark the error
                 with open(json_destination) as f:
                     write_text(json_destination, results_json({**json.load(f), **error}))
-            elif json_destination != "-" and os.path.exists(json_destination):
+            elif json_destination != "-" and os.path.isfile(json_destination):
                 click.secho(f"note: {json_destination} is left as it was (an earlier result)", err=True)
-            else:
+            elif not os.path.isdir(json_destination):
                 write_text(json_destination, json.dumps(error, indent=2))
         except (OSError, ValueError, CliError):
             pass  # the red line above still says it
@@ -211,8 +212,10 @@ def list_option(plural: str, singular: str | None, help: str, callback=_int_list
                         metavar=metavar, help=f"{help} Comma-separated{same}.")
 
 
-def hdims_option(help: str):
-    return list_option("--hdims", "--hdim", help, _head_dims)
+def hdims_option(help: str, built: bool = False):
+    """--hdims; `built`: head dims flashtune builds kernels for (build, tune), else any (bench and
+    verify --sdpa ask other backends too, and flashtune's row says why it has none)."""
+    return list_option("--hdims", "--hdim", help, _head_dims if built else _int_list)
 
 
 def dtypes_option(help: str):
@@ -286,7 +289,7 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
 @profile_option
 @click.option("--arch", help="Target arch, e.g. sm_89, sm_90, sm_120 (default: the profile's). "
                              "Cross-compiles: no GPU needed.")
-@hdims_option("Only these head dims.")
+@hdims_option("Only these head dims.", built=True)
 @dtypes_option("Only these dtypes.")
 @click.option("--force", is_flag=True, help="Rebuild even what the cache holds.")
 @click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: CPU count).")
@@ -321,7 +324,7 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
         profile, reason = resolve_profile(profile_name)
     except ProfileError:
         named = [p.name for p in list_profiles() if arch and p.arch.name == arch]
-        if not named or profile_name:
+        if not named or profile_name or os.environ.get("FLASHTUNE_PROFILE") or common.detect_gpus():
             raise
         raise CliError(f"no GPU is visible to match a profile against; for {arch} give --profile "
                        f"{' or '.join(named)} (`flashtune profiles` lists them)")
@@ -405,7 +408,7 @@ def _profile_with_hdims(profile_name: str | None, hdims):
 @cli.command("tune")
 @click.option("--profile", "profile_name", metavar="NAME|PATH",
               help="Starting profile: family, arch and starting tiles (default: this GPU's match).")
-@hdims_option("Head dims to tune (default: the profile's).")
+@hdims_option("Head dims to tune (default: the profile's).", built=True)
 @causal_option
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
               help="The dtype candidates are timed in (the written tiles serve every dtype).")
@@ -473,8 +476,7 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
             which = "decode" if decode else "backward"
             raise click.UsageError(f"{', '.join(given)}: not an option of tune --{which} (it times every {which} "
                                    "tile the arch takes, side by side)")
-    check_writable(out, "--out")
-    check_writable(cache_path, "--cache")
+    check_writable(out, "--out")  # (--cache makes its folders)
     gpus_seen = require_gpu("tune")
     if backward:
         from flashtune.kernels.bwd_spec import BWD_HEAD_DIMS

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from flashtune.kernels.arch import (ARCHS, KNOWN_GPUS, arch_for_compute_capability, default_family,
@@ -77,7 +79,8 @@ def test_arch_for_unknown_compute_capability():
                                           ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX PRO 6000")])
 def test_lookup_gpu_longest_pattern(gpu, pattern):
     assert lookup_gpu(gpu)[0] == pattern
-    assert lookup_gpu(gpu)[1].sm_count == KNOWN_GPUS[pattern].sm_count
+    stated = {"NVIDIA A100-SXM4-80GB": {"memory_gb": 80, "varies": None}}.get(gpu, {})  # the name says 80 GB
+    assert lookup_gpu(gpu)[1] == dataclasses.replace(KNOWN_GPUS[pattern], **stated)
 
 
 def test_lookup_gpu_versions_of_a_card():
@@ -85,9 +88,14 @@ def test_lookup_gpu_versions_of_a_card():
     assert lookup_gpu("NVIDIA A100-SXM4-80GB")[1].varies is None
     assert lookup_gpu("rtx4090") == lookup_gpu("NVIDIA GeForce RTX 4090")  # spaces and case do not count
     assert lookup_gpu("NVIDIA GeForce RTX 4090 D")[1].sm_count == 114
-    laptop = lookup_gpu("NVIDIA GeForce RTX 4090 Laptop GPU")[1]  # not the desktop card's figures
-    assert (laptop.compute_capability, laptop.sm_count, laptop.memory_gb) == ((8, 9), None, None)
-    assert "laptop" in laptop.varies
+    for version in ("NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4080 SUPER"):
+        facts = lookup_gpu(version)[1]  # not the card's own figures
+        assert facts.sm_count is None and facts.memory_gb is None and "version of the RTX" in facts.varies
+    assert lookup_gpu("NVIDIA GeForce RTX 3090 Ti")[1].compute_capability == (8, 6)
+    assert lookup_gpu("NVIDIA RTX A4000") is None and lookup_gpu("RTX A1000 Laptop GPU") is None  # not A40, A100
+    assert lookup_gpu("NVIDIA GH200 480GB")[1].memory_gb == 96  # 480 GB is the superchip's, not the GPU's
+    assert lookup_gpu("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")[1].sm_count == 188
+    assert lookup_gpu("RTX 3080 12GB")[1].varies  # memory stated, SMs still unknown: the note stays
     assert lookup_gpu("NVIDIA H100 80GB HBM3")[1].sm_count == 132 and lookup_gpu("NVIDIA H100 PCIe")[1].sm_count == 114
 
 

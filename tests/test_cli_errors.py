@@ -195,13 +195,16 @@ def test_an_error_keeps_an_earlier_result_and_this_runs_rows(monkeypatch, tmp_pa
         checkpoint(Partial())
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module, "_CHECKPOINTED", set())
     monkeypatch.setattr(cli_module, "require_gpu", lambda command: [])
     monkeypatch.setattr(bench, "run_bench", one_shape_then_ctrl_c)
     result = run("bench", "--out", str(earlier), "--hdims", "64", "--seqlens", "512")
     saved = json.loads(earlier.read_text())  # this run's checkpoint, its rows kept and the error added
     assert result.exit_code == 130 and saved["rows"] == [{"us": 1.0}]
     assert saved["complete"] is False and saved["exit_code"] == 130 and saved["error"] == "interrupted"
+    assert [p.name for p in tmp_path.iterdir()] == ["earlier.json"]  # no half-written file left beside it
+    kept = earlier.read_text()
+    assert run("bench", "--out", str(earlier), "--seqlens", "abc").exit_code == 2  # a later command line's typo
+    assert earlier.read_text() == kept  # does not touch what the earlier one wrote
 
 
 @pytest.mark.parametrize("args, part", [
@@ -211,8 +214,9 @@ def test_an_error_keeps_an_earlier_result_and_this_runs_rows(monkeypatch, tmp_pa
     (["bench", "--seqlens", "0"], "0: each value must be 1 or more"),
     (["bench", "--batches", "4,-2"], "-2: each value must be 1 or more"),
     (["bench", "--decode", "--pages", "-1"], "-1: each value must be 0 or more"),
-    (["bench", "--hdims", "7"], "7: a head dim is a multiple of 8 from 32 to 256"),
+    (["tune", "--hdims", "7"], "7: a head dim is a multiple of 8 from 32 to 256"),
     (["tune", "--hdims", "264"], "264: a head dim"),
+    (["build", "--hdims", "100"], "100: a head dim"),
     (["tune", "--tiles", "0x128"], "BLOCK_MxBLOCK_N"),
     (["verify", "--hdims", "64"], "--hdims: only with --sdpa"),  # was: ignored, the whole profile ran
     (["verify", "--sdpa", "--profile", "h100"], "--profile: not an option of verify --sdpa"),
@@ -245,11 +249,16 @@ def test_the_profile_comes_from_flashtune_profile_as_in_the_runtime(monkeypatch,
 def test_a_cross_compile_without_a_profile_names_the_arch_profiles(no_gpu, monkeypatch):
     monkeypatch.delenv("FLASHTUNE_PROFILE", raising=False)
     _one_line_error(run("build", "--arch", "sm_89"), "for sm_89 give --profile l40s or rtx4090")
+    monkeypatch.setenv("FLASHTUNE_PROFILE", "bogus")  # the variable's own error, not the hint
+    _one_line_error(run("build", "--arch", "sm_89"), "FLASHTUNE_PROFILE: profile: no profile named 'bogus'")
     _one_line_error(run("build", "--profile", "h100", "--arch", "sm_90"), "--arch sm_90a")
 
 
-def test_pages_take_zero_for_a_contiguous_cache(no_gpu):
+def test_values_other_backends_take_pass_the_options(no_gpu, tmp_path):
     assert run("bench", "--decode", "--pages", "0,16").exit_code == 3  # past the options, to the GPU check
+    assert run("bench", "--hdims", "512", "--backends", "sdpa-flash").exit_code == 3  # SDPA's row is measured
+    assert run("verify", "--sdpa", "--hdim", "100").exit_code == 3  # which SDPA backend takes 100, and why
+    assert run("tune", "--cache", str(tmp_path / "new" / "c.jsonl")).exit_code == 3  # the cache makes its folder
 
 
 def test_short_help_and_the_groups_json():

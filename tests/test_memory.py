@@ -63,6 +63,7 @@ def test_config_json_and_custom_shapes(tmp_path):
                             ([cfg], "a JSON object, got a list"),
                             ({**cfg, "num_attention_heads": 0}, "num_attention_heads = 0"),
                             ({**cfg, "num_hidden_layers": "32"}, "num_hidden_layers = '32'"),
+                            ({**cfg, "hidden_size": "256"}, "hidden_size = '256'"),
                             ({**cfg, "num_hidden_layers": -1}, "num_hidden_layers = -1"),
                             ({**cfg, "num_key_value_heads": 3}, "num_key_value_heads (3) must divide")]:
         bad.write_text(json.dumps(broken))

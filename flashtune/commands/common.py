@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Iterator
 
 import click
@@ -100,11 +100,16 @@ def write_text(path: str, text: str) -> None:
     if path == "-":
         click.echo(text)
         return
-    try:
-        with open(path, "w") as f:
+    partial = f"{path}.partial"
+    try:  # whole or not at all: a Ctrl-C mid-write leaves the last checkpoint, not half of this one
+        with open(partial, "w") as f:
             f.write(text)
+        os.replace(partial, path)
     except OSError as err:
         raise CliError(f"cannot write {path}: {err.strerror or err}") from err
+    finally:
+        with suppress(OSError):
+            os.remove(partial)  # there only when the write did not finish
 
 
 def check_writable(path: str | None, option: str) -> None:

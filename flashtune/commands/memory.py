@@ -88,7 +88,8 @@ def model_from_config(path: str | Path) -> ModelShape:
     heads = cfg["num_attention_heads"]
     sizes = {key: cfg[key] for key in needed}
     sizes["num_key_value_heads"] = cfg.get("num_key_value_heads") or heads
-    sizes["head_dim"] = cfg.get("head_dim") or (cfg["hidden_size"] // heads if _positive(heads) else heads)
+    hidden = cfg["hidden_size"]
+    sizes["head_dim"] = cfg.get("head_dim") or (hidden // heads if _positive(heads) and _positive(hidden) else 0)
     bad = [f"{key} = {value!r}" for key, value in sizes.items() if not _positive(value)]
     if bad:
         raise ValueError(f"{path}: {', '.join(bad)}; each must be a whole number of 1 or more")

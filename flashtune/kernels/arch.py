@@ -114,6 +114,8 @@ KNOWN_GPUS: dict[str, KnownGpu] = {
     "H200": KnownGpu((9, 0), 132, 60, 141),
     "H800": KnownGpu((9, 0)),
     "GH200": KnownGpu((9, 0), 132, 60, None, "96 GB or 144 GB of memory"),
+    "GH200 480GB": KnownGpu((9, 0), 132, 60, 96),  # 480 GB is the whole superchip's, the GPU has 96
+    "GH200 144G": KnownGpu((9, 0), 132, 60, 144),
     "B200": KnownGpu((10, 0), 148, 126, None, "180 GB or 192 GB of memory"),
     "GB200": KnownGpu((10, 0)),
     "RTX 5090": KnownGpu((12, 0), 170, 96, 32),
@@ -174,27 +176,33 @@ def arch_for_compute_capability(major: int, minor: int) -> ArchFacts:
     return ARCHS[key]
 
 
-# Names of a card's smaller versions, whose figures are not the desktop card's.
-MOBILE_WORDS = ("laptop", "mobile", "max-q")
+# Words after a card's name that make it another version, with figures of its own.
+VERSION_WORDS = {"ti": "Ti", "super": "SUPER", "laptop": "laptop", "mobile": "mobile"}
 
 
 def lookup_gpu(name: str) -> tuple[str, KnownGpu] | None:
-    """(pattern, facts) of the longest KNOWN_GPUS pattern in `name`; a laptop version keeps the
-    compute capability only, and memory a datacenter name states ("A100-SXM4-80GB") is taken.
-    Spaces, hyphens and case do not count."""
+    """(pattern, facts) of the longest KNOWN_GPUS pattern in `name`, matched as whole words
+    (spaces, hyphens and case do not count: "rtx4090" is the RTX 4090; "RTX A4000" is not an
+    A40). A version the table lacks ("RTX 3090 Ti", a laptop's) keeps the compute capability
+    only, and memory a datacenter name states ("A100-SXM4-80GB") is taken."""
     lowered = name.lower()
-    squeezed = _squeeze(name)  # "rtx4090" names the RTX 4090 too
-    hits = [p for p in KNOWN_GPUS if _squeeze(p) in squeezed]
+    hits = []
+    for pattern in KNOWN_GPUS:
+        found = re.search(r"[\s_-]*".join(map(re.escape, _squeeze(pattern))) + r"(?![0-9a-z])", lowered)
+        if found:
+            hits.append((pattern, lowered[found.end():]))
     if not hits:
         return None
-    best = max(hits, key=len)
+    best, rest = max(hits, key=lambda hit: len(hit[0]))
     known = KNOWN_GPUS[best]
-    if any(word in lowered for word in MOBILE_WORDS):
-        return best, KnownGpu(known.compute_capability, varies="a laptop version: its SMs, L2 and memory are not "
-                                                               "the desktop card's")
-    stated = re.search(r"(\d+)\s*gb", lowered)
+    version = next((word for word in re.findall(r"[0-9a-z]+", rest) if word in VERSION_WORDS), None)
+    if version:
+        return best, KnownGpu(known.compute_capability, varies=f"a {VERSION_WORDS[version]} version of the {best}: its SMs, L2 "
+                                                               "and memory are its own")
+    stated = re.search(r"(\d+)\s*gb", rest)
     if known.memory_gb is None and stated:
-        known = dataclasses.replace(known, memory_gb=int(stated.group(1)), varies=None)
+        known = dataclasses.replace(known, memory_gb=int(stated.group(1)),
+                                    varies=known.varies if known.sm_count is None else None)
     return best, known
 
 

@@ -63,13 +63,15 @@ def check_runs_on(profile: Profile, gpu: GpuInfo) -> None:
 
 def active_profile(device: torch.device | int | None = None) -> Profile:
     """The profile calls on `device` use: use_profile(), else $FLASHTUNE_PROFILE, else the match."""
-    if not torch.cuda.is_available():
-        raise FlashtuneInputError("no CUDA GPU is visible: active_profile() names the profile a GPU's calls use "
-                                  "(`flashtune profiles show NAME` describes one without a GPU)")
     if isinstance(device, int):
         index = device
+    elif device is not None and device.index is not None:
+        index = device.index
+    elif not torch.cuda.is_available():  # asked before any GPU call: say so, not torch's driver error
+        raise FlashtuneInputError("no CUDA GPU is visible: active_profile() names the profile a GPU's calls use "
+                                  "(`flashtune profiles show NAME` describes one without a GPU)")
     else:
-        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+        index = torch.cuda.current_device()
     profile = _state.per_device.get(index)
     if profile is not None:
         return profile
