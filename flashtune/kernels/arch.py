@@ -197,8 +197,8 @@ def lookup_gpu(name: str) -> tuple[str, KnownGpu] | None:
     known = KNOWN_GPUS[best]
     version = next((word for word in re.findall(r"[0-9a-z]+", rest) if word in VERSION_WORDS), None)
     if version:
-        return best, KnownGpu(known.compute_capability, varies=f"a {VERSION_WORDS[version]} version of the {best}: its SMs, L2 "
-                                                               "and memory are its own")
+        own = f"a {VERSION_WORDS[version]} version of the {best}: its SMs, L2 and memory are its own"
+        return best, KnownGpu(known.compute_capability, varies=own)
     stated = re.search(r"(\d+)\s*gb", rest)
     if known.memory_gb is None and stated:
         known = dataclasses.replace(known, memory_gb=int(stated.group(1)),
