@@ -22,7 +22,7 @@ from flashtune.commands.common import (EXIT_INPUT_ERROR, EXIT_INTERRUPTED, CliEr
                                        write_text)
 from flashtune.kernels.profiles import ProfileError
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError
-from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM
+from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.kernels.toolchain import ToolchainError
 from flashtune.measure.backends import DEFAULT_BACKENDS
 from flashtune.paths import CacheDirError
@@ -171,7 +171,7 @@ _int_list = _int_list_from(1, "64,128")
 
 def _head_dims(ctx, param, values):
     hdims = _int_list(ctx, param, values)
-    bad = [d for d in hdims or () if d % 8 or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM]
+    bad = [d for d in hdims or () if computed_head_dim(d) is None]
     if bad:
         raise click.BadParameter(f"{', '.join(map(str, bad))}: a head dim is a multiple of 8 from {MIN_HEAD_DIM} "
                                  f"to {MAX_HEAD_DIM}")
@@ -227,6 +227,13 @@ json_option = click.option("--json", "as_json", is_flag=True,
 profile_option = click.option("--profile", "profile_name", metavar="NAME|PATH",
                               help="A shipped profile's name or a YAML file (default: the one matching this GPU).")
 causal_option = click.option("--causal/--no-causal", default=None, help="Only causal / only non-causal (default both).")
+
+
+def _given(options: dict[str, str]) -> dict[str, str]:
+    """Of {parameter name: flag}, those the command line gave (not defaults)."""
+    ctx = click.get_current_context()
+    return {name: flag for name, flag in options.items()
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
 
 
 def _causal_values(causal: bool | None) -> tuple[bool, ...]:
@@ -318,16 +325,8 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
     Exit codes: 0 built or cached, 1 a compile failed, 2 bad input or toolchain, 130 interrupted.
     """
     from flashtune.commands import build
-    from flashtune.kernels.profiles import list_profiles
 
-    try:
-        profile, reason = resolve_profile(profile_name)
-    except ProfileError:
-        named = [p.name for p in list_profiles() if arch and p.arch.name == arch]
-        if not named or profile_name or os.environ.get("FLASHTUNE_PROFILE") or common.detect_gpus():
-            raise
-        raise CliError(f"no GPU is visible to match a profile against; for {arch} give --profile "
-                       f"{' or '.join(named)} (`flashtune profiles` lists them)")
+    profile, reason = resolve_profile(profile_name, arch)
     console = None if as_json else make_console()
     if console:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
@@ -365,15 +364,12 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
     """
     from flashtune.commands import verify
 
-    ctx = click.get_current_context()
-    given = {name: flag for name, flag in (("hdims", "--hdims"), ("seqlens", "--seqlens"), ("dtypes", "--dtypes"),
-                                           ("causal", "--causal"), ("profile_name", "--profile"),
-                                           ("expect_kernel", "--expect-kernel"))
-             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
-    sdpa_only = [flag for name, flag in given.items() if name in ("hdims", "seqlens", "dtypes", "causal")]
-    if sdpa and len(sdpa_only) < len(given):
-        raise click.UsageError(f"{', '.join(f for f in given.values() if f not in sdpa_only)}: not an option of "
-                               "verify --sdpa (it asks PyTorch, not a profile)")
+    sdpa_only = list(_given({"hdims": "--hdims", "seqlens": "--seqlens", "dtypes": "--dtypes",
+                             "causal": "--causal"}).values())
+    profile_only = list(_given({"profile_name": "--profile", "expect_kernel": "--expect-kernel"}).values())
+    if sdpa and profile_only:
+        raise click.UsageError(f"{', '.join(profile_only)}: not an option of verify --sdpa (it asks PyTorch, "
+                               "not a profile)")
     if not sdpa and sdpa_only:
         raise click.UsageError(f"{', '.join(sdpa_only)}: only with --sdpa; verify checks every case of the profile")
     require_gpu("verify")
@@ -469,9 +465,7 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
         prefill_only = {"causal": "--causal", "max_candidates": "--max-candidates", "tiles": "--tiles",
                         "time_budget": "--time-budget", "final_round": "--final-round", "gpus": "--gpus",
                         "fp8": "--fp8", "cache_path": "--cache"}
-        ctx = click.get_current_context()
-        given = [flag for key, flag in prefill_only.items()
-                 if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE]
+        given = list(_given(prefill_only).values())
         if given:
             which = "decode" if decode else "backward"
             raise click.UsageError(f"{', '.join(given)}: not an option of tune --{which} (it times every {which} "
@@ -800,11 +794,8 @@ def _check_bench_mode(model_name: str | None, decode: bool, train: bool = False)
     if len(modes) > 1:
         raise click.UsageError(f"{' and '.join(modes)} are different benches; give one")
     mode = "model" if model_name else "decode" if decode else "train" if train else "grid"
-    ctx = click.get_current_context()
     flags = {name: flag for options in MODE_OPTIONS.values() for name, flag in options.items()}
-    given = [flag for name, flag in flags.items()
-             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-             and name not in MODE_OPTIONS[mode]]
+    given = [flag for name, flag in _given(flags).items() if name not in MODE_OPTIONS[mode]]
     if given:
         where = [MODE_NAMES[m] for m, options in MODE_OPTIONS.items()
                  if m != mode and all(f in options.values() for f in given)]

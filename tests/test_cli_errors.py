@@ -248,7 +248,7 @@ def test_the_profile_comes_from_flashtune_profile_as_in_the_runtime(monkeypatch,
 
 def test_a_cross_compile_without_a_profile_names_the_arch_profiles(no_gpu, monkeypatch):
     monkeypatch.delenv("FLASHTUNE_PROFILE", raising=False)
-    _one_line_error(run("build", "--arch", "sm_89"), "for sm_89 give --profile l40s or rtx4090")
+    _one_line_error(run("build", "--arch", "sm_89"), "allowed: --profile l40s or rtx4090 for sm_89")
     monkeypatch.setenv("FLASHTUNE_PROFILE", "bogus")  # the variable's own error, not the hint
     _one_line_error(run("build", "--arch", "sm_89"), "FLASHTUNE_PROFILE: profile: no profile named 'bogus'")
     _one_line_error(run("build", "--profile", "h100", "--arch", "sm_90"), "--arch sm_90a")

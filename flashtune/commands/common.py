@@ -39,16 +39,17 @@ def require_gpu(command: str) -> list[GpuInfo]:
     return gpus
 
 
-def resolve_profile(profile_name: str | None) -> tuple[Profile, str]:
+def resolve_profile(profile_name: str | None, arch: str | None = None) -> tuple[Profile, str]:
     """--profile NAME/PATH, else $FLASHTUNE_PROFILE (the one the runtime then uses too), else the
-    profile matching the first visible GPU; and why."""
+    profile matching the first visible GPU; and why. `arch`: the target of a cross-compile, whose
+    profiles the error names when there is no GPU to match."""
     if not profile_name and os.environ.get("FLASHTUNE_PROFILE"):
         try:
             return find_profile(os.environ["FLASHTUNE_PROFILE"]), "chosen with FLASHTUNE_PROFILE"
         except ProfileError as err:
             raise ProfileError(f"FLASHTUNE_PROFILE: {err}") from err
     gpus = [] if profile_name else detect_gpus()  # an explicit profile needs no GPU (or torch)
-    selection = select_profile_with_reason(profile_name, gpus[0] if gpus else None)
+    selection = select_profile_with_reason(profile_name, gpus[0] if gpus else None, for_arch=arch)
     return selection.profile, selection.reason
 
 

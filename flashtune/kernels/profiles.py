@@ -612,8 +612,7 @@ def match_profile(gpu: GpuInfo, profiles: list[Profile] | None = None) -> Select
     if not by_cc:
         return None
     cc = "{}.{}".format(*gpu.compute_capability)
-    named = "" if gpu.name.endswith(" target") else f"no profile names {gpu.name!r}; "  # `detect --arch` names none
-    reason = f"{named}matched by compute capability {cc}"
+    reason = f"no profile names {gpu.name!r}; matched by compute capability {cc}"
     if len(by_cc) > 1:
         reason += f" (also {', '.join(p.name for p in by_cc[1:])}; chose the first by name)"
     return Selection(by_cc[0], reason)
@@ -649,13 +648,16 @@ def select_profile(name_or_path: str | os.PathLike | None = None, gpu: GpuInfo |
 
 
 def select_profile_with_reason(name_or_path: str | os.PathLike | None = None, gpu: GpuInfo | None = None,
-                               profiles: list[Profile] | None = None) -> Selection:
+                               profiles: list[Profile] | None = None, for_arch: str | None = None) -> Selection:
+    """`for_arch`: the arch a build targets, whose profiles the no-GPU error names."""
     if name_or_path is not None:
         return Selection(find_profile(name_or_path, profiles), "chosen with --profile")
-    if gpu is None:
-        raise ProfileError("profile: no GPU is visible to match a profile against; allowed: "
-                           "--profile NAME (see `flashtune profiles`) or a path to a YAML file")
     profiles = list_profiles() if profiles is None else profiles
+    if gpu is None:
+        named = [p.name for p in profiles if p.arch.name == for_arch]
+        allowed = (f"--profile {' or '.join(named)} for {for_arch}" if named else
+                   "--profile NAME (see `flashtune profiles`) or a path to a YAML file")
+        raise ProfileError(f"profile: no GPU is visible to match a profile against; allowed: {allowed}")
     selection = match_profile(gpu, profiles)
     if selection is not None:
         return selection
