@@ -324,7 +324,7 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-h96.json" ;;
   bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
-  fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -n 16 --tb=short \
+  fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -rP -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json"
          run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
