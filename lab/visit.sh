@@ -66,8 +66,8 @@
 #                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
-#                 lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192),
-#                 bench with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k and 16k)
+#                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
+#   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py longer-repeat repeat longer: 2.5x the shipped recall recipe's steps at 512
 #                 tokens and training keys that repeat the previous one (issue 34's plateau; the CPU study's lever),
@@ -326,8 +326,8 @@ for step in "$@"; do case $step in
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -rP -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
-         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json"
-         run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
+         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
