@@ -154,3 +154,14 @@ def test_all_fp8_error_beside_its_floor_and_the_qk_kernels(fp8_profile, kind):
     qk_only = rel_l2(flashtune.flash_attn_func(q, k, v, causal=True, qk_fp8=True), ref)
     print(f"{kind}: all-FP8 {all_fp8:.4f}, its input floor {floor:.4f}, FP8 Q/K {qk_only:.4f}")
     assert all_fp8 <= 2 * qk_only and all_fp8 >= floor * 0.9, (all_fp8, floor, qk_only)
+
+
+def test_all_fp8_without_keys_gives_zeros_and_an_infinite_lse(fp8_profile):
+    """seqlen_k = 0 (the 16-bit kernels' case too): no V^T to lay out, O = 0, LSE = +inf."""
+    import flashtune
+
+    hdim = fp8_profile.head_dims[0]
+    q, k, v = _inputs(2, 300, 0, 8, 2, hdim)
+    out, lse = flashtune.flash_attn_func(q, k, v, qk_fp8=True, pv_fp8=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("inf")).all())

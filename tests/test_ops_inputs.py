@@ -240,7 +240,7 @@ def test_fp8_arguments_are_checked_before_any_launch():
         (lambda: flash_attn_func(q8, k16, v), "both q and k in torch.float8_e4m3fn"),
         (lambda: flash_attn_func(q16, k16, v.to(torch.float8_e4m3fn)), "all-FP8 kernel, which takes e4m3 q and k"),
         (lambda: flash_attn_func(q16, k16, v, pv_fp8=True), "pass qk_fp8=True with it"),
-        (lambda: flash_attn_func(q8, k8, v, pv_fp8=True), "pass an e4m3 v"),
+        (lambda: flash_attn_func(q8, k8, v, pv_fp8=True), "drop it and pass an e4m3 v"),
         (lambda: flash_attn_func(q16, k16, v, v_descale=torch.ones(b, 2)), "v_descale scales an e4m3 v"),
         (lambda: flash_attn_func(q16, k16, v, qk_fp8=True, pv_fp8=True, v_descale=torch.ones(b, 2)),
          "computes v's descale"),

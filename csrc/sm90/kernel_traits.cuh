@@ -138,6 +138,9 @@ struct Traits {
   static_assert(!kNarrow || (!kCache && !kFp8Qk), "narrow: a 16-bit prefill kernel");
   static_assert(!kFp8Pv || (kFp8Qk && !kCache && kBlockN % 64 == 0),
                 "FP8 P V: with FP8 Q/K, a prefill kernel, block_n a multiple of 64 (V^T's swizzle panels)");
+  // P is packed to e4m3 as it stands: lazy rescaling lets it reach 2^kRescaleLog2, which must stay
+  // within e4m3's largest finite value (448), or P would saturate.
+  static_assert(!kFp8Pv || kRescaleLog2 <= 8.f, "FP8 P V: P up to 2^kRescaleLog2 must fit e4m3 (448)");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,

@@ -40,9 +40,11 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if (!err)
     err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, dim_qk, p.k_batch_stride,
                     p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kBlockN);
-  const int64_t keys_pad = vt_keys_padded(rows_k);
-  if (!err && T::kFp8Pv)  // V^T, contiguous (batch, heads_kv, head dim, keys_pad): boxes of kVtRowBytes keys x every row
-    err = encode_4d(&maps.v, p.v_transposed, CU_TENSOR_MAP_DATA_TYPE_UINT8, batch, T::kHeadDim, p.heads_kv, keys_pad,
+  // V^T, contiguous (batch, heads_kv, head dim, keys_pad): boxes of kVtRowBytes keys x every row. Without
+  // keys no block is loaded, but the map must still describe a tensor: 32 keys over v's own base.
+  const int64_t keys_pad = rows_k ? vt_keys_padded(rows_k) : 32;
+  if (!err && T::kFp8Pv)
+    err = encode_4d(&maps.v, rows_k ? p.v_transposed : p.v, CU_TENSOR_MAP_DATA_TYPE_UINT8, batch, T::kHeadDim, p.heads_kv, keys_pad,
                     p.heads_kv * T::kHeadDim * keys_pad, keys_pad, T::kHeadDim * keys_pad, T::kVBoxCols, T::kHeadDim);
   else if (!err)
     err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, dim_v, p.v_batch_stride,

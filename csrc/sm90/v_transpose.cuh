@@ -60,11 +60,11 @@ __global__ void __launch_bounds__(kVtThreads) v_transpose_kernel(const FwdParams
 }
 
 // Launched before the attention kernel, on its stream. Fixed-length calls only (the op sends no
-// varlen call with an e4m3 v).
+// varlen call with an e4m3 v), with v at the kernel's head dim (the op pads others first).
 template <int D>
 cudaError_t launch_v_transpose(const FwdParams& p, cudaStream_t stream) {
-  if (p.cu_seqlens_k != nullptr || p.v_transposed == nullptr) return cudaErrorInvalidValue;
-  if (p.seqlen_k == 0) return cudaSuccess;
+  if (p.seqlen_k == 0) return cudaSuccess;  // no keys: nothing to lay out (no block is loaded)
+  if (p.cu_seqlens_k != nullptr || p.v_transposed == nullptr || p.head_dim_v != D) return cudaErrorInvalidValue;
   const dim3 grid(unsigned((p.seqlen_k + kVtKeys - 1) / kVtKeys), unsigned(p.heads_kv), unsigned(p.batch));
   v_transpose_kernel<D><<<grid, kVtThreads, 0, stream>>>(p);
   return cudaGetLastError();

@@ -287,8 +287,8 @@ def check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool, v=None, v_descale=N
     batch, heads_kv = q.shape[0], k.shape[2]
     if pv_fp8 and (q.dtype == FP8 or not qk_fp8):
         fail("pv_fp8=True quantises a 16-bit v beside 16-bit q and k: pass qk_fp8=True with it"
-             if q.dtype != FP8 else "pv_fp8=True quantises a 16-bit v; with e4m3 q and k, pass an e4m3 v "
-             "(and its v_descale) instead")
+             if q.dtype != FP8 else "pv_fp8=True quantises 16-bit inputs; with e4m3 q and k, drop it and pass an "
+             "e4m3 v (with its v_descale) for the all-FP8 kernel")
     if v is not None and v.dtype != FP8 and v_descale is not None:
         fail(f"v_descale scales an e4m3 v; v is {v.dtype}: pass qk_fp8=True and pv_fp8=True to quantise it, "
              "or drop v_descale" if not pv_fp8 else "pv_fp8=True computes v's descale; drop v_descale")
