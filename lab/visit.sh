@@ -67,6 +67,8 @@
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
 #   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
+#   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
+#   recall-one    lab/recall_recipes.py longer-repeat alone (the CPU study's best lever with the 2.5x 512-token stage)
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py longer-repeat repeat longer: 2.5x the shipped recall recipe's steps at 512
@@ -327,6 +329,10 @@ for step in "$@"; do case $step in
   fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -rP -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
+           -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
+         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  recall-one) run recall-one 200 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" longer-repeat ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
