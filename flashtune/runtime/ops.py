@@ -42,8 +42,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Output (q's layout, v's dtype, contiguous; bfloat16 for an e4m3 v) and the log-sum-exp
     (float32, natural log), or an empty tensor in its place without with_lse (the kernel then writes
     none: up to 5% of a short sequence's time on the H200). FP8 (e4m3) q and k come with their
-    (batch, heads_kv) float32 descale factors, an e4m3 v (the all-FP8 kernel) with v_descale. Variants (checked by checks.check_variants): softcap > 0, a window other than
-    (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
+    (batch, heads_kv) float32 descale factors, an e4m3 v (the all-FP8 kernel) with v_descale.
+    Variants (checked by checks.check_variants): softcap > 0, a window other than (-1, -1), sinks
+    (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
     `deterministic` is the backward's (autograd's formula below reads it from the inputs)."""
     if q.numel() == 0:
         return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
