@@ -157,21 +157,35 @@ void fwd(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::T
          int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
          const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale, double softcap,
          int64_t window_left, int64_t window_right, const std::optional<at::Tensor>& sinks,
-         const std::optional<at::Tensor>& alibi_slopes) {
+         const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& v_descale,
+         const std::optional<at::Tensor>& v_transposed) {
   TORCH_CHECK(launcher != 0, "flashtune: no kernel launcher");
   flashtune::FwdParams p =
       fwd_params(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale);
-  if (q.scalar_type() == at::kFloat8_e4m3fn) {  // FP8 Q/K: (batch, heads_kv) float32 descales
-    TORCH_CHECK(k.scalar_type() == at::kFloat8_e4m3fn && q_descale.has_value() && k_descale.has_value(),
-                "flashtune: FP8 q and k come with q_descale and k_descale");
-    for (const at::Tensor* d : {&*q_descale, &*k_descale}) {
-      TORCH_CHECK(d->scalar_type() == at::kFloat && d->is_contiguous() && d->dim() == 2 &&
-                      d->size(0) == p.batch && d->size(1) == p.heads_kv && d->device() == q.device(),
+  if (q.scalar_type() == at::kFloat8_e4m3fn) {  // FP8 Q/K (and V): (batch, heads_kv) float32 descales
+    const bool fp8_v = v.scalar_type() == at::kFloat8_e4m3fn;
+    TORCH_CHECK(k.scalar_type() == at::kFloat8_e4m3fn && q_descale.has_value() && k_descale.has_value() &&
+                    fp8_v == v_descale.has_value(),
+                "flashtune: FP8 q and k come with q_descale and k_descale, an FP8 v with v_descale");
+    for (const std::optional<at::Tensor>* d : {&q_descale, &k_descale, &v_descale}) {
+      if (!d->has_value()) continue;
+      const at::Tensor& t = **d;
+      TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 && t.size(0) == p.batch &&
+                      t.size(1) == p.heads_kv && t.device() == q.device(),
                   "flashtune: descales must be contiguous float32 (batch, heads_kv) on q's device");
     }
     p.q_descale = q_descale->data_ptr<float>();
     p.k_descale = k_descale->data_ptr<float>();
     p.descale_batch_stride = p.heads_kv;
+    if (fp8_v) {  // the all-FP8 kernel: V^T is laid out in this scratch first (sm90/v_transpose.cuh)
+      TORCH_CHECK(!cu_seqlens_q.has_value() && v_transposed.has_value() && v_transposed->is_contiguous() &&
+                      v_transposed->device() == q.device() &&
+                      v_transposed->nbytes() >= size_t(p.batch) * p.heads_kv * v.size(-1) * ((p.seqlen_k + 31) / 32 * 32),
+                  "flashtune: an FP8 v takes a fixed-length call and V^T scratch of (batch, heads_kv, head_dim, "
+                  "seqlen_k rounded up to 32) bytes");
+      p.v_descale = v_descale->data_ptr<float>();
+      p.v_transposed = v_transposed->data_ptr();
+    }
   }
   set_variants(p, softmax_scale, softcap, window_left, window_right, sinks, alibi_slopes);
   if (p.batch == 0 || p.seqlen_q == 0) return;
@@ -361,7 +375,8 @@ TORCH_LIBRARY(flashtune_C, m) {
       "fwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float softmax_scale, Tensor? q_descale, Tensor? k_descale, float softcap=0., int window_left=-1, "
-      "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None) -> ()");
+      "int window_right=-1, Tensor? sinks=None, Tensor? alibi_slopes=None, Tensor? v_descale=None, "
+      "Tensor(c!)? v_transposed=None) -> ()");
   m.def(
       "bwd(int launcher, Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor? dlse, "
       "Tensor(a!) dsum, Tensor(b!) dq_accum, Tensor(c!) dq, Tensor(d!) dk, Tensor(e!) dv, Tensor(f!)? dk_kv, "

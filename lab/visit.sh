@@ -65,6 +65,11 @@
 #   ab-fp8kv      bench --decode, hdim 64/128/256, MQA and 8 KV heads, batch 1-32, 16k and 128k, contiguous and pages of
 #                 64: flashtune on a 16-bit and an e4m3 cache, the release's on the e4m3 cache (release: make_release.sh main)
 #   decode-fp8kv  bench --decode, hdim 128: flashtune on a 16-bit and on an e4m3 cache beside cuDNN
+#   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
+#                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
+#   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
+#   recall-one    lab/recall_recipes.py longer-repeat alone (the CPU study's best lever with the 2.5x 512-token stage)
+#   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py longer-repeat repeat longer: 2.5x the shipped recall recipe's steps at 512
 #                 tokens and training keys that repeat the previous one (issue 34's plateau; the CPU study's lever),
@@ -321,6 +326,15 @@ for step in "$@"; do case $step in
            --out "$OUT/bench-h96.json" ;;
   bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
+  fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -rP -n 16 --tb=short \
+           -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
+         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
+           -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
+         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  recall-one) run recall-one 200 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" longer-repeat ;;
+  bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
+           --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
   ab-bf16|ab-bf16-[0-9]) ab bfloat16 $(echo "$step" | sed -n 's/^ab-bf16-//p') ;;
   ab-fp16|ab-fp16-[0-9]) ab float16 $(echo "$step" | sed -n 's/^ab-fp16-//p') ;;

@@ -147,11 +147,22 @@ def test_profiles_list_json():
     assert names == ["a100", "h100", "h200", "h200-sm80", "l40s", "rtx3090", "rtx4090", "rtx5090"]
 
 
-def test_profiles_show_says_which_fp8_recipes_a_profile_builds():
+def test_profiles_show_says_which_fp8_recipes_a_profile_builds(tmp_path):
+    import yaml
+
+    from flashtune.kernels.profiles import find_profile
+
     assert "FP8: Q and K in e4m3 (prefill twins" in run("profiles", "show", "rtx4090").output
     h200 = " ".join(run("profiles", "show", "h200").output.split())
-    assert "Q and K in e4m3" in h200 and "an e4m3 KV cache (decode twins" in h200
+    assert "Q and K in e4m3" in h200 and "an e4m3 KV cache (decode twins" in h200 and "all-FP8" not in h200
     assert "FP8: none" in run("profiles", "show", "a100").output
+    data = yaml.safe_load(find_profile("h100").path.read_text())
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "configs": [
+        {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64, "num_warpgroups": 2,
+         "stages": 2} for d in (64, 128, 256)]}
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump(data))
+    shown = " ".join(run("profiles", "show", str(tmp_path / "all.yaml")).output.split())
+    assert "all-FP8 (prefill twins: Q, K, P and V in e4m3" in shown
 
 
 def test_profiles_show():

@@ -169,7 +169,7 @@ def test_an_unlike_v_head_dim_pads_to_the_profiles_built_size(monkeypatch, profi
 
     seen = []
     monkeypatch.setattr(ops, "active_profile", lambda device: find_profile(profile_name))
-    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest: (
+    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest, **kw: (
         seen.append((spec.hdim, q.shape[-1], v.shape[-1], spec.fp8)) or torch.zeros(*q.shape[:-1], v.shape[-1]),
         torch.zeros(1)))
     qk_dtype = FP8 if dtype == "e4m3" else dtype
@@ -201,7 +201,7 @@ def test_the_op_pads_copies_only_where_no_narrow_kernel_serves(monkeypatch, prof
     are; the sm80 family gets copies zero-padded to 128, and its output cut back to v's."""
     seen = []
     monkeypatch.setattr(ops, "active_profile", lambda device: find_profile(profile_name))
-    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest: (
+    monkeypatch.setattr(ops, "run_spec", lambda spec, q, k, v, *rest, **kw: (
         seen.append((spec.narrow, q.shape[-1], k.shape[-1], v.shape[-1])) or torch.zeros(*q.shape[:-1], v.shape[-1]),
         torch.zeros(1)))
     q, k, v = torch.zeros(1, 300, 4, 96), torch.zeros(1, 300, 4, 96), torch.zeros(1, 300, 4, hdim_v)
@@ -238,7 +238,14 @@ def test_fp8_arguments_are_checked_before_any_launch():
     q16, k16 = q8.to(torch.bfloat16), k8.to(torch.bfloat16)
     cases = [
         (lambda: flash_attn_func(q8, k16, v), "both q and k in torch.float8_e4m3fn"),
-        (lambda: flash_attn_func(q16, k16, v.to(torch.float8_e4m3fn)), "v has dtype torch.float8_e4m3fn"),
+        (lambda: flash_attn_func(q16, k16, v.to(torch.float8_e4m3fn)), "all-FP8 kernel, which takes e4m3 q and k"),
+        (lambda: flash_attn_func(q16, k16, v, pv_fp8=True), "pass qk_fp8=True with it"),
+        (lambda: flash_attn_func(q8, k8, v, pv_fp8=True), "drop it and pass an e4m3 v"),
+        (lambda: flash_attn_func(q16, k16, v, v_descale=torch.ones(b, 2)), "v_descale scales an e4m3 v"),
+        (lambda: flash_attn_func(q16, k16, v, qk_fp8=True, pv_fp8=True, v_descale=torch.ones(b, 2)),
+         "computes v's descale"),
+        (lambda: flash_attn_func(q8, k8, v.to(torch.float8_e4m3fn), v_descale=torch.ones(b, h)),
+         r"v_descale must be .*\(2, 2\)"),
         (lambda: flash_attn_func(q16, k16, v, q_descale=torch.ones(b, 2)), "pass qk_fp8=True"),
         (lambda: flash_attn_func(q8, k8, v, qk_fp8=True), "already torch.float8_e4m3fn"),
         (lambda: flash_attn_func(q16, k16, v, qk_fp8=True, k_descale=torch.ones(b, 2)), "computes its own descales"),

@@ -200,3 +200,41 @@ def test_fp8_twins_only_where_the_target_has_fp8_tensor_cores():
     assert any(s.fp8 for s in specs_for_profile(profile))
     retargeted = specs_for_profile(profile, arch="sm_86")  # an RTX 3090: no FP8 tensor cores
     assert retargeted and not any(s.fp8 for s in retargeted)
+
+
+def test_all_fp8_twins_are_the_sm90_familys_on_tiles_of_64_keys(tmp_path):
+    """fp8: {qk: e4m3, pv: e4m3}: an sm90 profile builds all-FP8 twins (bfloat16, their output) beside
+    the FP8 Q/K ones, named fp8all, with V's bytes at one byte in shared memory; their tiles' block_n
+    is a multiple of 64 (V^T's panels); sm80 and a block_n of 176 are refused with the rule."""
+    import yaml
+
+    from flashtune.kernels.profiles import ProfileError, load_profile
+    from flashtune.kernels.spec import SpecError
+    from flashtune.kernels.tiles import sm90_tile
+
+    data = yaml.safe_load(find_profile("h100").path.read_text())
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "configs": [
+        {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64 if d == 256 else 128,
+         "num_warpgroups": 2, "stages": 2} for d in (64, 128, 256)]}
+    (tmp_path / "all.yaml").write_text(yaml.safe_dump(data))
+    profile = load_profile(tmp_path / "all.yaml")
+    assert profile.fp8_pv
+    specs = specs_for_profile(profile, hdims=[128], causal=False)
+    twins = {s.dtype: s for s in specs if s.fp8_pv}
+    assert set(twins) == {"bfloat16"} and twins["bfloat16"].fp8
+    qk_only = next(s for s in specs if s.fp8 and not s.fp8_pv and s.dtype == "bfloat16")
+    assert twins["bfloat16"].name == qk_only.name.replace("_fp8qk_", "_fp8all_")
+    assert qk_only.smem_bytes - twins["bfloat16"].smem_bytes == 2 * 128 * 128  # two stages of V at half the bytes
+    assert ", true>;" in twins["bfloat16"].source() and ", true>;" not in qk_only.source()
+    with pytest.raises(SpecError, match="multiple of 64"):
+        KernelSpec("sm90", "sm_90a", "bfloat16", 128, sm90_tile(128, 176, 2, ()), False, True, fp8_pv=True)
+    with pytest.raises(SpecError, match="FP8 P V is the sm90 family's"):
+        KernelSpec("sm80", "sm_89", "bfloat16", 128, TileConfig(128, 64, 4, 2), False, True, fp8_pv=True)
+    data["fp8"].pop("configs")  # h100's own tiles: 128x176 at hdim 128
+    (tmp_path / "wide.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"configs\[1\]\.block_n: \(hdim 128, fp8.pv\) 176.*fp8.configs"):
+        load_profile(tmp_path / "wide.yaml")
+    data["fp8"] = {"pv": "e4m3"}
+    (tmp_path / "no-qk.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match="fp8.pv: FP8 P V is the sm90 family's all-FP8 kernel"):
+        load_profile(tmp_path / "no-qk.yaml")

@@ -30,7 +30,7 @@ struct FwdParams {
   float softmax_scale;       // natural-log domain, for the LSE
   float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works with exp2
 
-  // FP8 Q/K kernels only (q and k are e4m3, v and o 16-bit): S = (q . k) * q_descale * k_descale,
+  // FP8 Q/K kernels only (q and k are e4m3, o 16-bit): S = (q . k) * q_descale * k_descale,
   // one fp32 factor each per (batch, kv head), at [batch * descale_batch_stride + kv_head]
   // (FlashAttention-3's convention). Kernels fold the product into the softmax scale.
   const float* q_descale;
@@ -76,6 +76,12 @@ struct FwdParams {
   // and v and o, at head dims of their own up to the kernel's (multiples of 8), the columns past them
   // zero-filled in shared memory by the TMA and never stored. Last, so every other field keeps its offset.
   int32_t head_dim_qk, head_dim_v;
+
+  // The sm90 family's all-FP8 kernels (kernel_traits.cuh: kFp8Pv) only: v is e4m3, O = (P V8) x
+  // v_descale, one fp32 factor per (batch, kv head) at q_descale's index; v_transposed is scratch
+  // for V^T, (batch, heads_kv, hdim, seqlen_k rounded up to 32) bytes (sm90/v_transpose.cuh).
+  const float* v_descale;
+  void* v_transposed;
 };
 
 // Every generated kernel library exports `<kernel name>_launch` with this signature.

@@ -129,6 +129,8 @@ struct Epilogue {
       named_barrier_sync(4 + cw, 128);
     }
     float inv_of[2];  // per row, for the stmatrix stores after the loop
+    // FP8 P V: O's accumulators are P V8, the tile's V descale applied here with the row's 1 / l
+    const float out_scale = T::kFp8Pv ? p.v_descale[int64_t(tile.batch) * p.descale_batch_stride + tile.kv_head] : 1.f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float l = sum[r];
@@ -136,13 +138,13 @@ struct Epilogue {
       l += __shfl_xor_sync(0xffffffff, l, 2);
       // A row that saw no key: O = 0, LSE = +inf. l >= 1 otherwise (its maximum's own term), so
       // the approximate reciprocal is within 2 ulp and has no slow path to branch around.
-      float inv = l > 0.f ? __fdividef(1.f, l) : 0.f;
+      float inv = l > 0.f ? __fdividef(out_scale, l) : 0.f;
       float lse_sink = 0.f;
       if constexpr (T::kSinks) {  // the head's sink logit joins the sum (LSE = its sink if no key)
         const float sink = p.sinks[tile.head];
         const float lse_keys = l > 0.f ? __fmaf_rn(mx[r], lse_scale, logf(l)) : -INFINITY;
         lse_sink = lse_with_sink(lse_keys, sink);
-        inv = l > 0.f ? expf(lse_keys - lse_sink) / l : 0.f;
+        inv = l > 0.f ? expf(lse_keys - lse_sink) * out_scale / l : 0.f;
         if (lse_sink == -INFINITY) lse_sink = INFINITY;
       }
       inv_of[r] = inv;

@@ -37,10 +37,16 @@ enum class KvCache : int { kNone = 0, kContiguous = 1, kPages = 2 };
 // Narrow: q/k and v/o narrower than kHeadDim (params.h: head_dim_qk, head_dim_v), read by the TMA
 // with the columns past their head dims zero-filled in shared memory (zero q.k terms, zero O
 // columns) and O stored up to v's (the TMA store clips; direct stores skip the chunks past it).
+// Fp8Pv (with Fp8Qk): O += P V on FP8 wgmma too, P packed to e4m3 from S's registers and V read as
+// V^T [head dim][keys], K-major (FP8 wgmma has no transpose), which the runtime lays out with each
+// 32 keys permuted to match P's registers (runtime/fp8.py: fp8_v_transposed); O stays 16-bit.
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
-          class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone, bool kNarrow_ = false>
+          class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone, bool kNarrow_ = false,
+          bool kFp8Pv_ = false>
 struct Traits {
   using Elem = Elem_;
+  static constexpr bool kFp8Pv = kFp8Pv_;
+  using PVElem = std::conditional_t<kFp8Pv_, __nv_fp8_e4m3, Elem_>;
   static constexpr bool kNarrow = kNarrow_;
   static constexpr KvCache kKvCache = kKvCache_;
   static constexpr bool kCache = kKvCache != KvCache::kNone;
@@ -81,18 +87,23 @@ struct Traits {
   static constexpr int kQKRowBytes = kHeadDim * kQKElemBytes < 128 ? kHeadDim * kQKElemBytes : 128;
   static constexpr int kQKPanels = kHeadDim * kQKElemBytes / kQKRowBytes;
   static constexpr int kQKBoxCols = kQKRowBytes / kQKElemBytes;  // elements per TMA box row
-  static constexpr int kVPanels = kHeadDim / 64;                 // V: 64 16-bit elements per row
   static constexpr int kKSteps = kHeadDim * kQKElemBytes / 32;   // wgmma k16 (16-bit) or k32 (FP8): 32 bytes
+  // V: 16-bit, panels of 64 head-dim columns x kBlockN keys (MN-major for P V); FP8, V^T: panels of
+  // kVtRowBytes keys x kHeadDim rows (K-major), 128B-swizzled where block_n allows, else 64B.
+  static constexpr int kVtRowBytes = kBlockN % 128 == 0 ? 128 : 64;
+  static constexpr int kVPanels = kFp8Pv ? kBlockN / kVtRowBytes : kHeadDim / 64;
+  static constexpr int kVBoxCols = kFp8Pv ? kVtRowBytes : 64;   // elements per TMA box row
+  static constexpr int kPvSteps = kFp8Pv ? kBlockN / 32 : kBlockN / 16;  // P V's wgmma k steps (k32 or k16)
 
   // Shared memory: kQBuffers Q tiles, then kStages K and kStages V tiles, each 1024-byte aligned
   // (rows are multiples of 16, so every panel stays aligned for its swizzle), then the O tile of
   // the TMA store. A deferred epilogue needs the next tile's Q early: a second Q buffer.
   static constexpr int kQBytes = kBlockM * kHeadDim * kQKElemBytes;
   static constexpr int kKBytes = kBlockN * kHeadDim * kQKElemBytes;
-  static constexpr int kVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kVBytes = kBlockN * kHeadDim * int(sizeof(PVElem));
   static constexpr int kPanelBytesQ = kBlockM * kQKRowBytes;
   static constexpr int kPanelBytesK = kBlockN * kQKRowBytes;
-  static constexpr int kPanelBytesV = kBlockN * 128;
+  static constexpr int kPanelBytesV = kFp8Pv ? kHeadDim * kVtRowBytes : kBlockN * 128;
   static constexpr int kOBytes = kBlockM * kHeadDim * 2;  // O staged as 64-column panels of [rows][128 B]
   static constexpr int kPanelBytesO = kBlockM * 128;
   static constexpr int kRingBytes = kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
@@ -125,6 +136,11 @@ struct Traits {
                 "a KV-cache kernel: overlap, one tile per CTA, direct stores, 16-bit");
   static_assert(!kCache || (!kSinks && !kAlibi && !kWindow && !kSoftcap), "a KV-cache kernel has no variant yet");
   static_assert(!kNarrow || (!kCache && !kFp8Qk), "narrow: a 16-bit prefill kernel");
+  static_assert(!kFp8Pv || (kFp8Qk && !kCache && kBlockN % 64 == 0),
+                "FP8 P V: with FP8 Q/K, a prefill kernel, block_n a multiple of 64 (V^T's swizzle panels)");
+  // P is packed to e4m3 as it stands: lazy rescaling lets it reach 2^kRescaleLog2, which must stay
+  // within e4m3's largest finite value (448), or P would saturate.
+  static_assert(!kFp8Pv || kRescaleLog2 <= 8.f, "FP8 P V: P up to 2^kRescaleLog2 must fit e4m3 (448)");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,

@@ -5,6 +5,7 @@
 #include "common/persistent_grid.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/tma_host.h"
+#include "sm90/v_transpose.cuh"
 
 namespace flashtune {
 namespace sm90 {
@@ -18,8 +19,14 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   // Varlen tensors are one "batch entry" of total rows; sequences start at cu_seqlens rows.
   const uint64_t batch = varlen ? 1 : p.batch;
   const uint64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  if constexpr (T::kFp8Qk) {  // the kernel reads both descales unconditionally
-    if (p.q_descale == nullptr || p.k_descale == nullptr) return int(cudaErrorInvalidValue);
+  if constexpr (T::kFp8Qk) {  // the kernel reads the descales unconditionally
+    if (p.q_descale == nullptr || p.k_descale == nullptr || (T::kFp8Pv && p.v_descale == nullptr))
+      return int(cudaErrorInvalidValue);
+  }
+  if constexpr (T::kFp8Pv) {  // V^T first, on the same stream (fixed-length calls)
+    if (varlen) return int(cudaErrorInvalidValue);
+    const cudaError_t vt = launch_v_transpose<T::kHeadDim>(p, static_cast<cudaStream_t>(stream));
+    if (vt != cudaSuccess) return int(vt);
   }
   // A narrow kernel's tensors have head dims of their own: the maps' widths, past which the TMA loads
   // zeros and stores nothing.
@@ -33,7 +40,13 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   if (!err)
     err = encode_4d(&maps.k, p.k, kQKType, batch, rows_k, p.heads_kv, dim_qk, p.k_batch_stride,
                     p.k_row_stride, p.k_head_stride, T::kQKBoxCols, T::kBlockN);
-  if (!err)
+  // V^T, contiguous (batch, heads_kv, head dim, keys_pad): boxes of kVtRowBytes keys x every row. Without
+  // keys no block is loaded, but the map must still describe a tensor: 32 keys over v's own base.
+  const int64_t keys_pad = rows_k ? vt_keys_padded(rows_k) : 32;
+  if (!err && T::kFp8Pv)
+    err = encode_4d(&maps.v, rows_k ? p.v_transposed : p.v, CU_TENSOR_MAP_DATA_TYPE_UINT8, batch, T::kHeadDim, p.heads_kv, keys_pad,
+                    p.heads_kv * T::kHeadDim * keys_pad, keys_pad, T::kHeadDim * keys_pad, T::kVBoxCols, T::kHeadDim);
+  else if (!err)
     err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, dim_v, p.v_batch_stride,
                     p.v_row_stride, p.v_head_stride, 64, T::kBlockN);
   if (!err && T::kTmaStore)  // O is written in boxes of 64 columns x one warpgroup's 64 rows

@@ -34,7 +34,9 @@ struct Mainloop {
   uint32_t q_base = 0;  // this warpgroup's rows of the tile's Q buffer
   int kv_iter = 0;  // K/V blocks consumed since the CTA started: the rings' position
   float acc_s[T::kSRegs], acc_o[T::kORegs], alpha[2];
-  uint32_t frag_p[BN / 16][4];  // P as wgmma A fragments (k slice s: accumulators 8s .. 8s+7)
+  // P as wgmma A fragments: k16 slice s of 16-bit P is accumulators 8s .. 8s+7; k32 slice s of
+  // e4m3 P (FP8 P V) is accumulators 16s .. 16s+15 (pack_p)
+  uint32_t frag_p[T::kPvSteps][4];
   bool rescale = false;  // the last softmax's answer: whether O needs alpha before the next P V
   OnlineSoftmax<T> softmax;
 
@@ -67,21 +69,43 @@ struct Mainloop {
     }
     wgmma_commit();
   }
-  // O += P V of the block in V slot v_base: V is an MN-major operand (head dim contiguous),
-  // panels kPanelBytesV apart. One group, not waited for.
+  // O += P V of the block in V slot v_base: 16-bit V is an MN-major operand (head dim contiguous),
+  // panels kPanelBytesV apart, 16 keys (2048 B) a k step; FP8 V^T is K-major, 32 keys a k step
+  // inside a panel's swizzled rows, then on to the next panel (as issue_qk walks the head dim).
+  // One group, not waited for.
   __device__ __forceinline__ void issue_pv(uint32_t v_base) {
-    const uint64_t desc_v = mnmajor_sw128_desc(v_base, T::kPanelBytesV);
+    if constexpr (T::kFp8Pv) {
+      const uint64_t desc_v = kmajor_desc<T::kVtRowBytes>(v_base);
+      constexpr int kStepsPerPanel = T::kVtRowBytes / 32;
 #pragma unroll
-    for (int s = 0; s < BN / 16; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+      for (int s = 0; s < T::kPvSteps; ++s)
+        Wgmma<__nv_fp8_e4m3, D>::rs(acc_o, frag_p[s],
+                                    desc_advance(desc_v, (s / kStepsPerPanel) * T::kPanelBytesV + 32 * (s % kStepsPerPanel)));
+    } else {
+      const uint64_t desc_v = mnmajor_sw128_desc(v_base, T::kPanelBytesV);
+#pragma unroll
+      for (int s = 0; s < T::kPvSteps; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+    }
     wgmma_commit();
   }
   // P's fragments from the softmax's exps, all packed before the next wgmma fence so ptxas need
-  // not serialise the wgmmas (C7519).
+  // not serialise the wgmmas (C7519). 16-bit: register e of slice s is row +8 (e & 1) at the
+  // column pair of accumulator group 2s + e / 2, as S's. e4m3: register e holds four bytes of row
+  // +8 (e & 1), from accumulator groups 4s + 2 (e / 2) and the one after (two columns each), so
+  // the k32 fragment's slot 4t + i (+16) holds key 8 (i / 2) + 2t + i % 2 (+16) of the 32: the
+  // order V^T's keys are laid out in (fp8_v_transposed), and no register crosses a thread.
   __device__ __forceinline__ void pack_p() {
 #pragma unroll
-    for (int s = 0; s < BN / 16; ++s)
+    for (int s = 0; s < T::kPvSteps; ++s)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (T::kFp8Pv) {
+          const int a = 16 * s + 8 * (e >> 1) + 2 * (e & 1);
+          frag_p[s][e] = pack4_e4m3(acc_s[a], acc_s[a + 1], acc_s[a + 4], acc_s[a + 5]);
+        } else {
+          frag_p[s][e] = pack2<Elem>(acc_s[8 * s + 2 * e], acc_s[8 * s + 2 * e + 1]);
+        }
+      }
   }
   __device__ __forceinline__ void rescale_o() {
 #pragma unroll

@@ -14,7 +14,8 @@ namespace flashtune {
 namespace sm90 {
 
 // The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
-// total rows, and a sequence starts at row cu_seqlens[b]. A KV-cache kernel's (launch_kvcache.cuh):
+// total rows, and a sequence starts at row cu_seqlens[b]. FP8 P V's V^T: (keys, head dim, heads,
+// batch), a sequence's keys starting at column cu_seqlens_k[b]. A KV-cache kernel's (launch_kvcache.cuh):
 // q 5-D (dim, head in group, KV head, position, batch), k and v over the cache's entries or pages.
 struct TmaMaps {
   CUtensorMap q, k, v, o;  // o: used by the TMA-store epilogue only
@@ -121,9 +122,14 @@ __device__ __forceinline__ void produce(const FwdParams& p, const TmaMaps& maps,
                     T::kPaged ? page : cur.tma_batch);
       if (kv_iter >= T::kStages) mbarrier_wait(&pipe.empty_v[stage], free_phase);
       mbarrier_arrive_expect_tx(&pipe.full_v[stage], T::kVBytes);
-      for (int c = 0; c < T::kVPanels; ++c)
-        tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &pipe.full_v[stage], 64 * c, row, cur.kv_head,
-                    T::kPaged ? page : cur.tma_batch);
+      for (int c = 0; c < T::kVPanels; ++c) {
+        if constexpr (T::kFp8Pv)  // V^T: panel c is keys row + c x kVtRowBytes.., every head-dim row
+          tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &pipe.full_v[stage], row + T::kVBoxCols * c, 0,
+                      cur.kv_head, cur.tma_batch);
+        else
+          tma_load_4d(v_tile + c * T::kPanelBytesV, &maps.v, &pipe.full_v[stage], T::kVBoxCols * c, row, cur.kv_head,
+                      T::kPaged ? page : cur.tma_batch);
+      }
     }
     if constexpr (!T::kPersistent) break;  // a loop of one
     scheduler.advance();

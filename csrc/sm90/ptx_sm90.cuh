@@ -49,6 +49,20 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t offset_
   return (uint64_t(hi) << 32) | lo;
 }
 
+// Four floats -> one 32-bit register of four e4m3 bytes (byte 0 = x0), rounded to nearest and
+// saturated at +-448: an FP8 wgmma A fragment's register (P in FP8 P V). cvt's first source goes
+// to the upper byte of each pair.
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  uint32_t packed;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(packed)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return packed;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

@@ -148,6 +148,9 @@ def fp8_recipes(profile: Profile) -> str:
     recipes = []
     if profile.fp8_qk:
         recipes.append("Q and K in e4m3 (prefill twins: S = Q K^T on FP8 tensor cores, P V 16-bit)")
+    if profile.fp8_pv:
+        recipes.append("all-FP8 (prefill twins: Q, K, P and V in e4m3, both GEMMs on FP8 tensor cores, V transposed "
+                       "by each call first; bf16 output)")
     if profile.fp8_kv:
         recipes.append("an e4m3 KV cache (decode twins: K and V read as e4m3 into MMA fragments, converted in "
                        "registers, f16 MMAs; twice the 16-bit tile's stages)")

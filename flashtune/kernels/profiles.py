@@ -22,14 +22,15 @@ from flashtune.kernels.gpu import GpuInfo
 from flashtune.paths import profiles_dir, profiles_doc
 from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError, specs_for_profile
 from flashtune.kernels.schedule import FIELD_NAMES as SCHEDULE_KEYS, overrides_of
-from flashtune.kernels.tiles import (BASE_HEAD_DIMS, FAMILY_HEAD_DIMS, TileConfig, check_tile, computed_head_dim,
-                                     prefill_head_dims, sm90_tile)
+from flashtune.kernels.tiles import (BASE_HEAD_DIMS, FAMILY_HEAD_DIMS, FP8_HEAD_DIMS, TileConfig, check_tile,
+                                     computed_head_dim, prefill_head_dims, sm90_tile)
 
 DTYPES = tuple(KERNEL_DTYPES)  # what the kernels are written for (spec.py)
-# qk: the prefill kernels' FP8 Q/K twins; kv: decode kernels for an e4m3 KV cache; k_smoothing: qk_fp8
-# quantisation subtracts K's mean over the tokens first (exact for softmax; cuts the error where keys
-# have offset channels, as LLM keys do)
-FP8_FORMATS = {"qk": ("e4m3",), "kv": ("e4m3",), "k_smoothing": (True, False)}
+# qk: the prefill kernels' FP8 Q/K twins; pv (sm90, with qk): all-FP8 twins too, P V on FP8 tensor
+# cores; kv: decode kernels for an e4m3 KV cache; k_smoothing: qk_fp8 quantisation subtracts K's mean
+# over the tokens first (exact for softmax; cuts the error where keys have offset channels, as LLM
+# keys do)
+FP8_FORMATS = {"qk": ("e4m3",), "pv": ("e4m3",), "kv": ("e4m3",), "k_smoothing": (True, False)}
 
 
 def how_to_write() -> str:
@@ -122,6 +123,11 @@ class Profile:
     @property
     def fp8_qk(self) -> bool:
         return bool(self.fp8 and self.fp8.get("qk"))
+
+    @property
+    def fp8_pv(self) -> bool:
+        """Whether the profile builds all-FP8 twins, P V on FP8 tensor cores too (`fp8: {qk: e4m3, pv: e4m3}`)."""
+        return bool(self.fp8 and self.fp8.get("pv"))
 
     @property
     def k_smoothing(self) -> bool:
@@ -230,7 +236,7 @@ class _Validator:
             raise self.fail("dtypes", "empty list", ", ".join(DTYPES))
 
         head_dims = self.head_dims(data["head_dims"], family)
-        fp8 = self.fp8(data.get("fp8"), arch)
+        fp8 = self.fp8(data.get("fp8"), arch, family)
         match_names, match_ccs = self.match(data["match"])
         nvcc_flags = self.nvcc_flags(data.get("nvcc_flags", []))
         schedule = self.schedule(data.get("schedule", {}), "schedule", family)
@@ -241,6 +247,8 @@ class _Validator:
         if fp8 is not None and "configs" in data["fp8"]:
             fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, schedule,
                                        "fp8.configs")
+        if fp8 and fp8.get("pv"):  # the all-FP8 twins take the FP8 twins' tiles: they must suit them too
+            self.check_fp8_pv_tiles(fp8_configs or configs, arch, "fp8.configs" if fp8_configs else "configs")
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
@@ -417,7 +425,18 @@ class _Validator:
             raise self.fail("head_dims", "empty or repeated entries", f"distinct values from {allowed}")
         return dims
 
-    def fp8(self, value: dict | None, arch: ArchFacts) -> dict | None:
+    def check_fp8_pv_tiles(self, entries: tuple[ProfileConfig, ...], arch: ArchFacts, key: str) -> None:
+        for i, entry in enumerate(entries):
+            if entry.hdim not in FP8_HEAD_DIMS:
+                continue
+            for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
+                problems = check_tile("sm90", entry.hdim, entry.tile, arch, True, is_causal, fp8_pv=True)
+                if problems:
+                    p = problems[0]
+                    raise self.fail(f"{key}[{i}].{p.key}", f"(hdim {entry.hdim}, fp8.pv) {p.problem}",
+                                    p.allowed + " (or fp8.configs of their own for the FP8 kernels)")
+
+    def fp8(self, value: dict | None, arch: ArchFacts, family: str) -> dict | None:
         if value is None:
             return None
         self.expect(value, dict, "fp8", "null or a mapping like {qk: e4m3, kv: e4m3}")
@@ -428,6 +447,9 @@ class _Validator:
         if not arch.fp8:
             raise self.fail("fp8", f"{arch.name} has no FP8 tensor cores",
                             "fp8: null on sm_80/sm_86; FP8 on sm_89, sm_90a, sm_100a, sm_120")
+        if value.get("pv") and (family != "sm90" or not value.get("qk")):
+            raise self.fail("fp8.pv", "FP8 P V is the sm90 family's all-FP8 kernel, beside its FP8 Q/K one",
+                            "fp8: {qk: e4m3, pv: e4m3} on an sm90 profile; omit pv elsewhere")
         if "configs" in value and not value.get("qk"):
             raise self.fail("fp8.configs", "tiles for FP8 kernels the profile does not ask for",
                             "fp8: {qk: e4m3, configs: [...]}")

@@ -18,6 +18,7 @@ from flashtune.kernels.tiles import (FP8_HEAD_DIMS, TileConfig, shared_memory_by
                                      sm90_schedule, threads_per_cta, tile_problems)
 
 DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
+FP8_OUT_DTYPE = "bfloat16"  # an all-FP8 call's output (FlashAttention-3's: e4m3 q, k and v give bf16)
 
 # Kernel families that have a kernel written, and the csrc/ folders their sources live in.
 IMPLEMENTED_FAMILIES = {"sm80": ("common", "sm80"), "sm90": ("common", "sm90")}
@@ -57,6 +58,9 @@ class KernelSpec:
     # Q/K's), read and written at their own head dims: the TMA zero-fills the columns past them in
     # shared memory and clips the output's, so the op copies nothing to pad them
     narrow: bool = False
+    # sm90, with fp8: O += P V on FP8 tensor cores too (P and V in e4m3, V read as V^T that the op
+    # lays out: runtime/fp8.py's fp8_v_transposed); O stays 16-bit
+    fp8_pv: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -70,13 +74,14 @@ class KernelSpec:
         if self.narrow and (self.family != "sm90" or self.fp8):
             raise SpecError("a narrow kernel (inputs narrower than its head dim, zero-filled by the TMA) is the sm90 "
                             "family's, 16-bit; elsewhere the op zero-pads the inputs")
-        problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8, self.causal)
+        problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8, self.causal,
+                                 self.fp8_pv)
         if problems:
             raise SpecError(f"tile {self.tile.label} for hdim {self.hdim} on {self.arch}: "
                             + "; ".join(problems))
         if self.family == "sm90":  # the tile's keys as the fields that differ from the default, so that
             # equal kernels are equal specs (one source, one cache entry), whatever keys said so
-            schedule, default = self.schedule, sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8)
+            schedule, default = self.schedule, self.default_schedule
             keys = tuple((name, getattr(schedule, name)) for name in FIELD_NAMES
                          if getattr(schedule, name) != getattr(default, name))
             object.__setattr__(self, "tile", replace(self.tile, schedule=keys))
@@ -89,7 +94,12 @@ class KernelSpec:
     @property
     def schedule(self) -> Schedule | None:
         """The sm90 kernel's schedule (the tile's keys over the family's defaults); None for sm80."""
-        return sm90_schedule(self.hdim, self.tile, self.causal, self.fp8) if self.family == "sm90" else None
+        return sm90_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv) if self.family == "sm90" else None
+
+    @property
+    def default_schedule(self) -> Schedule:
+        """The sm90 schedule this tile runs without keys: the base of the name's schedule codes."""
+        return sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv)
 
     @property
     def schedule_suffix(self) -> str:
@@ -97,7 +107,7 @@ class KernelSpec:
         pingpong); "" for the default schedule and for sm80."""
         if self.family != "sm90":
             return ""
-        return self.schedule.suffix(sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8))
+        return self.schedule.suffix(self.default_schedule)
 
     @property
     def name(self) -> str:
@@ -108,7 +118,7 @@ class KernelSpec:
         if self.causal:
             parts.append("c")
         if self.fp8:
-            parts.append("fp8qk")
+            parts.append("fp8all" if self.fp8_pv else "fp8qk")
         parts += self.variants.names
         if self.narrow:
             parts.append("narrow")
@@ -125,7 +135,7 @@ class KernelSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return shared_memory_bytes(self.family, self.hdim, self.tile, self.fp8, self.causal)
+        return shared_memory_bytes(self.family, self.hdim, self.tile, self.fp8, self.causal, self.fp8_pv)
 
     def source(self) -> str:
         """The generated translation unit: one extern "C" kernel with this spec's name."""
@@ -134,9 +144,11 @@ class KernelSpec:
         if self.family == "sm90":
             fp8 = "true" if self.fp8 else "false"
             causal = "true" if self.causal else "false"
-            variants = f", {self.variants.cpp()}" if any(self.variants) or self.narrow else ""
-            if self.narrow:  # after the KvCache argument (kernel_traits.cuh)
-                variants += ", flashtune::sm90::KvCache::kNone, true"
+            variants = f", {self.variants.cpp()}" if any(self.variants) or self.narrow or self.fp8_pv else ""
+            if self.narrow or self.fp8_pv:  # after the KvCache argument (kernel_traits.cuh): narrow, FP8 P V
+                variants += f", flashtune::sm90::KvCache::kNone, {'true' if self.narrow else 'false'}"
+            if self.fp8_pv:
+                variants += ", true"
             return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
 #include "sm90/launch.cuh"
 
@@ -210,18 +222,20 @@ def source_files(folders) -> list[Path]:
 
 
 def spec_for(profile, tile: TileConfig, dtype: str, hdim: int, causal: bool, fp8: bool = False,
-             arch: str | None = None, variants: Variants = NO_VARIANTS, narrow: bool = False) -> KernelSpec:
+             arch: str | None = None, variants: Variants = NO_VARIANTS, narrow: bool = False,
+             fp8_pv: bool = False) -> KernelSpec:
     """The kernel a profile's config row (its tile and schedule keys) gives for one dtype, head dim,
-    causal value, Q/K precision and variants, on the profile's arch or `arch`: the one place a
-    profile row becomes a KernelSpec (build, the op, tune and `profiles show` all ask here)."""
+    causal value, Q/K (and, fp8_pv, P V) precision and variants, on the profile's arch or `arch`: the
+    one place a profile row becomes a KernelSpec (build, the op, tune and `profiles show` all ask here)."""
     return KernelSpec(profile.family, arch or profile.arch.name, dtype, hdim, tile, bool(causal), bool(fp8),
-                      profile.nvcc_flags, Variants(*variants), narrow)
+                      profile.nvcc_flags, Variants(*variants), narrow, bool(fp8_pv))
 
 
 def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
                       causal: bool | None = None, narrow: bool = False) -> list[KernelSpec]:
     """Every distinct spec a profile can launch (optionally narrowed), for `flashtune build`:
-    the 16-bit kernels, and with `fp8: {qk: e4m3}` also their FP8 Q/K twins; with `narrow`, an sm90
+    the 16-bit kernels, and with `fp8: {qk: e4m3}` also their FP8 Q/K twins (`pv: e4m3`: and all-FP8
+    ones, sm90; bfloat16 only, the dtype of their output); with `narrow`, an sm90
     profile's 16-bit kernels' narrow twins too (head dims between the built ones, read in place).
 
     `arch` retargets the profile's tiles (they are re-validated for that arch).
@@ -250,6 +264,9 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
                     for flag in fp8_flags:
                         if not flag or entry.hdim in FP8_HEAD_DIMS:  # no FP8 twin at hdim 192
                             specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, flag, arch)] = None
+                        if flag and profile.fp8_pv and dtype == FP8_OUT_DTYPE and entry.hdim in FP8_HEAD_DIMS:
+                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, True, arch,
+                                           fp8_pv=True)] = None
                     if narrow and profile.family == "sm90" and False in fp8_flags:
                         specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, False, arch,
                                        narrow=True)] = None

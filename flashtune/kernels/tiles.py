@@ -105,38 +105,42 @@ def threads_per_cta(family: str, cfg: TileConfig) -> int:
     return 32 * cfg.num_warps
 
 
-def _sm90_parts(hdim: int, cfg: TileConfig, fp8: bool) -> tuple[int, int, int]:
-    """Bytes of one Q tile, of the K/V rings with their alignment slack, and of the O tile."""
-    qk_elem = 1 if fp8 else 2
-    return (qk_elem * cfg.block_m * hdim, cfg.stages * cfg.block_n * hdim * (qk_elem + 2) + SM90_BARRIER_BYTES,
+def _sm90_parts(hdim: int, cfg: TileConfig, fp8: bool, fp8_pv: bool = False) -> tuple[int, int, int]:
+    """Bytes of one Q tile, of the K/V rings with their alignment slack, and of the O tile (V in
+    e4m3 with fp8_pv)."""
+    qk_elem, v_elem = (1 if fp8 else 2), (1 if fp8_pv else 2)
+    return (qk_elem * cfg.block_m * hdim, cfg.stages * cfg.block_n * hdim * (qk_elem + v_elem) + SM90_BARRIER_BYTES,
             2 * cfg.block_m * hdim)
 
 
-def sm90_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False) -> Schedule:
+def sm90_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False,
+                  fp8_pv: bool = False) -> Schedule:
     """The schedule an sm90 kernel of this tile runs: the family's defaults, where the O tile and a
     second Q tile fit in shared memory, with the config's own keys over them (schedule.resolve)."""
-    q, ring, o = _sm90_parts(hdim, cfg, fp8)
+    q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv)
     return resolve(cfg.schedule, hdim, causal, cfg.block_m // 64, q + ring + o <= SM90_SMEM_LIMIT,
                    lambda tma_store: 2 * q + ring + (o if tma_store else 0) <= SM90_SMEM_LIMIT)
 
 
-def sm90_default_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False) -> Schedule:
+def sm90_default_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False,
+                          fp8_pv: bool = False) -> Schedule:
     """What the tile's kernel runs without schedule keys: the base its name's suffix is against."""
     return sm90_schedule(hdim, TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages, cfg.num_warpgroups),
-                         causal, fp8)
+                         causal, fp8, fp8_pv)
 
 
-def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False, causal: bool = False) -> int:
+def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False, causal: bool = False,
+                        fp8_pv: bool = False) -> int:
     """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90 also the O tile of
     the TMA-store epilogue and a second Q tile for the deferred one, where its schedule has them
     (kernel_traits.cuh's kSmemBytes).
 
-    With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit.
+    With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit, except with fp8_pv (sm90's all-FP8 kernels).
     """
     _check_family(family)
     if family == "sm90":
-        q, ring, o = _sm90_parts(hdim, cfg, fp8)
-        schedule = sm90_schedule(hdim, cfg, causal, fp8)
+        q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv)
+        schedule = sm90_schedule(hdim, cfg, causal, fp8, fp8_pv)
         return q * (2 if schedule.defer else 1) + ring + (o if schedule.tma_store else 0)
     qk_elem = 1 if fp8 else 2
     total = qk_elem * cfg.block_m * hdim + cfg.stages * cfg.block_n * hdim * (qk_elem + 2)
@@ -160,7 +164,7 @@ def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: b
 
 
 def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-               fp8: bool = False, causal: bool = False) -> list[TileProblem]:
+               fp8: bool = False, causal: bool = False, fp8_pv: bool = False) -> list[TileProblem]:
     """Everything wrong with this config on this arch (empty when it is valid): its shape, and on
     sm90 its schedule (whose rules and whose fit in shared memory; without the overlap P takes no
     registers of its own)."""
@@ -182,6 +186,11 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
         add("hdim", f"head dim {hdim} is not built by family {family}", ", ".join(map(str, FAMILY_HEAD_DIMS[family])))
     elif fp8 and hdim not in FP8_HEAD_DIMS:
         add("hdim", f"head dim {hdim} has no FP8 Q/K kernel", ", ".join(map(str, FP8_HEAD_DIMS)))
+    if fp8_pv and (family != "sm90" or not fp8):
+        add("fp8", "FP8 P V is the sm90 family's, with FP8 Q/K", "fp8: {qk: e4m3, pv: e4m3} on an sm90 profile")
+    elif fp8_pv and cfg.block_n % 64:
+        add("block_n", f"{cfg.block_n}: FP8 P V reads V^T in panels of 64 or 128 keys",
+            "a multiple of 64 (64, 128, 192, 256)")
     for key in ("block_m", "block_n"):
         value = getattr(cfg, key)
         if value <= 0 or value % 16:
@@ -190,10 +199,10 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
     if family == "sm80":
         problems += _sm80_problems(hdim, cfg)
     else:
-        problems += _sm90_problems(hdim, cfg, fp8, causal)
+        problems += _sm90_problems(hdim, cfg, fp8, causal, fp8_pv)
 
     if not problems:  # the size model assumes the shape rules above hold
-        smem = shared_memory_bytes(family, hdim, cfg, fp8)
+        smem = shared_memory_bytes(family, hdim, cfg, fp8, causal, fp8_pv)
         if smem > arch.max_smem_per_block:
             add("shared_memory", f"needs {smem} bytes, over {arch.name}'s per-block limit",
                 f"at most {arch.max_smem_per_block} bytes (smaller blocks or fewer stages)")
@@ -201,9 +210,9 @@ def check_tile(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
 
 
 def tile_problems(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts,
-                  fp8: bool = False, causal: bool = False) -> list[str]:
+                  fp8: bool = False, causal: bool = False, fp8_pv: bool = False) -> list[str]:
     """`check_tile` as readable strings: "key: what is wrong; allowed: ..."."""
-    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8, causal)]
+    return [str(p) for p in check_tile(family, hdim, cfg, arch, fp8, causal, fp8_pv)]
 
 
 def _sm80_problems(hdim: int, cfg: TileConfig) -> list[TileProblem]:
@@ -258,7 +267,7 @@ SM90_CONSUMER_REGISTERS = {1: 240, 2: 232, 3: 160}
 SM90_REGISTER_OVERHEAD = 32
 
 
-def _sm90_problems(hdim: int, cfg: TileConfig, fp8: bool, causal: bool) -> list[TileProblem]:
+def _sm90_problems(hdim: int, cfg: TileConfig, fp8: bool, causal: bool, fp8_pv: bool = False) -> list[TileProblem]:
     problems: list[TileProblem] = []
 
     def add(key: str, problem: str, allowed: str) -> None:
@@ -279,13 +288,13 @@ def _sm90_problems(hdim: int, cfg: TileConfig, fp8: bool, causal: bool) -> list[
         add("block_n", f"{cfg.block_n} is over the wgmma N limit", f"at most {SM90_MAX_BLOCK_N}")
     if cfg.stages not in SM90_STAGES:
         add("stages", f"{cfg.stages} stages", ", ".join(map(str, SM90_STAGES)))
-    schedule = sm90_schedule(hdim, cfg, causal, fp8)
-    q, ring, o = _sm90_parts(hdim, cfg, fp8)
+    schedule = sm90_schedule(hdim, cfg, causal, fp8, fp8_pv)
+    q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv)
     second_q = 2 * q + ring + (o if schedule.tma_store else 0) <= SM90_SMEM_LIMIT
     problems += [TileProblem(*p) for p in rule_problems(schedule, warpgroups, q + ring + o <= SM90_SMEM_LIMIT, second_q)]
     budget = SM90_CONSUMER_REGISTERS[warpgroups]
-    # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4)
-    per_column = 3 / 4 if schedule.overlap else 1 / 2
+    # registers per key column of the tile: S (fp32, 1/2) and, under the overlap, P_(j-1) (1/4; e4m3: 1/8)
+    per_column = (5 / 8 if fp8_pv else 3 / 4) if schedule.overlap else 1 / 2
     needed = int(cfg.block_n * per_column) + hdim // 2 + SM90_REGISTER_OVERHEAD
     if needed > budget:
         max_n = int((budget - hdim // 2 - SM90_REGISTER_OVERHEAD) / per_column) // 16 * 16

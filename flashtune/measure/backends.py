@@ -37,18 +37,22 @@ class Inputs:
 Runner = Callable[[], "torch.Tensor"]  # returns output as (batch, seqlen, heads, head_dim)
 
 
-def _flashtune(inputs: Inputs, fp8: bool = False) -> Runner:
+def _flashtune(inputs: Inputs, fp8: bool = False, fp8_pv: bool = False) -> Runner:
     """The active profile's kernel (`flashtune bench --profile` sets it). With fp8, its FP8 Q/K
-    kernel on q and k quantised to e4m3 before timing, as an FP8 model would hand them over."""
+    kernel on q and k quantised to e4m3 before timing, as an FP8 model would hand them over; with
+    fp8_pv too, its all-FP8 kernel on v quantised as well (V's transposition is in the call, timed)."""
     from flashtune.runtime import ops
+    from flashtune.runtime.fp8 import quantise_v
 
-    q, k, descales = inputs.q, inputs.k, {}
+    q, k, v, descales = inputs.q, inputs.k, inputs.v, {}
     if fp8:
         q, k, q_descale, k_descale = ops.quantise_qk(inputs.q, inputs.k, inputs.k.shape[2])
         descales = {"q_descale": q_descale, "k_descale": k_descale}
+    if fp8_pv:
+        v, descales["v_descale"] = quantise_v(inputs.v)
 
     def run() -> torch.Tensor:
-        return ops.flash_attn_func(q, k, inputs.v, softmax_scale=inputs.scale, causal=inputs.causal,
+        return ops.flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=inputs.causal,
                                    window_size=inputs.window_size, **descales)
 
     from flashtune.kernels.build import BuildError
@@ -151,6 +155,7 @@ def _flash_attn_module(module: str, attr: str = "flash_attn_func") -> Callable[[
 BACKENDS: dict[str, Callable[[Inputs], Runner]] = {
     "flashtune": _flashtune,
     "flashtune-fp8": lambda inputs: _flashtune(inputs, fp8=True),
+    "flashtune-fp8all": lambda inputs: _flashtune(inputs, fp8=True, fp8_pv=True),
     "sdpa-flash": _sdpa("FLASH_ATTENTION"),
     "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"),
     "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),
@@ -159,5 +164,6 @@ BACKENDS: dict[str, Callable[[Inputs], Runner]] = {
     "flash-attn3": _flash_attn_module("flash_attn_interface"),
     "flash-attn4": _flash_attn_module("flash_attn.cute"),
 }
-# Opt-in: flashtune-fp8 (it computes something else, on purpose: FP8 Q/K, with its error).
-DEFAULT_BACKENDS = tuple(name for name in BACKENDS if name != "flashtune-fp8")
+# Opt-in: flashtune-fp8 and flashtune-fp8all (they compute something else, on purpose: FP8 Q/K, and
+# Q, K, P and V, with their error).
+DEFAULT_BACKENDS = tuple(name for name in BACKENDS if name not in ("flashtune-fp8", "flashtune-fp8all"))

@@ -73,18 +73,22 @@ def check_tensors(q, k, v, varlen: bool) -> None:
             fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != rank:
             fail(f"{name} must be {layout}, got shape {tuple(t.shape)}")
-        fp8_ok = name != "v" and not varlen
+        fp8_ok = not varlen
         if t.dtype not in DTYPE_NAMES and not (fp8_ok and t.dtype == FP8):
             fail(f"{name} has dtype {t.dtype}; allowed: torch.float16, torch.bfloat16 "
                   "(cast with .to(torch.bfloat16))"
-                  + ("; q and k may also be torch.float8_e4m3fn (with q_descale/k_descale)" if fp8_ok else "")
-                  + ("; FP8 q/k go through flash_attn_func, not the varlen one" if varlen and name != "v"
-                     and t.dtype == FP8 else ""))
+                  + ("; q, k (and v) may also be torch.float8_e4m3fn (with q_descale/k_descale/v_descale)"
+                     if fp8_ok else "")
+                  + ("; FP8 q/k/v go through flash_attn_func, not the varlen one" if varlen and t.dtype == FP8
+                     else ""))
         # q's head dim before its strides, which an odd one fails too (k shares it; v's: below)
         if name == "q" and t.stride(-1) == 1 and computed_head_dim(t.shape[-1]) is None:
             fail(f"{name}'s head dim {t.shape[-1]} is not served: head dims are multiples of 8 from {MIN_HEAD_DIM} "
                  f"to {MAX_HEAD_DIM}")
         check_strides(name, t)
+    if v.dtype == FP8 and not q.dtype == k.dtype == FP8:
+        fail(f"an e4m3 v runs the all-FP8 kernel, which takes e4m3 q and k too (got {q.dtype} and {k.dtype}); "
+             "quantise them as well, or pass a 16-bit v")
     if q.dtype == FP8 or k.dtype == FP8:
         if q.dtype != k.dtype:
             fail(f"FP8 attention needs both q and k in torch.float8_e4m3fn, got {q.dtype} and {k.dtype}")
@@ -279,8 +283,21 @@ def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
         fail(f"a sequence in {name} has {max(lengths)} tokens, more than max_seqlen {max_seqlen}")
 
 
-def check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool) -> None:
+def check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool, v=None, v_descale=None, pv_fp8: bool = False) -> None:
     batch, heads_kv = q.shape[0], k.shape[2]
+    if pv_fp8 and (q.dtype == FP8 or not qk_fp8):
+        fail("pv_fp8=True quantises a 16-bit v beside 16-bit q and k: pass qk_fp8=True with it"
+             if q.dtype != FP8 else "pv_fp8=True quantises 16-bit inputs; with e4m3 q and k, drop it and pass an "
+             "e4m3 v (with its v_descale) for the all-FP8 kernel")
+    if v is not None and v.dtype != FP8 and v_descale is not None:
+        fail(f"v_descale scales an e4m3 v; v is {v.dtype}: pass qk_fp8=True and pv_fp8=True to quantise it, "
+             "or drop v_descale" if not pv_fp8 else "pv_fp8=True computes v's descale; drop v_descale")
+    if v is not None and v.dtype == FP8 and v_descale is not None and (
+            not isinstance(v_descale, torch.Tensor) or v_descale.dtype != torch.float32
+            or tuple(v_descale.shape) != (batch, heads_kv)):
+        got = f"{tuple(v_descale.shape)} {v_descale.dtype}" if isinstance(v_descale, torch.Tensor) else type(
+            v_descale).__name__
+        fail(f"v_descale must be a float32 tensor of shape (batch, heads_kv) = ({batch}, {heads_kv}), got {got}")
     if q.dtype != FP8:
         if (q_descale is not None or k_descale is not None) and qk_fp8:
             fail("qk_fp8=True computes its own descales; drop q_descale/k_descale")

@@ -1,5 +1,5 @@
-"""FP8: quantising 16-bit q and k to e4m3 with per-(batch, kv head) descales and the operands an
-FP8 Q/K kernel takes; an e4m3 KV cache's descales and its quantise-on-append.
+"""FP8: quantising 16-bit q and k (and, for the all-FP8 kernel, v) to e4m3 with per-(batch, kv head)
+descales and the operands an FP8 kernel takes; an e4m3 KV cache's descales and its quantise-on-append.
 """
 from __future__ import annotations
 
@@ -29,6 +29,19 @@ def fp8_operands(q, k, q_descale, k_descale, qk_fp8: bool, k_smoothing: bool = F
 
     return (q, k, ones() if q_descale is None else q_descale.contiguous(),
             ones() if k_descale is None else k_descale.contiguous(), None)
+
+
+def fp8_v_operand(v, v_descale, pv_fp8: bool):
+    """(v, v_descale) as the kernel takes them (arguments already checked): a 16-bit v quantised to
+    e4m3 with its descale (pv_fp8), an e4m3 v with its contiguous descale (ones where none was
+    given), or a 16-bit v as it is, without one."""
+    if pv_fp8:
+        return quantise_v(v)
+    if v.dtype != FP8:
+        return v, None
+    if v_descale is None:
+        return v, torch.ones(v.shape[0], v.shape[2], dtype=torch.float32, device=v.device)
+    return v, v_descale.contiguous()
 
 
 def lse_unsmoothed(lse: torch.Tensor, q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Tensor:
@@ -73,12 +86,20 @@ def kv_descales(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
     for name, x in (("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
             raise FlashtuneInputError(f"flashtune: kv_descales needs float (batch, seqlen, heads_kv, head_dim) {name}")
+    return _absmax_descale(k), _absmax_descale(v)
 
-    def one(x: torch.Tensor) -> torch.Tensor:
-        amax = x.abs().amax(dim=(1, 3)).float() if x.shape[1] else torch.zeros(x.shape[0], x.shape[2], device=x.device)
-        return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
-    return one(k), one(v)
+def _absmax_descale(x: torch.Tensor) -> torch.Tensor:
+    """(batch, heads) float32 absmax / 448 of a (batch, seqlen, heads, head_dim) tensor (1 where it is 0)."""
+    amax = x.abs().amax(dim=(1, 3)).float() if x.shape[1] else torch.zeros(x.shape[0], x.shape[2], device=x.device)
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def quantise_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """16-bit (batch, seqlen, heads_kv, head_dim) v -> (v8, v_descale): e4m3 with a per (batch, KV
+    head) absmax descale, for the all-FP8 kernel (O = P v8 x v_descale)."""
+    descale = _absmax_descale(v)
+    return quantise_kv(v, descale), descale
 
 
 def quantise_kv(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:

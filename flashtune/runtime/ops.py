@@ -21,7 +21,7 @@ from flashtune.runtime.checks import (FP8, FlashtuneInputError, VariantArgs, che
                                       check_engine_args, check_fp8_args, check_num_splits, check_tensors,
                                       check_unsupported, check_variants, fail, is_broadcast, needs_grad,
                                       read_flags, refuse_broadcast, scale_for, sinks_or_s_aux, unit_descale_flags)
-from flashtune.runtime.fp8 import fp8_operands, lse_unsmoothed, quantise_qk
+from flashtune.runtime.fp8 import fp8_operands, fp8_v_operand, lse_unsmoothed, quantise_qk
 from flashtune.runtime.decode import run_decode
 from flashtune.runtime.selection import active_profile, kernel_for, narrow_serves, select_spec, use_profile
 
@@ -37,13 +37,14 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    causal: bool, q_descale: torch.Tensor | None = None,
                    k_descale: torch.Tensor | None = None, with_lse: bool = True, softcap: float = 0.0,
                    window_left: int = -1, window_right: int = -1, sinks: torch.Tensor | None = None,
-                   alibi_slopes: torch.Tensor | None = None,
+                   alibi_slopes: torch.Tensor | None = None, v_descale: torch.Tensor | None = None,
                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output (q's layout, v's dtype, contiguous) and the log-sum-exp (float32, natural log),
-    or an empty tensor in its place without with_lse (the kernel then writes none: up to 5% of a short
-    sequence's time on the H200). FP8 (e4m3) q and k come with their (batch, heads_kv) float32
-    descale factors. Variants (checked by checks.check_variants): softcap > 0, a window other than
-    (-1, -1), sinks (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
+    """Output (q's layout, v's dtype, contiguous; bfloat16 for an e4m3 v) and the log-sum-exp
+    (float32, natural log), or an empty tensor in its place without with_lse (the kernel then writes
+    none: up to 5% of a short sequence's time on the H200). FP8 (e4m3) q and k come with their
+    (batch, heads_kv) float32 descale factors, an e4m3 v (the all-FP8 kernel) with v_descale.
+    Variants (checked by checks.check_variants): softcap > 0, a window other than (-1, -1), sinks
+    (heads_q,) float32, alibi_slopes (heads_q,) or (batch, heads_q) float32.
     `deterministic` is the backward's (autograd's formula below reads it from the inputs)."""
     if q.numel() == 0:
         return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
@@ -56,15 +57,15 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         width = computed_head_dim(max(q.shape[-1], v.shape[-1]), built) or max(q.shape[-1], v.shape[-1])
         out, lse = _attention_fwd(*(_zero_padded(t, width) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
                                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale, k_descale, with_lse,
-                                  softcap, window_left, window_right, sinks, alibi_slopes, deterministic)
+                                  softcap, window_left, window_right, sinks, alibi_slopes, v_descale, deterministic)
         return out[..., :v.shape[-1]].contiguous(), lse
     window = (window_left, window_right)
     var = VariantArgs(Variants(softcap > 0, window != (-1, -1), sinks is not None, alibi_slopes is not None), window,
                       softcap, sinks, alibi_slopes)
-    spec = kernel_for(profile, v.dtype, q.shape[-1], causal, max_seqlen_q, max_seqlen_k, q.shape[-2] // k.shape[-2],
-                      fp8=q.dtype == FP8, varlen=varlen, variants=var.variants,
+    spec = kernel_for(profile, _out_dtype(v), q.shape[-1], causal, max_seqlen_q, max_seqlen_k,
+                      q.shape[-2] // k.shape[-2], fp8=q.dtype == FP8, varlen=varlen, variants=var.variants,
                       key_rows=0 if varlen else q.shape[0] * k.shape[-2] * max_seqlen_k, device_index=q.device.index,
-                      hdim_v=v.shape[-1], narrow=narrow)
+                      hdim_v=v.shape[-1], narrow=narrow, fp8_pv=v.dtype == FP8)
     if isinstance(spec, DecodeSpec):  # short queries: runtime/decode.py, the same outputs
         out, lse = run_decode(spec, q, k, v, max_seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                               softmax_scale=softmax_scale, num_splits=0, with_lse=with_lse, poison=poison_outputs,
@@ -73,12 +74,13 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     extra = (softcap, window, sinks, alibi_slopes)
     if spec.hdim != q.shape[-1] and not spec.narrow:  # a head dim between the built ones: zero columns to the kernel's
         out, lse = run_spec(spec, *(_zero_padded(t, spec.hdim) for t in (q, k, v)), cu_seqlens_q, cu_seqlens_k,
-                            max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse, *extra)
+                            max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, with_lse, *extra,
+                            v_descale=v_descale)
         return out[..., :q.shape[-1]].contiguous(), lse
     if spec.family == "sm90":
         refuse_broadcast(q=q, k=k, v=v)
     return run_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    q_descale, k_descale, with_lse, *extra)
+                    q_descale, k_descale, with_lse, *extra, v_descale=v_descale)
 
 
 def _zero_padded(t: torch.Tensor, hdim: int) -> torch.Tensor:
@@ -91,15 +93,20 @@ def _zero_padded(t: torch.Tensor, hdim: int) -> torch.Tensor:
 def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
              softmax_scale: float, q_descale=None, k_descale=None,
              with_lse: bool = True, softcap: float = 0.0, window: tuple[int, int] = (-1, -1),
-             sinks=None, alibi_slopes=None) -> tuple[torch.Tensor, torch.Tensor]:
+             sinks=None, alibi_slopes=None, *, v_descale=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch exactly `spec` on validated inputs (the tuner times candidates through this); the
-    variants' values go to a spec built with them."""
+    variants' values go to a spec built with them. An all-FP8 spec (e4m3 v, v_descale) gets its V^T
+    scratch here; its launcher lays V^T out in it before the attention kernel (part of the call's time)."""
     out, lse = _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
     kernel = load_kernel(spec)
     load_binding()
+    v_transposed = None
+    if spec.fp8_pv:  # (batch, heads_kv, head dim, keys rounded up to 32) bytes
+        v_transposed = torch.empty(v.shape[0] * v.shape[2] * v.shape[3] * (-(-v.shape[1] // 32) * 32),
+                                   dtype=torch.uint8, device=v.device)
     torch.ops.flashtune_C.fwd(kernel.launcher, q, k, v, out, lse if with_lse else None, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q, max_seqlen_k, softmax_scale, q_descale, k_descale, softcap, window[0],
-                              window[1], sinks, alibi_slopes)
+                              window[1], sinks, alibi_slopes, v_descale, v_transposed)
     return out, lse
 
 
@@ -108,10 +115,15 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 poison_outputs = False
 
 
+def _out_dtype(v: torch.Tensor) -> torch.dtype:
+    """The output's dtype: v's, or bfloat16 for an e4m3 v (FlashAttention-3's convention)."""
+    return torch.bfloat16 if v.dtype == FP8 else v.dtype
+
+
 def _empty_outputs(q: torch.Tensor, v: torch.Tensor, varlen: bool,
                    with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output (q's rows and heads, v's head dim and dtype) and the LSE, unwritten."""
-    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype, device=q.device)
+    """The output (q's rows and heads, v's head dim, _out_dtype) and the LSE, unwritten."""
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=_out_dtype(v), device=q.device)
     if not with_lse:  # a custom op returns tensors: an empty one stands for "not computed"
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
     elif varlen:  # flash_attn's layouts: (heads, total_q) for varlen, else (batch, heads, seqlen_q)
@@ -132,7 +144,7 @@ attention_fwd = torch.library.custom_op("flashtune::attention_fwd", mutates_args
 @attention_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, q_descale=None,
       k_descale=None, with_lse=True, softcap=0.0, window_left=-1, window_right=-1, sinks=None, alibi_slopes=None,
-      deterministic=False):
+      v_descale=None, deterministic=False):
     return _empty_outputs(q, v, cu_seqlens_q is not None, with_lse)
 
 
@@ -160,7 +172,7 @@ def _gradients(ctx, dout, dlse):
     if dout is None:  # a loss of the LSE alone
         dout = torch.zeros_like(out)
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, *ctx.shape, poison_outputs)
-    return (dq, dk, dv) + (None,) * 15  # nothing flows to the lengths, scales, descales, variants, flags
+    return (dq, dk, dv) + (None,) * 16  # nothing flows to the lengths, scales, descales, variants, flags
 
 
 attention_fwd.register_autograd(_gradients, setup_context=_save_for_backward)
@@ -177,7 +189,8 @@ def _forward(q, k, v, *args, grad: bool):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False, sinks=None, s_aux=None):
+                    *, q_descale=None, k_descale=None, qk_fp8=False, return_lse=False, sinks=None, s_aux=None,
+                    v_descale=None, pv_fp8=False):
     """Attention over (batch, seqlen, heads, head_dim) tensors, as flash_attn.flash_attn_func.
 
     GQA/MQA: k and v may have fewer heads than q (a divisor). causal masks bottom-right
@@ -195,6 +208,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     them per (batch, kv head) here. v and the output stay 16-bit; softmax_scale is applied
     on top of the descales.
 
+    All-FP8 (sm90 profiles with `fp8: {qk: e4m3, pv: e4m3}`): P V on FP8 tensor cores too. v in
+    e4m3 beside e4m3 q and k, with an optional float32 v_descale (batch, heads_kv) (O = P v x
+    v_descale), or 16-bit q, k, v with qk_fp8=True and pv_fp8=True, which quantises all three here.
+    The output is bfloat16 for an e4m3 v (FlashAttention-3's), the inputs' dtype with pv_fp8=True.
+    The kernel reads V transposed: each call lays it out first (one pass over v, in the call's time).
+
     Variants (every kernel family has them): window_size=(left, right) bottom-right aligned (-1:
     unbounded; key blocks outside every row's window are skipped), softcap (scores = softcap x
     tanh(scores / softcap)), sinks (heads,) float (or s_aux, vLLM's name): one logit per query head
@@ -207,19 +226,23 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     sinks = sinks_or_s_aux(sinks, s_aux)
     var = check_variants(window_size, softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
     scale = scale_for(softmax_scale, q.shape[-1])
-    check_fp8_args(q, k, q_descale, k_descale, qk_fp8)
+    check_fp8_args(q, k, q_descale, k_descale, qk_fp8, v, v_descale, pv_fp8)
     grad = needs_grad(q, k, v)
     if grad:
         check_trainable(q, k, v, fp8=qk_fp8 or q.dtype == FP8, variants=any(var.variants))
-    check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, sinks=var.sinks, alibi_slopes=var.alibi)
+    check_devices(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=var.sinks,
+                  alibi_slopes=var.alibi)
     # Smoothing shifts every key score of a row by one constant: exact for the softmax, not under a
     # softcap (tanh of shifted scores) or beside a sink (whose logit does not move).
     smoothing = qk_fp8 and not var.softcap and var.sinks is None and active_profile(q.device).k_smoothing
-    q16 = q
+    q16, out_dtype = q, v.dtype
     q, k, q_descale, k_descale, k_mean = fp8_operands(q, k, q_descale, k_descale, qk_fp8, smoothing)
+    v, v_descale = fp8_v_operand(v, v_descale, pv_fp8)
     out, lse = _forward(q, k, v, None, None, q.shape[1], k.shape[1], scale, bool(causal), q_descale, k_descale,
                         return_lse or return_attn_probs or grad, var.softcap, *var.window, var.sinks, var.alibi,
-                        bool(deterministic), grad=grad)
+                        v_descale, bool(deterministic), grad=grad)
+    if pv_fp8 and out.dtype != out_dtype:  # the all-FP8 kernel writes bfloat16
+        out = out.to(out_dtype)
     if k_mean is not None and lse.numel():  # smoothing moved each row's scores by a constant
         lse = lse_unsmoothed(lse, q16, k_mean, scale)
     return _pack(out, lse, return_lse, return_attn_probs)
@@ -300,7 +323,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                   alibi_slopes=var.alibi)
     out, lse = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                         bool(causal), None, None, return_lse or return_attn_probs or grad, var.softcap, *var.window,
-                        var.sinks, var.alibi, bool(deterministic), grad=grad)
+                        var.sinks, var.alibi, None, bool(deterministic), grad=grad)
     return _pack(out, lse, return_lse, return_attn_probs)
 
 

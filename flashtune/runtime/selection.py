@@ -90,9 +90,9 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
                 seqlen_q: int, seqlen_k: int, fp8: bool = False,
-                variants: Variants = NO_VARIANTS, narrow: bool = False) -> KernelSpec:
-    """The KernelSpec that serves a call of this shape under `profile` (`dtype`: v's and the
-    output's; `fp8`: q and k in e4m3). A head dim between the built ones (a multiple of 8 from 32
+                variants: Variants = NO_VARIANTS, narrow: bool = False, fp8_pv: bool = False) -> KernelSpec:
+    """The KernelSpec that serves a call of this shape under `profile` (`dtype`: the output's, and
+    v's unless fp8_pv; `fp8`: q and k in e4m3; `fp8_pv`: v too, the all-FP8 kernel). A head dim between the built ones (a multiple of 8 from 32
     to 256) is served by the next built one's kernel: its narrow twin (`narrow`, sm90: the inputs read in
     place), or on inputs zero-padded to it (ops.py)."""
     dtype_name = dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
@@ -114,6 +114,10 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
     if fp8 and (built != hdim or hdim not in fp8_dims):
         raise FlashtuneInputError(f"FP8 q/k need head dim {', '.join(map(str, fp8_dims))} exactly, got {hdim}; "
                                   "use 16-bit q/k")
+    if fp8_pv and not profile.fp8_pv:
+        raise FlashtuneInputError(
+            f"profile {profile.name} builds no all-FP8 kernels (its fp8 has no pv: e4m3); use a profile with "
+            "`fp8: {qk: e4m3, pv: e4m3}` (sm90 family), or a 16-bit v for the FP8 Q/K kernel")
     hdim = built
     try:
         tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8)
@@ -124,11 +128,11 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
                                   f"(dtypes: {', '.join(profile.dtypes)})")
     # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
     key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags,
-           variants, narrow)
+           variants, narrow, bool(fp8_pv))
     spec = _spec_cache.get(key)
     if spec is None:
         spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8, variants=variants,
-                                           narrow=narrow)
+                                           narrow=narrow, fp8_pv=fp8_pv)
     return spec
 
 
@@ -149,7 +153,7 @@ DECODE_MAX_SEQLEN_Q = 16
 def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int,
                head_ratio: int = 1, fp8: bool = False, varlen: bool = False,
                variants: Variants = NO_VARIANTS, key_rows: int = 0, device_index: int = 0,
-               hdim_v: int | None = None, narrow: bool = True) -> KernelSpec | DecodeSpec:
+               hdim_v: int | None = None, narrow: bool = True, fp8_pv: bool = False) -> KernelSpec | DecodeSpec:
     """The kernel flash_attn_func / flash_attn_varlen_func launch for a call of this shape: the
     decode kernel (DecodeSpec) for short fixed-length queries in 16 bits, else the profile's tile
     (select_spec). The one place that decides; `flashtune verify` asks it for the expected name.
@@ -157,7 +161,8 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     key_rows, device_index: the key rows the call reads (sequences x KV heads x keys), on which
     device (runtime/decode.py's decode_spec: a short call's packed rows). hdim_v: V's head dim where it
     is not Q/K's (a prefill call that narrow_serves; elsewhere the op pads v to one head dim first).
-    narrow=False: the op pads copies anyway (a broadcast input, which no tensor map describes)."""
+    narrow=False: the op pads copies anyway (a broadcast input, which no tensor map describes).
+    fp8_pv: v in e4m3 too, the all-FP8 kernel (bf16 output)."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
     hdim_v = hdim_v or hdim
     narrow = narrow and narrow_serves(profile, fp8, varlen, seqlen_q)
@@ -168,7 +173,7 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     # the narrow kernel where a tensor is narrower than the built head dim the call is computed at
     narrow = narrow and not decode and computed_head_dim(wide, profile.head_dims) not in (None, min(hdim, hdim_v))
     spec = select_spec(profile, dtype, wide, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
-                       variants=NO_VARIANTS if decode else variants, narrow=narrow)
+                       variants=NO_VARIANTS if decode else variants, narrow=narrow, fp8_pv=fp8_pv)
     if not decode:
         return spec
     from flashtune.runtime.decode import decode_spec
