@@ -48,9 +48,12 @@ class RecallTask:
         weights = torch.arange(1, n + 1, dtype=torch.float64) ** -self.zipf
         return (weights / weights.sum()).float()
 
-    def sample(self, batch: int, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, batch: int, length: int, generator: torch.Generator,
+               repeat: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, recall) of shape (batch, length) on the CPU: recall marks the value positions
-        whose key appeared earlier in the prompt (the positions that need attention)."""
+        whose key appeared earlier in the prompt (the positions that need attention). `repeat`
+        (training prompts): each key after the first is the previous key again with this
+        probability, values bound afresh to the keys (Recipe.repeat says why)."""
         pairs = length // 2  # BOS + pairs (+ one more key when the length is even)
         keys = torch.multinomial(self._prior(self.keys).expand(batch, -1), pairs + 1, replacement=True,
                                  generator=generator)
@@ -62,6 +65,16 @@ class RecallTask:
         ids[:, 1::2] = 1 + keys
         ids[:, 2::2] = 1 + self.keys + values
         ids = ids[:, :length]
+        if repeat:
+            keys = ids[:, 1::2] - 1
+            again = torch.rand(keys.shape, generator=generator) < repeat
+            again[:, 0] = False
+            index = torch.arange(keys.shape[1]).expand_as(keys)
+            keys = keys.gather(1, torch.where(again, 0, index).cummax(1).values)  # each run's first key
+            binding = torch.multinomial(self._prior(self.values).expand(batch, -1), self.keys, replacement=True,
+                                        generator=generator)
+            ids[:, 1::2] = 1 + keys
+            ids[:, 2::2] = 1 + self.keys + binding.gather(1, keys[:, :ids[:, 2::2].shape[1]])
         return ids, recall_positions(ids, self)
 
 
@@ -94,7 +107,14 @@ class Recipe:
     head_dim: int = 64
     intermediate: int = 1408
     rope_theta: float = 500000.0
-    stages: tuple[Stage, ...] = (Stage(512, 64, 1200), Stage(4096, 8, 300), Stage(16384, 2, 150))
+    # 3,000 steps at 512 tokens, then the long prompts' sharper attention
+    stages: tuple[Stage, ...] = (Stage(512, 64, 3000), Stage(4096, 8, 300), Stage(16384, 2, 150))
+    # Training prompts repeat the previous key with this probability: the identity map rewards the
+    # previous-token head the recall circuit is built on, which plain prompts do not, and without
+    # it the model stayed at the key prior (38% held-out accuracy on an H100 with 1,200 steps at
+    # 512). With it: 99.9% at 4k and 98.7% at 16k on an H100 (lab/results/2026-12-07_recall-h100/).
+    # Scoring and the bench's prompts are the plain task.
+    repeat: float = 0.3
     lr: float = 3e-3
     warmup: int = 100
     seed: int = 0
@@ -161,7 +181,7 @@ def train(recipe: Recipe, device: str, progress: Callable[[int, int, float], Non
             for _ in range(stage.steps):
                 for group in optimizer.param_groups:
                     group["lr"] = recipe.lr * _lr_factor(step, total, recipe.warmup)
-                ids, _ = recipe.task.sample(stage.batch, stage.length, generator)
+                ids, _ = recipe.task.sample(stage.batch, stage.length, generator, repeat=recipe.repeat)
                 ids = ids.to(device, non_blocking=True)
                 with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
                     loss = model(ids, labels=ids).loss
