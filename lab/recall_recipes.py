@@ -1,20 +1,16 @@
-"""Recall-model recipes side by side on the GPU (issue 34: the shipped recipe plateaus at the key
-prior, 38% held-out accuracy on an H100; lab/results/2026-12-07_recall-cpu-study/ says why). Each
-variant trains from the same seed through recall_model.train with SDPA (about a minute each on an
-H100), then is scored on the plain task (keys drawn from the prior, none following another) at 4k
-and 16k tokens, as the bench scores the shipped recipe. The JSON is rewritten after each variant.
+"""Recall-model recipes side by side on the GPU (issue 34). Each variant trains from the same seed
+through recall_model.train with SDPA (about a minute or two each on an H100), then is scored on the
+plain task (keys drawn from the prior, none following another) at 4k and 16k tokens, as the bench
+scores the shipped recipe. The JSON is rewritten after each variant.
 
-Variants (VARIANTS below): the shipped recipe; "longer": 3,000 steps at 512 tokens instead of 1,200
-(the shipped recipe uses 49 of its 120 s on an H100, and on the CPU recall accuracy was still
-climbing after 1,700 steps); "follow": in training a key is the previous key + 1 with probability
-0.5, which rewards the previous-token head the recall circuit is built on (the CPU study: with 16
-keys it learned with it and not without; with 512 it did not help); "longer-follow": both;
-"longer-lr1e-3": "longer" at a third of the learning rate (on the CPU, 16 keys at 32 tokens: 1e-3
-left the prior's loss within 900 steps, 3e-3 and 1e-2 did not; with 512 keys it climbed sooner and
-then slower); "repeat": in training a key is the previous key again with probability 0.3, which
-rewards the previous-token head through the identity (on the CPU, 512 keys at 128 tokens: 69%
-held-out accuracy at 590-660 steps on two seeds, where the shipped task had 17-29%); "longer-repeat": both.
-The next visit's order (visit step `recall-recipes`): longer-repeat, repeat, longer.
+The shipped recipe (recall_model.Recipe) came from here: training keys that repeat the previous one
+with probability 0.3 and 3,000 steps at 512 tokens ("longer-repeat" of the 2026-12-07 study: 99.9% at
+4k and 98.7% at 16k on an H100, lab/results/2026-12-07_recall-h100/), where the recipe before it
+("before": 1,200 steps, plain prompts) stayed at the key prior (38% on an H100) and the CPU study
+(lab/results/2026-12-07_recall-cpu-study/) found repeats to be the lever. Other variants: "repeat"
+(repeats with 1,200 steps), "longer" (3,000 steps, plain prompts), "follow" / "longer-follow" (a
+key is the previous + 1 with probability 0.5: a successor map of 512 entries, which did not help on
+the CPU), "longer-lr1e-3" ("longer" at a third of the learning rate).
 
 Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
 """
@@ -33,13 +29,13 @@ from flashtune.measure.recall_model import HELD_OUT_SEED, Recipe, RecallTask, St
 class FollowTask(RecallTask):
     """RecallTask whose training prompts chain keys: each key is the previous one + `step` (mod
     keys) with probability `follow`, else drawn from the prior; values stay bound to their keys.
-    step 1 ("follow") rewards a previous-token head through a successor map of `keys` entries;
-    step 0 ("repeat": the key again) through the identity, which a previous-token head copies."""
+    step 1 ("follow") rewards a previous-token head through a successor map of `keys` entries
+    (step 0 is the identity: what Recipe.repeat does, the shipped recipe's lever)."""
     follow: float = 0.5
     step: int = 1
 
-    def sample(self, batch, length, generator):
-        ids, _ = super().sample(batch, length, generator)
+    def sample(self, batch, length, generator, repeat: float = 0.0):
+        ids, _ = super().sample(batch, length, generator, repeat)
         keys = ids[:, 1::2] - 1
         chained = torch.rand(keys.shape, generator=generator) < self.follow
         chained[:, 0] = False
@@ -53,17 +49,17 @@ class FollowTask(RecallTask):
         return ids, recall_model.recall_positions(ids, self)
 
 
-SHIPPED = Recipe()
-REPEAT = FollowTask(follow=0.3, step=0)
-LONGER = (Stage(512, 64, 3000), *SHIPPED.stages[1:])
+SHIPPED = Recipe()  # repeats 0.3, 3,000 steps at 512 tokens
+SHORT = (Stage(512, 64, 1200), *SHIPPED.stages[1:])
+PLAIN = dataclasses.replace(SHIPPED, repeat=0.0)
 VARIANTS = {
     "shipped": SHIPPED,
-    "longer": dataclasses.replace(SHIPPED, stages=LONGER),
-    "follow": dataclasses.replace(SHIPPED, task=FollowTask()),
-    "longer-follow": dataclasses.replace(SHIPPED, task=FollowTask(), stages=LONGER),
-    "longer-lr1e-3": dataclasses.replace(SHIPPED, stages=LONGER, lr=1e-3),
-    "repeat": dataclasses.replace(SHIPPED, task=REPEAT),
-    "longer-repeat": dataclasses.replace(SHIPPED, task=REPEAT, stages=LONGER),
+    "before": dataclasses.replace(PLAIN, stages=SHORT),
+    "repeat": dataclasses.replace(SHIPPED, stages=SHORT),
+    "longer": PLAIN,
+    "follow": dataclasses.replace(PLAIN, task=FollowTask(), stages=SHORT),
+    "longer-follow": dataclasses.replace(PLAIN, task=FollowTask()),
+    "longer-lr1e-3": dataclasses.replace(PLAIN, lr=1e-3),
 }
 
 

@@ -68,12 +68,10 @@
 #   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
-#   recall-one    lab/recall_recipes.py longer-repeat alone (the CPU study's best lever with the 2.5x 512-token stage)
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
-#   recall-recipes  lab/recall_recipes.py longer-repeat repeat longer: 2.5x the shipped recall recipe's steps at 512
-#                 tokens and training keys that repeat the previous one (issue 34's plateau; the CPU study's lever),
-#                 one seed, scored at 4k and 16k, JSON in $OUT
+#   recall-recipes  lab/recall_recipes.py shipped before repeat: the shipped recall recipe (repeated keys, 3,000 steps
+#                 at 512 tokens) beside the one before it and repeats on 1,200 steps, scored at 4k and 16k, JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
@@ -229,8 +227,7 @@ for step in "$@"; do case $step in
   model-recall) run bench-model-recall 590 python3 -m flashtune bench --profile h200 --model recall --prefill 4096,16384 \
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;
-  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" longer-repeat repeat \
-                  longer ;;
+  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" shipped before repeat ;;
   model-b1|model-b16) b=${step#model-b}; lengths=1024,16384; [ "$b" = 1 ] && lengths=1024,16384,65536
          run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
@@ -332,7 +329,6 @@ for step in "$@"; do case $step in
   fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
-  recall-one) run recall-one 200 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" longer-repeat ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;

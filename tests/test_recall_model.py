@@ -13,9 +13,10 @@ TINY = rm.Recipe(task=rm.RecallTask(keys=16, values=16), layers=2, hidden=64, he
                  stages=(rm.Stage(64, 32, 40), rm.Stage(128, 8, 10)), lr=3e-3, warmup=10)
 
 
-def test_recall_positions_are_the_values_of_keys_seen_before():
+@pytest.mark.parametrize("repeat", [0.0, 0.3], ids=["plain", "repeat"])
+def test_recall_positions_are_the_values_of_keys_seen_before(repeat):
     task = rm.RecallTask(keys=8, values=8)
-    ids, recall = task.sample(16, 101, torch.Generator().manual_seed(3))
+    ids, recall = task.sample(16, 101, torch.Generator().manual_seed(3), repeat=repeat)
     assert ids.shape == recall.shape == (16, 101) and (ids[:, 0] == rm.BOS).all()
     keys, values = ids[:, 1::2], ids[:, 2::2]
     assert ((keys >= 1) & (keys <= 8)).all() and ((values > 8) & (values <= 16)).all()
@@ -26,6 +27,19 @@ def test_recall_positions_are_the_values_of_keys_seen_before():
             assert recall[row, 2 + 2 * j].item() == (key in bound)  # recall: the key came before
             assert bound.setdefault(key, value) == value  # one value per key in a prompt
         assert not recall[row, 1::2].any()  # keys are never recall positions
+
+
+def test_training_prompts_repeat_the_previous_key_as_often_as_asked():
+    """Recipe.repeat: the share of keys equal to the one before grows by about `repeat` over the
+    plain prompts' (where the prior alone repeats a key now and then), on the same seed."""
+    task = rm.RecallTask(keys=512, values=512)
+
+    def share(repeat: float) -> float:
+        keys = task.sample(64, 2001, torch.Generator().manual_seed(0), repeat=repeat)[0][:, 1::2]
+        return (keys[:, 1:] == keys[:, :-1]).float().mean().item()
+
+    plain, repeated = share(0.0), share(0.3)
+    assert plain < 0.1 and repeated - plain == pytest.approx(0.3 * (1 - plain), abs=0.02), (plain, repeated)
 
 
 def test_priors_give_every_position_a_clear_most_likely_token():
@@ -65,7 +79,8 @@ def test_recipe_key_changes_with_anything_that_shapes_the_weights():
     assert TINY.key() == rm.Recipe(**{**TINY.__dict__}).key()
     assert len({TINY.key(), rm.Recipe(**{**TINY.__dict__, "seed": 1}).key(),
                 rm.Recipe(**{**TINY.__dict__, "task": rm.RecallTask(16, 17)}).key(),
-                rm.Recipe(**{**TINY.__dict__, "stages": TINY.stages[:1]}).key()}) == 4
+                rm.Recipe(**{**TINY.__dict__, "stages": TINY.stages[:1]}).key(),
+                rm.Recipe(**{**TINY.__dict__, "repeat": 0.0}).key()}) == 5
 
 
 def test_recall_accuracy_counts_only_recall_positions():
