@@ -38,8 +38,8 @@ enum class KvCache : int { kNone = 0, kContiguous = 1, kPages = 2 };
 // with the columns past their head dims zero-filled in shared memory (zero q.k terms, zero O
 // columns) and O stored up to v's (the TMA store clips; direct stores skip the chunks past it).
 // Fp8Pv (with Fp8Qk): O += P V on FP8 wgmma too, P packed to e4m3 from S's registers and V read as
-// V^T [head dim][keys], K-major (FP8 wgmma has no transpose), which the runtime lays out with each
-// 32 keys permuted to match P's registers (runtime/fp8.py: fp8_v_transposed); O stays 16-bit.
+// V^T [head dim][keys], K-major (FP8 wgmma has no transpose), which the launcher lays out first with
+// each 32 keys permuted to match P's registers (sm90/v_transpose.cuh); O stays 16-bit.
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
           class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone, bool kNarrow_ = false,
           bool kFp8Pv_ = false>

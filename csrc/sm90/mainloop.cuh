@@ -93,7 +93,7 @@ struct Mainloop {
   // column pair of accumulator group 2s + e / 2, as S's. e4m3: register e holds four bytes of row
   // +8 (e & 1), from accumulator groups 4s + 2 (e / 2) and the one after (two columns each), so
   // the k32 fragment's slot 4t + i (+16) holds key 8 (i / 2) + 2t + i % 2 (+16) of the 32: the
-  // order V^T's keys are laid out in (fp8_v_transposed), and no register crosses a thread.
+  // order V^T's keys are laid out in (v_transpose.cuh), and no register crosses a thread.
   __device__ __forceinline__ void pack_p() {
 #pragma unroll
     for (int s = 0; s < T::kPvSteps; ++s)

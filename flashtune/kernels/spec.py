@@ -58,8 +58,8 @@ class KernelSpec:
     # Q/K's), read and written at their own head dims: the TMA zero-fills the columns past them in
     # shared memory and clips the output's, so the op copies nothing to pad them
     narrow: bool = False
-    # sm90, with fp8: O += P V on FP8 tensor cores too (P and V in e4m3, V read as V^T that the op
-    # lays out: runtime/fp8.py's fp8_v_transposed); O stays 16-bit
+    # sm90, with fp8: O += P V on FP8 tensor cores too (P and V in e4m3, V read as V^T that the
+    # launcher lays out first: sm90/v_transpose.cuh); O stays 16-bit
     fp8_pv: bool = False
 
     def __post_init__(self) -> None:
