@@ -15,7 +15,7 @@ namespace sm90 {
 
 // The tensor maps are 4-D (dim, rows, heads, batch); varlen tensors are one batch entry of
 // total rows, and a sequence starts at row cu_seqlens[b]. FP8 P V's V^T: (keys, head dim, heads,
-// batch), a sequence's keys starting at column cu_seqlens_k[b]. A KV-cache kernel's (launch_kvcache.cuh):
+// batch), fixed-length calls only. A KV-cache kernel's (launch_kvcache.cuh):
 // q 5-D (dim, head in group, KV head, position, batch), k and v over the cache's entries or pages.
 struct TmaMaps {
   CUtensorMap q, k, v, o;  // o: used by the TMA-store epilogue only
