@@ -68,6 +68,7 @@
 #   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
+#   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py shipped before repeat: the shipped recall recipe (repeated keys, 3,000 steps
@@ -141,6 +142,9 @@ for step in "$@"; do case $step in
   sanitize) for tool in memcheck racecheck synccheck; do
               run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200
             done ;;
+  fp8all-sanitize) run fp8all-build 60 python3 lab/build_fp8all.py
+         run fp8all-memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_case.py \
+           lab/profiles/h100-fp8all.yaml --fp8all ;;
   decode-smoke) FLASHTUNE_PROFILE=h200 run decode-smoke 150 python3 lab/decode_smoke.py ;;
   decode-64|decode-128|decode-256) d=${step#decode-}
          run bench-decode-$d 580 python3 -m flashtune bench --profile h200 --decode --hdims $d \

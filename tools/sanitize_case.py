@@ -1,8 +1,8 @@
 """Small attention calls for compute-sanitizer (memcheck, racecheck): every kernel path once,
 prefill and decode.
 
-Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE] [--backward]
-(--backward: the backward's calls alone)
+Run: compute-sanitizer --tool memcheck python3 tools/sanitize_case.py [PROFILE] [--backward | --fp8all]
+(--backward: the backward's calls alone; --fp8all: the all-FP8 kernels' alone, under a profile with fp8.pv)
 """
 import sys
 
@@ -36,13 +36,31 @@ def backward_calls():
     flashtune.flash_attn_func(q, k, v, causal=True, deterministic=True).sum().backward()
 
 
+def fp8all_calls():
+    """The all-FP8 kernels and their V^T pass: every head dim and mask, keys that are not a multiple
+    of 32 or of a block (zero-padded V^T), more queries than keys, one query, no keys, GQA, a v
+    strided out of a packed qkv, and more tiles than SMs."""
+    for hdim in (64, 128, 256):
+        for causal in (False, True):
+            for seqlen_q, seqlen_k in ((77, 130), (300, 17), (1, 1000), (300, 0)):
+                q, k, v = (torch.randn(2, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+                           for s, h in ((seqlen_q, 4), (seqlen_k, 2), (seqlen_k, 2)))
+                flashtune.flash_attn_func(q, k, v, causal=causal, qk_fp8=True, pv_fp8=True, return_lse=True)
+        qkv = torch.randn(4, 400, 3, 8, hdim, device="cuda").to(torch.float8_e4m3fn)  # e4m3, read in place
+        flashtune.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    q = torch.randn(4, 1000, 40, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(4, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    flashtune.flash_attn_func(q, k, torch.randn_like(k), causal=True, qk_fp8=True, pv_fp8=True)
+
+
 ops.use_profile(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "h200-sm80")
 torch.manual_seed(0)
-if "--backward" in sys.argv:
-    backward_calls()
-    torch.cuda.synchronize()
-    print("sanitize_case: done (backward)")
-    sys.exit(0)
+for flag, calls in (("--backward", backward_calls), ("--fp8all", fp8all_calls)):
+    if flag in sys.argv:
+        calls()
+        torch.cuda.synchronize()
+        print(f"sanitize_case: done ({flag[2:]})")
+        sys.exit(0)
 for hdim in (64, 128, 256):
     for causal in (False, True):
         q = torch.randn(1, 77, 4, hdim, device="cuda", dtype=torch.bfloat16)
