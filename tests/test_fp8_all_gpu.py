@@ -37,10 +37,10 @@ def _inputs(b, sq, sk, hq, hkv, d):
 def _dequantised(q, k, v):
     """The fp32 values the all-FP8 kernel multiplies when the op quantises q, k and v."""
     from flashtune.commands.verify import dequantised_qk
+    from flashtune.measure.fp8_floor import dequantised
     from flashtune.runtime.fp8 import quantise_v
 
-    v8, v_descale = quantise_v(v)
-    return (*dequantised_qk(q, k), v8.float() * v_descale[:, None, :, None])
+    return (*dequantised_qk(q, k), dequantised(*quantise_v(v)))
 
 
 def _p_rounded_reference(q, k, v, causal: bool, scale: float) -> torch.Tensor:
@@ -104,6 +104,7 @@ def test_e4m3_v_with_descales_scales_and_variants(fp8_profile):
     """Given descales far from 1 (v's too), an explicit scale, a window and a softcap: the kernel
     computes softmax(cap(q8 k8^T x descales x scale)) (v8 x v_descale), up to P's rounding."""
     import flashtune
+    from flashtune.measure.fp8_floor import dequantised
     from flashtune.measure.reference import attention_reference, rel_l2
 
     hdim = 128 if 128 in fp8_profile.head_dims else fp8_profile.head_dims[0]
@@ -115,10 +116,8 @@ def test_e4m3_v_with_descales_scales_and_variants(fp8_profile):
     scale, window, cap = 0.3, (200, 0), 4.0
     out = flashtune.flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=True, window_size=window, softcap=cap,
                                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    q = q8.float() * q_descale.repeat_interleave(2, dim=1)[:, None, :, None]
-    k = k8.float() * k_descale[:, None, :, None]
-    v = v8.float() * v_descale[:, None, :, None]
-    ref, _ = attention_reference(q, k, v, True, scale, window, cap)
+    q = dequantised(q8, q_descale.repeat_interleave(2, dim=1))
+    ref, _ = attention_reference(q, dequantised(k8, k_descale), dequantised(v8, v_descale), True, scale, window, cap)
     assert out.dtype == torch.bfloat16 and not torch.isnan(out).any()
     # P's rounding is up to 2^-4 of each P: a few percent of O (measured against the 16-bit reference)
     assert rel_l2(out, ref) < 6e-2, rel_l2(out, ref)

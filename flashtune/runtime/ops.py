@@ -13,7 +13,7 @@ import torch
 
 from flashtune.kernels.build import load_binding, load_kernel
 from flashtune.kernels.decode_spec import DecodeSpec
-from flashtune.kernels.spec import KernelSpec
+from flashtune.kernels.spec import FP8_OUT_DTYPE, KernelSpec
 from flashtune.kernels.tiles import computed_head_dim, prefill_head_dims
 from flashtune.kernels.variants import Variants
 from flashtune.runtime.backward import attention_bwd as _attention_bwd, check_trainable
@@ -115,9 +115,12 @@ def run_spec(spec: KernelSpec, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 poison_outputs = False
 
 
+_FP8_OUT = getattr(torch, FP8_OUT_DTYPE)
+
+
 def _out_dtype(v: torch.Tensor) -> torch.dtype:
-    """The output's dtype: v's, or bfloat16 for an e4m3 v (FlashAttention-3's convention)."""
-    return torch.bfloat16 if v.dtype == FP8 else v.dtype
+    """The output's dtype: v's, or the all-FP8 kernels' (spec.FP8_OUT_DTYPE) for an e4m3 v."""
+    return _FP8_OUT if v.dtype == FP8 else v.dtype
 
 
 def _empty_outputs(q: torch.Tensor, v: torch.Tensor, varlen: bool,
