@@ -146,7 +146,7 @@ flashtune::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const 
   }
   p.softmax_scale = float(softmax_scale);
   p.softmax_scale_log2 = float(softmax_scale * M_LOG2E);
-  p.head_dim_qk = int32_t(q.size(-1));  // read by the sm90 family's narrow kernels only
+  p.head_dim_qk = int32_t(q.size(-1));  // the sm90 family checks them (its narrow kernels read them)
   p.head_dim_v = int32_t(v.size(-1));
   return p;
 }

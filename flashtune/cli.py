@@ -309,8 +309,8 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
                    "dtype, head dim 64 and 128, causal and not; else compiled on a training step's first call.")
 @click.option("--narrow/--no-narrow", default=True, show_default=True,
               help="sm90 profiles: also each 16-bit prefill kernel's narrow twin, which reads a head dim between the "
-                   "built ones (Phi-3's 96) or a V head dim unlike Q/K's (MLA's 192/128) in place; else compiled "
-                   "on such a call's first use.")
+                   "built ones (Phi-3's 96) or a V head dim unlike Q/K's in place, and the kernels with V's own "
+                   "head dim (MLA's 192/128, 128/64); else compiled on such a call's first use.")
 @json_option
 def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decode, backward, narrow, as_json) -> None:
     """JIT-compile a profile's attention kernels into the cache.

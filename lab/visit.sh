@@ -108,6 +108,8 @@
 #                 beside cuDNN and SDPA flash (JSON in $OUT); bench-mla gives 192/128. Sanitizers: `build-h200 sanitize`
 #                 (tools/sanitize_case.py calls every kernel path: memcheck after this step's bf16 build alone spent
 #                 over 280 s compiling the rest under the sanitizer on 2026-12-07)
+#   mla           the sm90 kernels with V's own head dim (192/128, 128/64): test_v_head_dim_gpu.py under h200 (the kernel
+#                 that ran checked), then bench-mla's command (issue 38's bar: 192/128 at 1.0x cuDNN or more)
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -325,6 +327,10 @@ for step in "$@"; do case $step in
          run build-narrow 200 python3 -m flashtune build --profile h200 --dtypes bfloat16 --no-decode --no-backward --jobs 16
          run bench-h96 200 python3 -m flashtune bench --profile h200 --hdims 96 --backends flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-h96.json" ;;
+  mla) FLASHTUNE_PROFILE=h200 run mla-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_v_head_dim_gpu.py
+       run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
+           --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   bench-mla) run bench-mla 150 python3 -m flashtune bench --profile h200 --hdims 192 --hdim-v 128 --seqlens 1024,4096,16384 \
            --backends flashtune,sdpa-cudnn,sdpa-flash,sdpa-efficient --out "$OUT/bench-mla.json" ;;
   fp8all) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-tests 240 python3 -m pytest -q -rP -n 16 --tb=short \

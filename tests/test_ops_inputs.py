@@ -181,7 +181,11 @@ def test_an_unlike_v_head_dim_pads_to_the_profiles_built_size(monkeypatch, profi
 
 @pytest.mark.parametrize("hdim, hdim_v, seqlen_q, expected", [
     (96, None, 4096, "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_narrow_sm90a"),  # Phi-3's, at 128 in place
-    (192, 128, 4096, "flashtune_fwd_sm90_bf16_h192_128x112_wg2_s2_c_narrow_sm90a"),  # DeepSeek's MLA prefill
+    (192, 128, 4096, "flashtune_fwd_sm90_bf16_h192v128_128x112_wg2_s2_c_sm90a"),     # DeepSeek's MLA prefill
+    (128, 64, 4096, "flashtune_fwd_sm90_bf16_h128v64_128x176_wg2_s2_c_sm90a"),        # V's own panels only
+    (192, 120, 4096, "flashtune_fwd_sm90_bf16_h192v128_128x112_wg2_s2_c_narrow_sm90a"),  # and V narrow in them
+    (64, 128, 4096, "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_narrow_sm90a"),     # V wider: at V's
+    (256, 128, 4096, "flashtune_fwd_sm90_bf16_h256_128x80_wg2_s2_c_narrow_sm90a"),     # a pair not built: narrow
     (128, None, 4096, "flashtune_fwd_sm90_bf16_h128_128x176_wg2_s2_c_sm90a"),        # a built head dim: the plain one
     (96, None, 1, "flashtune_decode_bf16_h96_"),                                      # decode: its own kernels
 ])

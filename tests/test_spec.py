@@ -106,6 +106,8 @@ def test_build_takes_an_sm90_profiles_narrow_twins_unless_told_not_to():
     plain, both = specs_for_profile(h200), specs_for_profile(h200, narrow=True)
     twins = [s for s in both if s.narrow]
     assert sorted(s.name.replace("_narrow", "") for s in twins) == sorted(s.name for s in plain if not s.fp8)
+    v_own = {(s.hdim, s.hdim_v, s.dtype, s.causal) for s in both if s.hdim_v}  # MLA's 192/128 and 128/64, prebuilt
+    assert v_own == {(h, v, d, c) for h, v in ((192, 128), (128, 64)) for d in h200.dtypes for c in (False, True)}
     assert not any(s.narrow for s in specs_for_profile(find_profile("h200-sm80"), narrow=True))
 
 
@@ -238,3 +240,19 @@ def test_all_fp8_twins_are_the_sm90_familys_on_tiles_of_64_keys(tmp_path):
     (tmp_path / "no-qk.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match="fp8.pv: FP8 P V is the sm90 family's all-FP8 kernel"):
         load_profile(tmp_path / "no-qk.yaml")
+
+
+def test_a_v_head_dim_of_its_own_is_named_and_built_apart_and_only_below_qks():
+    """DeepSeek's MLA prefill: Q/K 192, V 128. The kernel's P V and O have V's panels only (the traits'
+    last argument); the plain kernel's source is untouched."""
+    plain = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 112, 2), hdim=192, causal=True)
+    mla = _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 112, 2), hdim=192, causal=True, hdim_v=128)
+    assert mla.name == "flashtune_fwd_sm90_bf16_h192v128_128x112_wg2_s2_c_sm90a"
+    assert ("Traits<__nv_bfloat16, 192, 128, 112, 2, true, false, KernelSchedule, flashtune::Variants<false, false, "
+            "false, false>, flashtune::sm90::KvCache::kNone, false, false, 128>") in mla.source()
+    assert "KvCache" not in plain.source() and mla.source_hash() != plain.source_hash()
+    for bad in (dict(hdim_v=96), dict(hdim_v=192), dict(hdim_v=256)):  # whole panels, below Q/K's
+        with pytest.raises(SpecError, match="V head dim of its own"):
+            _spec(family="sm90", arch="sm_90a", tile=sm90_tile(128, 112, 2), hdim=192, **bad)
+    with pytest.raises(SpecError, match="V head dim of its own"):
+        _spec(hdim_v=64)  # sm80

@@ -1,8 +1,9 @@
 """A V head dim unlike Q/K's (DeepSeek's MLA prefill: 192/128; 128/64), on the GPU: flash_attn_func
 in prefill and decode lengths, causal and not, GQA, and flash_attn_varlen_func, against the fp32
 reference, outputs poisoned first, fresh random inputs each case; under the profile the run selects
-(FLASHTUNE_PROFILE=h200-sm80 as well). Computed at one built head dim: in place by an sm90 profile's narrow
-kernel in prefill, else on q, k and v zero-padded to it."""
+(FLASHTUNE_PROFILE=h200-sm80 as well). On an sm90 profile in prefill a V head dim below Q/K's has a
+kernel of its own (192/128: `..._h192v128_...`), a larger one the narrow kernel at Q/K's; else q, k
+and v are zero-padded to one built head dim."""
 from __future__ import annotations
 
 import pytest
@@ -35,6 +36,17 @@ def test_outputs_match_the_fp32_reference(dqk, dv, causal, seqlen_q, seqlen_k):
     assert rel_l2(out.float(), ref) < 1e-2
     seen = torch.isfinite(ref_lse)
     assert torch.allclose(lse[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
+    from flashtune.runtime import ops
+
+    profile = ops.active_profile(q.device)
+    if seqlen_q > 16 and profile.family == "sm90":  # prefill in place: the kernel that ran is the one chosen
+        from flashtune.measure.timing import kernel_names
+
+        spec = ops.kernel_for(profile, q.dtype, dqk, causal, seqlen_q, seqlen_k, 4, hdim_v=dv)
+        assert bool(spec.hdim_v) == (dv < dqk)  # V's own head dim below Q/K's; above, the narrow kernel at V's
+        ours = [n for n in kernel_names(lambda: flashtune.flash_attn_func(q, k, v, causal=causal))
+                if n.startswith("flashtune_")]
+        assert ours == [spec.name]
 
 
 def test_varlen_with_a_v_head_dim_unlike_qks():

@@ -20,7 +20,7 @@ namespace sm90 {
 template <class T>
 struct Epilogue {
   using Elem = typename T::Elem;
-  static constexpr int BM = T::kBlockM, D = T::kHeadDim;
+  static constexpr int BM = T::kBlockM, D = T::kHeadDimV;  // O's head dim
   const FwdParams& p;
   const TmaMaps& maps;
   unsigned char* const s_o;  // the O tile of the TMA store

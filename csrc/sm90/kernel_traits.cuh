@@ -40,9 +40,11 @@ enum class KvCache : int { kNone = 0, kContiguous = 1, kPages = 2 };
 // Fp8Pv (with Fp8Qk): O += P V on FP8 wgmma too, P packed to e4m3 from S's registers and V read as
 // V^T [head dim][keys], K-major (FP8 wgmma has no transpose), which the launcher lays out first with
 // each 32 keys permuted to match P's registers (sm90/v_transpose.cuh); O stays 16-bit.
+// kHeadDimV: V's and O's head dim where it is below Q/K's (DeepSeek's MLA prefill: 192/128), so that
+// P V multiplies only V's columns and O holds only its own (0: Q/K's).
 template <typename Elem_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kCausal_, bool kFp8Qk_,
           class Schedule_, class Variants_ = Variants<>, KvCache kKvCache_ = KvCache::kNone, bool kNarrow_ = false,
-          bool kFp8Pv_ = false>
+          bool kFp8Pv_ = false, int kHeadDimV_ = 0>
 struct Traits {
   using Elem = Elem_;
   static constexpr bool kFp8Pv = kFp8Pv_;
@@ -59,6 +61,7 @@ struct Traits {
   using QKElem = std::conditional_t<kFp8Qk_, __nv_fp8_e4m3, Elem>;
   static constexpr bool kFp8Qk = kFp8Qk_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_ ? kHeadDimV_ : kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   // Buffers on each of the K and V mbarrier rings.
@@ -79,7 +82,7 @@ struct Traits {
   static constexpr int kConsumers = kBlockM / 64;  // one warpgroup per 64 query rows
   static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
   static constexpr int kSRegs = kBlockN / 2;  // accumulators per thread: S is 64 x kBlockN per warpgroup
-  static constexpr int kORegs = kHeadDim / 2;
+  static constexpr int kORegs = kHeadDimV / 2;
 
   // Tiles are column panels of [rows][row bytes], swizzled by the TMA as wgmma reads them:
   // 128-byte rows (128B swizzle), or 64-byte rows for an FP8 head dim of 64 (64B swizzle).
@@ -91,7 +94,7 @@ struct Traits {
   // V: 16-bit, panels of 64 head-dim columns x kBlockN keys (MN-major for P V); FP8, V^T: panels of
   // kVtRowBytes keys x kHeadDim rows (K-major), 128B-swizzled where block_n allows, else 64B.
   static constexpr int kVtRowBytes = kBlockN % 128 == 0 ? 128 : 64;
-  static constexpr int kVPanels = kFp8Pv ? kBlockN / kVtRowBytes : kHeadDim / 64;
+  static constexpr int kVPanels = kFp8Pv ? kBlockN / kVtRowBytes : kHeadDimV / 64;
   static constexpr int kVBoxCols = kFp8Pv ? kVtRowBytes : 64;   // elements per TMA box row
   static constexpr int kPvSteps = kFp8Pv ? kBlockN / 32 : kBlockN / 16;  // P V's wgmma k steps (k32 or k16)
 
@@ -100,11 +103,11 @@ struct Traits {
   // the TMA store. A deferred epilogue needs the next tile's Q early: a second Q buffer.
   static constexpr int kQBytes = kBlockM * kHeadDim * kQKElemBytes;
   static constexpr int kKBytes = kBlockN * kHeadDim * kQKElemBytes;
-  static constexpr int kVBytes = kBlockN * kHeadDim * int(sizeof(PVElem));
+  static constexpr int kVBytes = kBlockN * kHeadDimV * int(sizeof(PVElem));
   static constexpr int kPanelBytesQ = kBlockM * kQKRowBytes;
   static constexpr int kPanelBytesK = kBlockN * kQKRowBytes;
   static constexpr int kPanelBytesV = kFp8Pv ? kHeadDim * kVtRowBytes : kBlockN * 128;
-  static constexpr int kOBytes = kBlockM * kHeadDim * 2;  // O staged as 64-column panels of [rows][128 B]
+  static constexpr int kOBytes = kBlockM * kHeadDimV * 2;  // O staged as 64-column panels of [rows][128 B]
   static constexpr int kPanelBytesO = kBlockM * 128;
   static constexpr int kRingBytes = kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack
   static constexpr int kQBuffers = kDeferEpilogue ? 2 : 1;
@@ -141,6 +144,8 @@ struct Traits {
   // P is packed to e4m3 as it stands: lazy rescaling lets it reach 2^kRescaleLog2, which must stay
   // within e4m3's largest finite value (448), or P would saturate.
   static_assert(!kFp8Pv || kRescaleLog2 <= 8.f, "FP8 P V: P up to 2^kRescaleLog2 must fit e4m3 (448)");
+  static_assert(kHeadDimV == kHeadDim || (kHeadDimV % 64 == 0 && kHeadDimV < kHeadDim && !kCache && !kFp8Qk),
+                "a V head dim of its own: whole 64-column panels below Q/K's, a 16-bit prefill kernel");
   // setmaxnreg moves registers within the CTA's pool: what the launch gives every thread
   // (65536 / threads, rounded down to 8). Asking for more makes setmaxnreg.inc wait forever.
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= ((65536 / kThreads) & ~7) * kThreads,

@@ -31,8 +31,10 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   // A narrow kernel's tensors have head dims of their own: the maps' widths, past which the TMA loads
   // zeros and stores nothing.
   const uint64_t dim_qk = T::kNarrow ? uint64_t(p.head_dim_qk) : T::kHeadDim;
-  const uint64_t dim_v = T::kNarrow ? uint64_t(p.head_dim_v) : T::kHeadDim;
-  if (T::kNarrow && (dim_qk == 0 || dim_qk > T::kHeadDim || dim_qk % 8 || dim_v == 0 || dim_v > T::kHeadDim || dim_v % 8))
+  const uint64_t dim_v = T::kNarrow ? uint64_t(p.head_dim_v) : T::kHeadDimV;
+  if (T::kNarrow && (dim_qk == 0 || dim_qk > T::kHeadDim || dim_qk % 8 || dim_v == 0 || dim_v > T::kHeadDimV || dim_v % 8))
+    return int(cudaErrorInvalidValue);
+  if (!T::kNarrow && (p.head_dim_qk != T::kHeadDim || p.head_dim_v != T::kHeadDimV))  // tensors of the kernel's dims
     return int(cudaErrorInvalidValue);
   TmaMaps maps;
   int err = encode_4d(&maps.q, p.q, kQKType, batch, rows_q, p.heads_q, dim_qk, p.q_batch_stride,
@@ -44,8 +46,9 @@ int launch(void (*kernel)(const FwdParams, const TmaMaps), const FwdParams& p, v
   // keys no block is loaded, but the map must still describe a tensor: 32 keys over v's own base.
   const int64_t keys_pad = rows_k ? vt_keys_padded(rows_k) : 32;
   if (!err && T::kFp8Pv)
-    err = encode_4d(&maps.v, rows_k ? p.v_transposed : p.v, CU_TENSOR_MAP_DATA_TYPE_UINT8, batch, T::kHeadDim, p.heads_kv, keys_pad,
-                    p.heads_kv * T::kHeadDim * keys_pad, keys_pad, T::kHeadDim * keys_pad, T::kVBoxCols, T::kHeadDim);
+    err = encode_4d(&maps.v, rows_k ? p.v_transposed : p.v, CU_TENSOR_MAP_DATA_TYPE_UINT8, batch, T::kHeadDim,
+                    p.heads_kv, keys_pad, p.heads_kv * T::kHeadDim * keys_pad, keys_pad, T::kHeadDim * keys_pad,
+                    T::kVBoxCols, T::kHeadDim);
   else if (!err)
     err = encode_4d(&maps.v, p.v, kVType, batch, rows_k, p.heads_kv, dim_v, p.v_batch_stride,
                     p.v_row_stride, p.v_head_stride, 64, T::kBlockN);

@@ -27,7 +27,7 @@ namespace sm90 {
 template <class T>
 struct Mainloop {
   using Elem = typename T::Elem;
-  static constexpr int BN = T::kBlockN, D = T::kHeadDim;
+  static constexpr int BN = T::kBlockN, DV = T::kHeadDimV;
   const SmemTiles<T>& smem;
   const int cw;  // this consumer warpgroup: query rows cw*64 .. cw*64+63 of the tile
   const uint32_t vote_barrier;  // the speculative step's named barrier, 13 + cw (see the constructor)
@@ -79,12 +79,12 @@ struct Mainloop {
       constexpr int kStepsPerPanel = T::kVtRowBytes / 32;
 #pragma unroll
       for (int s = 0; s < T::kPvSteps; ++s)
-        Wgmma<__nv_fp8_e4m3, D>::rs(acc_o, frag_p[s],
-                                    desc_advance(desc_v, (s / kStepsPerPanel) * T::kPanelBytesV + 32 * (s % kStepsPerPanel)));
+        Wgmma<__nv_fp8_e4m3, DV>::rs(acc_o, frag_p[s],
+                                     desc_advance(desc_v, (s / kStepsPerPanel) * T::kPanelBytesV + 32 * (s % kStepsPerPanel)));
     } else {
       const uint64_t desc_v = mnmajor_sw128_desc(v_base, T::kPanelBytesV);
 #pragma unroll
-      for (int s = 0; s < T::kPvSteps; ++s) Wgmma<Elem, D>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
+      for (int s = 0; s < T::kPvSteps; ++s) Wgmma<Elem, DV>::rs(acc_o, frag_p[s], desc_advance(desc_v, 2048 * s));
     }
     wgmma_commit();
   }

@@ -14,8 +14,8 @@ from flashtune.kernels.arch import ArchFacts, get_arch
 from flashtune.paths import csrc_dir
 from flashtune.kernels.schedule import FIELD_NAMES, Schedule
 from flashtune.kernels.variants import NO_VARIANTS, Variants
-from flashtune.kernels.tiles import (FP8_HEAD_DIMS, TileConfig, shared_memory_bytes, sm90_default_schedule,
-                                     sm90_schedule, threads_per_cta, tile_problems)
+from flashtune.kernels.tiles import (FP8_HEAD_DIMS, SM90_V_HEAD_DIMS, TileConfig, shared_memory_bytes,
+                                     sm90_default_schedule, sm90_schedule, threads_per_cta, tile_problems)
 
 DTYPES = {"float16": ("f16", "__half"), "bfloat16": ("bf16", "__nv_bfloat16")}
 FP8_OUT_DTYPE = "bfloat16"  # an all-FP8 call's output (FlashAttention-3's: e4m3 q, k and v give bf16)
@@ -61,6 +61,9 @@ class KernelSpec:
     # sm90, with fp8: O += P V on FP8 tensor cores too (P and V in e4m3, V read as V^T that the
     # launcher lays out first: sm90/v_transpose.cuh); O stays 16-bit
     fp8_pv: bool = False
+    # sm90, 16-bit: V's and O's head dim where it is below hdim (DeepSeek's MLA prefill: 192/128), a
+    # multiple of 64: P V multiplies only its columns and O holds only its own; 0: hdim
+    hdim_v: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,6 +77,10 @@ class KernelSpec:
         if self.narrow and (self.family != "sm90" or self.fp8):
             raise SpecError("a narrow kernel (inputs narrower than its head dim, zero-filled by the TMA) is the sm90 "
                             "family's, 16-bit; elsewhere the op zero-pads the inputs")
+        if self.hdim_v and (self.family != "sm90" or self.fp8 or self.hdim_v % 64 or not 0 < self.hdim_v < self.hdim):
+            raise SpecError(f"a V head dim of its own ({self.hdim_v} beside {self.hdim}) is the sm90 family's, "
+                            "16-bit, a multiple of 64 below Q/K's; elsewhere the op zero-pads v")
+        # the tile's rules at Q/K's head dim: V's smaller tiles and O's registers only make room
         problems = tile_problems(self.family, self.hdim, self.tile, self.arch_facts, self.fp8, self.causal,
                                  self.fp8_pv)
         if problems:
@@ -94,12 +101,14 @@ class KernelSpec:
     @property
     def schedule(self) -> Schedule | None:
         """The sm90 kernel's schedule (the tile's keys over the family's defaults); None for sm80."""
-        return sm90_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv) if self.family == "sm90" else None
+        if self.family != "sm90":
+            return None
+        return sm90_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv, self.hdim_v)
 
     @property
     def default_schedule(self) -> Schedule:
         """The sm90 schedule this tile runs without keys: the base of the name's schedule codes."""
-        return sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv)
+        return sm90_default_schedule(self.hdim, self.tile, self.causal, self.fp8, self.fp8_pv, self.hdim_v)
 
     @property
     def schedule_suffix(self) -> str:
@@ -113,8 +122,8 @@ class KernelSpec:
     def name(self) -> str:
         """The exact extern "C" kernel symbol, e.g. flashtune_fwd_sm80_bf16_h128_128x64_w4_s2_sm89; an sm90
         kernel's tile is followed by a code for each schedule field off its default (`_np`: no pingpong)."""
-        parts = ["flashtune_fwd", self.family, DTYPES[self.dtype][0], f"h{self.hdim}",
-                 self.tile.shape_label + self.schedule_suffix]
+        parts = ["flashtune_fwd", self.family, DTYPES[self.dtype][0],
+                 f"h{self.hdim}" + (f"v{self.hdim_v}" if self.hdim_v else ""), self.tile.shape_label + self.schedule_suffix]
         if self.causal:
             parts.append("c")
         if self.fp8:
@@ -135,7 +144,8 @@ class KernelSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return shared_memory_bytes(self.family, self.hdim, self.tile, self.fp8, self.causal, self.fp8_pv)
+        return shared_memory_bytes(self.family, self.hdim, self.tile, self.fp8, self.causal, self.fp8_pv,
+                                   self.hdim_v)
 
     def source(self) -> str:
         """The generated translation unit: one extern "C" kernel with this spec's name."""
@@ -144,11 +154,14 @@ class KernelSpec:
         if self.family == "sm90":
             fp8 = "true" if self.fp8 else "false"
             causal = "true" if self.causal else "false"
-            variants = f", {self.variants.cpp()}" if any(self.variants) or self.narrow or self.fp8_pv else ""
-            if self.narrow or self.fp8_pv:  # after the KvCache argument (kernel_traits.cuh): narrow, FP8 P V
+            variants = (f", {self.variants.cpp()}" if any(self.variants) or self.narrow or self.fp8_pv or self.hdim_v
+                        else "")
+            if self.narrow or self.fp8_pv or self.hdim_v:  # after the KvCache argument (kernel_traits.cuh)
                 variants += f", flashtune::sm90::KvCache::kNone, {'true' if self.narrow else 'false'}"
-            if self.fp8_pv:
-                variants += ", true"
+            if self.fp8_pv or self.hdim_v:  # then FP8 P V, then V's head dim
+                variants += f", {'true' if self.fp8_pv else 'false'}"
+            if self.hdim_v:
+                variants += f", {self.hdim_v}"
             return f"""// Generated by flashtune for {self!r}. Do not edit: edit csrc/ and rebuild.
 #include "sm90/launch.cuh"
 
@@ -223,12 +236,13 @@ def source_files(folders) -> list[Path]:
 
 def spec_for(profile, tile: TileConfig, dtype: str, hdim: int, causal: bool, fp8: bool = False,
              arch: str | None = None, variants: Variants = NO_VARIANTS, narrow: bool = False,
-             fp8_pv: bool = False) -> KernelSpec:
+             fp8_pv: bool = False, hdim_v: int = 0) -> KernelSpec:
     """The kernel a profile's config row (its tile and schedule keys) gives for one dtype, head dim,
-    causal value, Q/K (and, fp8_pv, P V) precision and variants, on the profile's arch or `arch`: the
-    one place a profile row becomes a KernelSpec (build, the op, tune and `profiles show` all ask here)."""
+    causal value, Q/K (and, fp8_pv, P V) precision, variants, narrow inputs and V head dim, on the
+    profile's arch or `arch`: the one place a profile row becomes a KernelSpec (build, the op, tune and
+    `profiles show` all ask here)."""
     return KernelSpec(profile.family, arch or profile.arch.name, dtype, hdim, tile, bool(causal), bool(fp8),
-                      profile.nvcc_flags, Variants(*variants), narrow, bool(fp8_pv))
+                      profile.nvcc_flags, Variants(*variants), narrow, bool(fp8_pv), hdim_v)
 
 
 def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
@@ -236,7 +250,8 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
     """Every distinct spec a profile can launch (optionally narrowed), for `flashtune build`:
     the 16-bit kernels, and with `fp8: {qk: e4m3}` also their FP8 Q/K twins (`pv: e4m3`: and all-FP8
     ones, sm90; bfloat16 only, the dtype of their output); with `narrow`, an sm90
-    profile's 16-bit kernels' narrow twins too (head dims between the built ones, read in place).
+    profile's 16-bit kernels' narrow twins too (head dims between the built ones, read in place) and
+    their twins with V's own head dim (SM90_V_HEAD_DIMS: 192/128, 128/64).
 
     `arch` retargets the profile's tiles (they are re-validated for that arch).
     """
@@ -270,4 +285,7 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
                     if narrow and profile.family == "sm90" and False in fp8_flags:
                         specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, False, arch,
                                        narrow=True)] = None
+                        for hdim_v in SM90_V_HEAD_DIMS.get(entry.hdim, ()):  # V's own head dim (MLA's 192/128)
+                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, False, arch,
+                                           hdim_v=hdim_v)] = None
     return list(specs)

@@ -19,6 +19,9 @@ BASE_HEAD_DIMS = (64, 128, 256)
 FAMILY_HEAD_DIMS = {"sm80": BASE_HEAD_DIMS, "sm90": (64, 128, 192, 256)}
 HEAD_DIMS = FAMILY_HEAD_DIMS["sm90"]  # every prefill head dim of some family
 FP8_HEAD_DIMS = BASE_HEAD_DIMS
+# V head dims below Q/K's that the sm90 prefill kernel is built for (KernelSpec.hdim_v): DeepSeek's
+# MLA prefill (192/128) and 128/64. Other pairs take the narrow kernel at Q/K's head dim.
+SM90_V_HEAD_DIMS = {192: (128,), 128: (64,)}
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256  # served: every multiple of 8 between, computed at a built size
 
 
@@ -105,42 +108,43 @@ def threads_per_cta(family: str, cfg: TileConfig) -> int:
     return 32 * cfg.num_warps
 
 
-def _sm90_parts(hdim: int, cfg: TileConfig, fp8: bool, fp8_pv: bool = False) -> tuple[int, int, int]:
+def _sm90_parts(hdim: int, cfg: TileConfig, fp8: bool, fp8_pv: bool = False, hdim_v: int = 0) -> tuple[int, int, int]:
     """Bytes of one Q tile, of the K/V rings with their alignment slack, and of the O tile (V in
-    e4m3 with fp8_pv)."""
-    qk_elem, v_elem = (1 if fp8 else 2), (1 if fp8_pv else 2)
-    return (qk_elem * cfg.block_m * hdim, cfg.stages * cfg.block_n * hdim * (qk_elem + v_elem) + SM90_BARRIER_BYTES,
-            2 * cfg.block_m * hdim)
+    e4m3 with fp8_pv; V and O at hdim_v where the kernel has a V head dim of its own)."""
+    qk_elem, v_elem, v = (1 if fp8 else 2), (1 if fp8_pv else 2), hdim_v or hdim
+    return (qk_elem * cfg.block_m * hdim, cfg.stages * cfg.block_n * (hdim * qk_elem + v_elem * v) + SM90_BARRIER_BYTES,
+            2 * cfg.block_m * v)
 
 
 def sm90_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False,
-                  fp8_pv: bool = False) -> Schedule:
+                  fp8_pv: bool = False, hdim_v: int = 0) -> Schedule:
     """The schedule an sm90 kernel of this tile runs: the family's defaults, where the O tile and a
     second Q tile fit in shared memory, with the config's own keys over them (schedule.resolve)."""
-    q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv)
+    q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv, hdim_v)
     return resolve(cfg.schedule, hdim, causal, cfg.block_m // 64, q + ring + o <= SM90_SMEM_LIMIT,
                    lambda tma_store: 2 * q + ring + (o if tma_store else 0) <= SM90_SMEM_LIMIT)
 
 
 def sm90_default_schedule(hdim: int, cfg: TileConfig, causal: bool = False, fp8: bool = False,
-                          fp8_pv: bool = False) -> Schedule:
+                          fp8_pv: bool = False, hdim_v: int = 0) -> Schedule:
     """What the tile's kernel runs without schedule keys: the base its name's suffix is against."""
     return sm90_schedule(hdim, TileConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.stages, cfg.num_warpgroups),
-                         causal, fp8, fp8_pv)
+                         causal, fp8, fp8_pv, hdim_v)
 
 
 def shared_memory_bytes(family: str, hdim: int, cfg: TileConfig, fp8: bool = False, causal: bool = False,
-                        fp8_pv: bool = False) -> int:
+                        fp8_pv: bool = False, hdim_v: int = 0) -> int:
     """Shared memory one CTA needs: Q once, K and V per pipeline stage; on sm90 also the O tile of
     the TMA-store epilogue and a second Q tile for the deferred one, where its schedule has them
     (kernel_traits.cuh's kSmemBytes).
 
     With FP8 QK, Q and K are 1-byte e4m3; V stays 16-bit, except with fp8_pv (sm90's all-FP8 kernels).
+    hdim_v: an sm90 kernel's V head dim of its own (KernelSpec.hdim_v).
     """
     _check_family(family)
     if family == "sm90":
-        q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv)
-        schedule = sm90_schedule(hdim, cfg, causal, fp8, fp8_pv)
+        q, ring, o = _sm90_parts(hdim, cfg, fp8, fp8_pv, hdim_v)
+        schedule = sm90_schedule(hdim, cfg, causal, fp8, fp8_pv, hdim_v)
         return q * (2 if schedule.defer else 1) + ring + (o if schedule.tma_store else 0)
     qk_elem = 1 if fp8 else 2
     total = qk_elem * cfg.block_m * hdim + cfg.stages * cfg.block_n * hdim * (qk_elem + 2)

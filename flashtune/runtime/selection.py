@@ -13,7 +13,7 @@ from flashtune.kernels.gpu import GpuInfo, detect_gpus
 from flashtune.kernels.profiles import Profile, ProfileError, find_profile, select_profile
 from flashtune.kernels.decode_spec import DecodeSpec
 from flashtune.kernels.spec import KernelSpec, spec_for
-from flashtune.kernels.tiles import computed_head_dim, prefill_head_dims
+from flashtune.kernels.tiles import SM90_V_HEAD_DIMS, computed_head_dim, prefill_head_dims
 from flashtune.kernels.variants import NO_VARIANTS, Variants
 from flashtune.runtime.checks import DTYPE_NAMES, FlashtuneInputError
 
@@ -90,11 +90,13 @@ def active_profile(device: torch.device | int | None = None) -> Profile:
 
 def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bool,
                 seqlen_q: int, seqlen_k: int, fp8: bool = False,
-                variants: Variants = NO_VARIANTS, narrow: bool = False, fp8_pv: bool = False) -> KernelSpec:
+                variants: Variants = NO_VARIANTS, narrow: bool = False, fp8_pv: bool = False,
+                hdim_v: int = 0) -> KernelSpec:
     """The KernelSpec that serves a call of this shape under `profile` (`dtype`: the output's, and
-    v's unless fp8_pv; `fp8`: q and k in e4m3; `fp8_pv`: v too, the all-FP8 kernel). A head dim between the built ones (a multiple of 8 from 32
-    to 256) is served by the next built one's kernel: its narrow twin (`narrow`, sm90: the inputs read in
-    place), or on inputs zero-padded to it (ops.py)."""
+    v's unless fp8_pv; `fp8`: q and k in e4m3; `fp8_pv`: v too, the all-FP8 kernel). A head dim
+    between the built ones (a multiple of 8 from 32 to 256) is served by the next built one's kernel:
+    its narrow twin (`narrow`, sm90: the inputs read in place), or on inputs zero-padded to it (ops.py). `hdim_v`: the kernel's V head dim where it is
+    below the built head dim (KernelSpec.hdim_v; kernel_for decides it)."""
     dtype_name = dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
     if fp8 and not profile.arch.fp8:
         raise FlashtuneInputError(
@@ -128,11 +130,11 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
                                   f"(dtypes: {', '.join(profile.dtypes)})")
     # Keyed by exactly what the spec is made of: constructing one validates its tile (slow).
     key = (profile.family, profile.arch.name, dtype_name, hdim, tile, bool(causal), bool(fp8), profile.nvcc_flags,
-           variants, narrow, bool(fp8_pv))
+           variants, narrow, bool(fp8_pv), hdim_v)
     spec = _spec_cache.get(key)
     if spec is None:
         spec = _spec_cache[key] = spec_for(profile, tile, dtype_name, hdim, causal, fp8, variants=variants,
-                                           narrow=narrow, fp8_pv=fp8_pv)
+                                           narrow=narrow, fp8_pv=fp8_pv, hdim_v=hdim_v)
     return spec
 
 
@@ -160,7 +162,9 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
     `variants`: which of softcap, window, sinks and alibi the call has (every family has them);
     key_rows, device_index: the key rows the call reads (sequences x KV heads x keys), on which
     device (runtime/decode.py's decode_spec: a short call's packed rows). hdim_v: V's head dim where it
-    is not Q/K's (a prefill call that narrow_serves; elsewhere the op pads v to one head dim first).
+    is not Q/K's (a prefill call that narrow_serves; elsewhere the op pads v to one head dim first):
+    a pair of SM90_V_HEAD_DIMS (192/128, 128/64; V inside its panels), a kernel whose P V and O have
+    V's panels only; any other, the narrow kernel at the larger.
     narrow=False: the op pads copies anyway (a broadcast input, which no tensor map describes).
     fp8_pv: v in e4m3 too, the all-FP8 kernel (bf16 output)."""
     decode = not (fp8 or varlen or seqlen_q > DECODE_MAX_SEQLEN_Q)
@@ -170,10 +174,16 @@ def kernel_for(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: bo
         raise FlashtuneInputError(f"a V head dim ({hdim_v}) unlike Q/K's ({hdim}) takes an sm90 profile's narrow "
                                   "prefill kernel; the op pads the others to one head dim")
     wide = max(hdim, hdim_v)
-    # the narrow kernel where a tensor is narrower than the built head dim the call is computed at
-    narrow = narrow and not decode and computed_head_dim(wide, profile.head_dims) not in (None, min(hdim, hdim_v))
+    built = computed_head_dim(wide, profile.head_dims)
+    kernel_v, narrower = 0, False
+    if narrow and not decode and built is not None:
+        # V's own head dim: its 64-column panels, a pair that is built (MLA's 128 beside 192)
+        v_panels = -(-hdim_v // 64) * 64
+        kernel_v = v_panels if v_panels in SM90_V_HEAD_DIMS.get(built, ()) else 0
+        narrower = hdim < built or hdim_v < (kernel_v or built)  # a tensor short of its kernel's dims: narrow
     spec = select_spec(profile, dtype, wide, causal, seqlen_q, seqlen_k, fp8=fp8,  # validates the call
-                       variants=NO_VARIANTS if decode else variants, narrow=narrow, fp8_pv=fp8_pv)
+                       variants=NO_VARIANTS if decode else variants, narrow=narrower, hdim_v=kernel_v,
+                       fp8_pv=fp8_pv)
     if not decode:
         return spec
     from flashtune.runtime.decode import decode_spec
