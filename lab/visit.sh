@@ -59,6 +59,7 @@
 #   decode-q4     bench --decode, hdim 64/128, MQA with 4 query tokens (128 packed rows: the KV-cache kernels), contiguous
 #   decode-short  bench --decode, hdim 64/128, q1, contiguous: MQA over 1k-128k caches, and 8/32 KV heads over 1k (the short calls)
 #   decode-paged  bench --decode, hdim 128, 8 KV heads, pages 0,1,16,64,256
+#   decode-paged-large  the same with pages 0, 64 and 256 only (issue 33's within-5% bar for pages of 64 or more)
 #   fp8kv-quick   bench --decode, hdim 64/128, 8 KV heads, batch 1 and 32, 16k and 128k: flashtune on a 16-bit and on an
 #                 e4m3 cache beside cuDNN (a minute)
 #   kv-fp8-tests  tests/test_kv_fp8_gpu.py under h200, 16 workers
@@ -219,6 +220,9 @@ for step in "$@"; do case $step in
   decode-paged) run bench-decode-paged 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,1,16,64,256 \
            --out "$OUT/bench-decode_paged.json" --plot "$OUT/bench-decode_paged.png" ;;
+  decode-paged-large) run bench-decode-paged-large 300 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
+           --heads-kv 8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64,256 \
+           --out "$OUT/bench-decode_paged-large.json" ;;
   fp8kv-quick) run bench-fp8kv-quick 200 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 8 --batches 1,32 --caches 16384,131072 --seqlens-q 1 --pages 0 \
            --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-fp8kv-quick.json" ;;
