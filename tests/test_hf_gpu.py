@@ -78,17 +78,17 @@ def test_left_padded_batch_generates_through_the_decode_kernels(cache):
 def test_a_decode_step_captured_in_a_cuda_graph_replays_like_the_uncaptured_loop():
     """bench --model's decode harness: the step captured once, its token and position fed through
     the graph's input buffers; flashtune's decode kernels read the cache's ends from the device."""
-    from flashtune.commands.bench_model import static_decode
+    from flashtune.commands.bench_model import decode_step_kernel_times, static_decode
 
     exact, sdpa, ours = _qwen2_models()
     ids = torch.randint(0, 1000, (2, 700), device="cuda")
-    eager_tokens, _, _ = static_decode(ours, ids, 24, graph=False)
-    graph_tokens, _, profiled = static_decode(ours, ids, 24, graph=True, profile_backend="flashtune")
-    sdpa_tokens, _, _ = static_decode(sdpa, ids, 24, graph=True)
+    eager_tokens, _ = static_decode(ours, ids, 24, graph=False)
+    graph_tokens, _ = static_decode(ours, ids, 24, graph=True)
+    sdpa_tokens, _ = static_decode(sdpa, ids, 24, graph=True)
     assert torch.equal(graph_tokens, eager_tokens)
     assert_as_close_as(fp32_picks(exact, ids, graph_tokens), fp32_picks(exact, ids, sdpa_tokens), GREEDY_SLACK,
                        "greedy tokens")
-    attention, total = profiled
+    attention, total = decode_step_kernel_times(ours, ids, "flashtune")
     assert 0 < attention < total  # the profiled step ran flashtune's kernels
 
 

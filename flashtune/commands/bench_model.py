@@ -164,27 +164,31 @@ def _attention_share(model, ids, backend: str) -> float | None:
     return attention / total if total else None
 
 
-def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_backend: str | None = None):
+def _prefilled_static_cache(model, ids: torch.Tensor, room: int):
+    """A static KV cache with room for `room` tokens after the prompts `ids`, filled by their
+    prefill: (the forward's cache keyword, the first greedy token, its position)."""
+    import inspect
+
+    from transformers import StaticCache
+
+    length = ids.shape[1]
+    cache = {("cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"):
+             StaticCache(config=model.config, max_cache_len=length + room)}  # its name since transformers 5.25
+    logits = model(ids, cache_position=torch.arange(length, device=ids.device), use_cache=True,
+                   logits_to_keep=1, **cache).logits
+    return cache, logits[:, -1].argmax(-1, keepdim=True), torch.tensor([length], device=ids.device)
+
+
+def static_decode(model, ids: torch.Tensor, steps: int, graph: bool):
     """Greedy decoding of `steps` tokens after the prompts `ids`, on a static KV cache, each step
     one forward of one token per sequence; with `graph` (a GPU) the step is captured once in a
     CUDA graph and replayed, the token and position fed through its input buffers, so no host
     work repeats. Every forward is a real next step (transformers since about 5.20 counts a static
     cache's writes itself and ignores cache_position, so a repeated step would write a second
-    row): the profiled step and the graph's warm-up are the first tokens. Returns (tokens
-    (batch, steps), seconds per step over the timed replays, the profiled (attention, total)
-    kernel seconds of one step or None)."""
-    import inspect
-
-    from transformers import StaticCache
-
-    batch, length = ids.shape
-    cache = {("cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"):
-             StaticCache(config=model.config, max_cache_len=length + steps)}  # its name since transformers 5.25
+    row): the graph's warm-up is the first token. Returns (tokens (batch, steps), seconds per
+    step over the timed replays)."""
     with torch.no_grad():
-        logits = model(ids, cache_position=torch.arange(length, device=ids.device), use_cache=True,
-                       logits_to_keep=1, **cache).logits
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        position = torch.tensor([length], device=ids.device)
+        cache, token, position = _prefilled_static_cache(model, ids, steps)
         tokens = [token.clone()]
 
         def step():
@@ -196,9 +200,6 @@ def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_bac
             token.copy_(new_token)
             position.add_(1)
 
-        profiled = None
-        if profile_backend:
-            profiled = _kernel_times(lambda: advance(step()), profile_backend)
         if graph:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -225,7 +226,15 @@ def static_decode(model, ids: torch.Tensor, steps: int, graph: bool, profile_bac
             advance(next_token)
         _sync(ids.device.type)
         seconds = time.perf_counter() - start
-    return torch.cat(tokens, dim=1), seconds / timed, profiled
+    return torch.cat(tokens, dim=1), seconds / timed
+
+
+def decode_step_kernel_times(model, ids: torch.Tensor, backend: str) -> tuple[float, float]:
+    """(attention kernels' time, all kernels' time) in seconds of one decode step after the
+    prompts `ids` on a static cache, from the profiler."""
+    with torch.no_grad():
+        cache, token, position = _prefilled_static_cache(model, ids, 1)
+        return _kernel_times(lambda: model(token, cache_position=position, use_cache=True, **cache), backend)
 
 
 @contextmanager
@@ -338,7 +347,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     decode_steps: int = DEFAULT_DECODE_STEPS, layers: int | None = None, dtype: str = "bfloat16",
                     repeats: int = 3, device: str = "cuda", seed: int = 0,
                     checkpoint: Callable[[ModelBenchResult], None] | None = None,
-                    progress: Callable[[str], None] | None = None) -> ModelBenchResult:
+                    progress: Callable[[str], None] | None = None, shares: bool | None = None) -> ModelBenchResult:
     """Per prefill length and backend: TTFT (a prefill that keeps the KV cache and computes the
     last position's logits, as serving does), its peak memory next to `flashtune memory`'s
     prediction, decode tokens/s (static cache and CUDA graph; generate), attention's share of the
@@ -347,7 +356,10 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     each row (bench --out writes it: a long run keeps what it measured); a backend out of memory
     at a length is that row's status, and the run goes on; so is one that `flashtune memory` predicts
     to need more than the GPU has (not run). `batch`: one batch size or several, each
-    length run at each (rows in that order, each compared with the first backend at its own batch)."""
+    length run at each (rows in that order, each compared with the first backend at its own batch).
+    Every row's clocks run before any profiler session (profile_rows says why); TTFT is the median
+    of `repeats` prefills after an untimed one. `shares`: the attention-share columns, from the
+    profiler (default: on a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     batches = [batch] if isinstance(batch, int) else list(batch)
@@ -389,32 +401,24 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     torch._C._cuda_clearCublasWorkspaces()
                     torch.cuda.empty_cache()
                 with context(), torch.no_grad():
-                    ttfts = []
-                    for _ in range(repeats):
-                        if cuda:
-                            torch.cuda.empty_cache()
-                            torch.cuda.reset_peak_memory_stats()
-                        _, seconds = _timed(lambda: model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1),
-                                            device)
-                        ttfts.append(seconds)
+                    def prefill():
+                        return model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1)
+                    prefill()  # untimed: a backend's first call at a shape (cuDNN's plan) is no served prompt's
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats()
+                    ttfts = [_timed(prefill, device)[1] for _ in range(repeats)]
                     if cuda:  # the whole model's peak: weights + KV cache + one layer's transients
                         row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
                     try:
-                        tokens, step_seconds, profiled = static_decode(model, ids, decode_steps, graph=cuda,
-                                                                       profile_backend=name if cuda else None)
+                        tokens, step_seconds = static_decode(model, ids, decode_steps, graph=cuda)
                         row.decode_tok_s = batch / max(step_seconds, 1e-9)
                     except RuntimeError as e:  # a forced SDPA backend that takes no mask (flash), which a
                         if not sdpa_backend:     # static cache needs; any other failure is the row's status
                             raise
-                        tokens, profiled = None, None
+                        tokens = None
                         row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                    if profiled:
-                        attention, total = profiled
-                        row.decode_attention_share = attention / total if total else None
-                        kv_bytes = accounts(shape, batch, length, dtype).kv_cache
-                        row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
                         generated, gen_seconds = _timed(lambda: model.generate(
@@ -423,8 +427,6 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                         row.attention_host_us = 1e6 * statistics.median(host_seconds)
                     decode_seconds = gen_seconds - statistics.median(ttfts)
                     row.generate_tok_s = batch * (decode_steps - 1) / max(decode_seconds, 1e-9)
-                    if cuda:
-                        row.attention_share = _attention_share(model, ids, name)
             except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
                 row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
                 _add(result, row, checkpoint, free=cuda)
@@ -455,9 +457,38 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
             del logits
             _add(result, row, checkpoint)
 
+    def profile_rows() -> None:
+        """Attention's share of each timed row's prefill and decode step, from the profiler. Last,
+        after every clock above: a profiler session leaves CUPTI attached to the process (kineto
+        detaches it only with TEARDOWN_CUPTI=1), and its callbacks then cost every kernel launch
+        time. A 32-layer model's 1k-token prefill is launch-bound: on an H100, with the profiling
+        inside each row, the backend timed first took 32.6 ms and the three after it 68-74 ms."""
+        for row in result.rows:
+            if not row.status.startswith("ok"):
+                continue
+            impl, sdpa_backend = MODEL_BACKENDS[row.backend]
+            context = (lambda: sdpa_kernel([getattr(SDPBackend, sdpa_backend)])) if sdpa_backend else nullcontext
+            ids = subject.prompts(row.batch, row.prefill)
+            try:
+                model.set_attn_implementation(impl)
+                with context(), torch.no_grad():
+                    row.attention_share = _attention_share(model, ids, row.backend)
+                    if row.decode_tok_s is not None:  # a backend with a static-cache decode
+                        attention, total = decode_step_kernel_times(model, ids, row.backend)
+                        row.decode_attention_share = attention / total if total else None
+                        kv_bytes = accounts(shape, row.batch, row.prefill, dtype).kv_cache
+                        row.decode_attention_gbps = kv_bytes / attention / 1e9 if attention else None
+            except torch.cuda.OutOfMemoryError:  # the timings stand; the shares say why they are missing
+                row.status += "; attention shares not measured: out of memory"
+                torch.cuda.empty_cache()
+            if checkpoint:
+                checkpoint(result)
+
     for length in prefill:
         for batch in batches:
             measure(length, batch)
+    if cuda if shares is None else shares:
+        profile_rows()
     return result
 
 
