@@ -12,6 +12,12 @@ with probability 0.3 and 3,000 steps at 512 tokens ("longer-repeat" of the 2026-
 key is the previous + 1 with probability 0.5: a successor map of 512 entries, which did not help on
 the CPU), "longer-lr1e-3" ("longer" at a third of the learning rate).
 
+In the second visit of 2026-12-07 (lab/results/2026-12-07b_recall-h100/) the bench's own training of
+the shipped recipe stopped at 58.5% (4k): recall of the 16 most frequent keys alone; "short128",
+"short128-seed1", "batch32", "lr1e-3" and "long4k" came from that visit, "shipped-seed1", "permuted"
+(keys renamed per training prompt), "permuted-seed1" and "keys-zipf0.7" are for the next one (step
+recall-next).
+
 Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
 """
 import dataclasses
@@ -49,6 +55,22 @@ class FollowTask(RecallTask):
         return ids, recall_model.recall_positions(ids, self)
 
 
+@dataclasses.dataclass(frozen=True)
+class PermutedTask(RecallTask):
+    """RecallTask whose training prompts rename the keys by a random permutation of their own (a
+    bijection, so bindings and recall positions stay): which keys are frequent changes from prompt
+    to prompt, so no key's embedding can learn recall alone. The bench's two failed trainings of
+    2026-12-07 recalled exactly the 16 most frequent keys (58.5% at 4k: the recall positions whose
+    key ranks in the top 16 are 58.49% of the held-out ones; 53.1% at 16k against 52.8%)."""
+
+    def sample(self, batch, length, generator, repeat: float = 0.0):
+        ids, recall = super().sample(batch, length, generator, repeat)
+        names = torch.argsort(torch.rand(batch, self.keys, generator=generator), dim=1)  # key -> new key
+        keys = ids[:, 1::2] - 1
+        ids[:, 1::2] = 1 + names.gather(1, keys)
+        return ids, recall
+
+
 SHIPPED = Recipe()  # repeats 0.3, 3,000 steps at 512 tokens
 SHORT = (Stage(512, 64, 1200), *SHIPPED.stages[1:])
 PLAIN = dataclasses.replace(SHIPPED, repeat=0.0)
@@ -60,6 +82,19 @@ VARIANTS = {
     "follow": dataclasses.replace(PLAIN, task=FollowTask(), stages=SHORT),
     "longer-follow": dataclasses.replace(PLAIN, task=FollowTask()),
     "longer-lr1e-3": dataclasses.replace(PLAIN, lr=1e-3),
+    # After the bench's own training of the shipped recipe stopped at 58.5% (4k) on an H100 (the
+    # lab's run of the same recipe had 99.9%), these looked for a recipe that solves it every time.
+    "short128": dataclasses.replace(SHIPPED, stages=(Stage(128, 128, 1500), Stage(512, 64, 2000),
+                                                     *SHIPPED.stages[1:])),
+    "short128-seed1": dataclasses.replace(SHIPPED, seed=1, stages=(Stage(128, 128, 1500), Stage(512, 64, 2000),
+                                                                   *SHIPPED.stages[1:])),
+    "batch32": dataclasses.replace(SHIPPED, stages=(Stage(512, 32, 5000), *SHIPPED.stages[1:])),
+    "lr1e-3": dataclasses.replace(SHIPPED, lr=1e-3),
+    "long4k": dataclasses.replace(SHIPPED, stages=(Stage(4096, 8, 2000), SHIPPED.stages[-1])),
+    "shipped-seed1": dataclasses.replace(SHIPPED, seed=1),
+    "permuted": dataclasses.replace(SHIPPED, task=PermutedTask()),
+    "permuted-seed1": dataclasses.replace(SHIPPED, task=PermutedTask(), seed=1),
+    "keys-zipf0.7": dataclasses.replace(SHIPPED, task=RecallTask(zipf=0.7)),
 }
 
 
@@ -81,6 +116,7 @@ def main() -> None:
         start = time.perf_counter()
         results.append(run(name, VARIANTS[name]))
         results[-1]["wall_seconds"] = round(time.perf_counter() - start, 1)
+        print(name, results[-1]["seconds"], "s", results[-1]["accuracy"], results[-1]["loss_at"], flush=True)
         with open(out, "w") as f:  # rewritten after each variant: a cut-short visit keeps what ran
             json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     print(f"{'variant':14} {'train s':>8} {'final loss':>10} {'acc 4k':>7} {'acc 16k':>7}")

@@ -74,7 +74,11 @@
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py shipped before repeat: the shipped recall recipe (repeated keys, 3,000 steps
 #                 at 512 tokens) beside the one before it and repeats on 1,200 steps, scored at 4k and 16k, JSON in $OUT
-#   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 (1k/16k/64k) or 16 (1k/16k)
+#   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
+#                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1
+#   recall-next   lab/recall_recipes.py: the shipped recipe on seed 1, keys renamed per training prompt (seeds 0 and 1),
+#                 and flatter priors (Zipf 0.7): after the bench's training of the shipped recipe recalled only
+#                 the 16 most frequent keys (lab/results/2026-12-07b_recall-h100/)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
@@ -238,7 +242,12 @@ for step in "$@"; do case $step in
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" shipped before repeat ;;
-  model-b1|model-b16) b=${step#model-b}; lengths=1024,16384; [ "$b" = 1 ] && lengths=1024,16384,65536
+  recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" shipped-seed1 permuted \
+           permuted-seed1 keys-zipf0.7 ;;
+  model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
+           --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
+           --out "$OUT/bench-model_b1-64k.json" ;;
+  model-b1|model-b16) b=${step#model-b}; lengths=1024,16384
          run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;

@@ -112,7 +112,9 @@ class Recipe:
     # Training prompts repeat the previous key with this probability: the identity map rewards the
     # previous-token head the recall circuit is built on, which plain prompts do not, and without
     # it the model stayed at the key prior (38% held-out accuracy on an H100 with 1,200 steps at
-    # 512). With it: 99.9% at 4k and 98.7% at 16k on an H100 (lab/results/2026-12-07_recall-h100/).
+    # 512). With it: 99.9% at 4k and 98.7% at 16k on an H100 (lab/results/2026-12-07_recall-h100/),
+    # but in another H100 run 58.5% and 53.1%, recall of the 16 most frequent keys alone
+    # (lab/results/2026-12-07b_recall-h100/): not yet a recipe that solves the task every time.
     # Scoring and the bench's prompts are the plain task.
     repeat: float = 0.3
     lr: float = 3e-3
