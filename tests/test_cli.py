@@ -163,6 +163,15 @@ def test_profiles_show_says_which_fp8_recipes_a_profile_builds(tmp_path):
     (tmp_path / "all.yaml").write_text(yaml.safe_dump(data))
     shown = " ".join(run("profiles", "show", str(tmp_path / "all.yaml")).output.split())
     assert "all-FP8 (prefill twins: Q, K, P and V in e4m3" in shown
+    # fp8.pv_configs: the all-FP8 twins' own table, whose shared memory counts V at one byte
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "pv_configs": data["fp8"].pop("configs")}
+    # (the Q/K twins keep h100's configs, 128x176 at hdim 128, which P V could not take)
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump(data))
+    assert "fp8.pv_configs (the all-FP8 twins' own tiles)" in run("profiles", "show", str(tmp_path / "own.yaml")).output
+    rows = json.loads(run("profiles", "show", str(tmp_path / "own.yaml"), "--json").output)["fp8_pv_configs"]
+    qk = json.loads(run("profiles", "show", str(tmp_path / "all.yaml"), "--json").output)["fp8_configs"]
+    assert [r["block_n"] for r in rows] == [64, 64, 64]
+    assert [a["smem_bytes"] - b["smem_bytes"] for a, b in zip(qk, rows)] == [2 * 64 * d for d in (64, 128, 256)]
 
 
 def test_profiles_show():

@@ -234,8 +234,28 @@ def test_all_fp8_twins_are_the_sm90_familys_on_tiles_of_64_keys(tmp_path):
         KernelSpec("sm80", "sm_89", "bfloat16", 128, TileConfig(128, 64, 4, 2), False, True, fp8_pv=True)
     data["fp8"].pop("configs")  # h100's own tiles: 128x176 at hdim 128
     (tmp_path / "wide.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ProfileError, match=r"configs\[1\]\.block_n: \(hdim 128, fp8.pv\) 176.*fp8.configs"):
+    with pytest.raises(ProfileError, match=r"configs\[1\]\.block_n: \(hdim 128, fp8.pv\) 176.*fp8.pv_configs"):
         load_profile(tmp_path / "wide.yaml")
+    # fp8.pv_configs: the all-FP8 twins on tiles of their own, the FP8 Q/K twins keep h100's 128x176
+    data["fp8"]["pv_configs"] = [{"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128,
+                                  "block_n": 64 if d == 256 else 128, "num_warpgroups": 2, "stages": 2}
+                                 for d in (64, 128, 256)]
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump(data))
+    own = load_profile(tmp_path / "own.yaml")
+    specs = specs_for_profile(own, hdims=[128], causal=False)
+    assert {(s.tile.block_m, s.tile.block_n) for s in specs if s.fp8_pv} == {(128, 128)}
+    assert {(s.tile.block_m, s.tile.block_n) for s in specs if s.fp8 and not s.fp8_pv} == {(128, 176)}
+    assert len([s for s in specs if s.fp8_pv]) == 1 and len([s for s in specs if not s.fp8]) == 2  # bf16, fp16
+    assert own.tile_for(128, False, 4096, 4096, fp8=True, fp8_pv=True).block_n == 128
+    assert own.tile_for(128, False, 4096, 4096, fp8=True).block_n == 176
+    data["fp8"]["pv_configs"][1]["block_n"] = 176
+    (tmp_path / "own-wide.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"fp8.pv_configs\[1\]\.block_n: \(hdim 128, fp8.pv\) 176"):
+        load_profile(tmp_path / "own-wide.yaml")
+    data["fp8"] = {"qk": "e4m3", "pv_configs": data["fp8"]["pv_configs"]}
+    (tmp_path / "no-pv.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match="fp8.pv_configs: tiles for all-FP8 kernels the profile does not ask for"):
+        load_profile(tmp_path / "no-pv.yaml")
     data["fp8"] = {"pv": "e4m3"}
     (tmp_path / "no-qk.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError, match="fp8.pv: FP8 P V is the sm90 family's all-FP8 kernel"):

@@ -152,6 +152,36 @@ def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     assert again.tile_for(128, False, 4096, 4096, fp8=True) == wide
 
 
+def test_a_tune_keeps_the_all_fp8_twins_own_tiles(tmp_path):
+    """fp8.pv_configs survive a 16-bit tune and an FP8 Q/K tune of the profile (tune does not time them)."""
+    import yaml
+
+    data = yaml.safe_load(find_profile("h100").path.read_text())
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "pv_configs": [
+        {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64 if d == 256 else 128,
+         "num_warpgroups": 2, "stages": 2} for d in (64, 128, 256)]}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(data))
+    base = load_profile(tmp_path / "base.yaml")
+    for fp8 in (False, True):
+        tiles = {(64, True): _default_buckets(*[sm90_tile(128, 128, 2)] * 4)}
+        tuned = load_profile(write_profile(base, "h100-pv", "test", tiles, {"tool": "flashtune tune"},
+                                           tmp_path / f"tuned-{fp8}.yaml", fp8=fp8))
+        assert tuned.fp8_pv_configs == base.fp8_pv_configs and tuned.fp8 == base.fp8
+        assert tuned.tile_for(128, False, 4096, 4096, fp8=True, fp8_pv=True).block_n == 128
+        assert tuned.tile_for(128, False, 4096, 4096, fp8=True).block_n == 176
+    # without pv_configs the all-FP8 twins share the FP8 twins' tiles; an FP8 tune that moves those
+    # to a tile P V cannot take writes the all-FP8 twins' old tiles as their own table
+    data["fp8"]["configs"] = data["fp8"].pop("pv_configs")
+    (tmp_path / "shared.yaml").write_text(yaml.safe_dump(data))
+    shared = load_profile(tmp_path / "shared.yaml")
+    tiles = {(128, False): _default_buckets(*[sm90_tile(128, 176, 2)] * 4)}
+    tuned = load_profile(write_profile(shared, "h100-pv2", "test", tiles, {"tool": "flashtune tune"},
+                                       tmp_path / "moved.yaml", fp8=True))
+    assert tuned.tile_for(128, False, 4096, 4096, fp8=True).block_n == 176
+    assert tuned.tile_for(128, False, 4096, 4096, fp8=True, fp8_pv=True).block_n == 128
+    assert tuned.fp8_pv_configs == shared.fp8_configs
+
+
 # ---------------------------------------------------------------- the search loop, faked
 
 @pytest.fixture

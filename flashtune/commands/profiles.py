@@ -37,7 +37,7 @@ def summary(profile: Profile) -> dict:
     }
 
 
-def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
+def built_registers(profile: Profile, entry, fp8: bool = False, fp8_pv: bool = False) -> int | None:
     """Registers per thread that ptxas reported for this config, if any variant is in the
     build cache (the most of them); None until it is built."""
     import json
@@ -49,7 +49,7 @@ def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
     for dtype in profile.dtypes:
         for causal in ((False, True) if entry.causal is None else (entry.causal,)):
             try:
-                spec = spec_for(profile, entry.tile, dtype, entry.hdim, causal, fp8)
+                spec = spec_for(profile, entry.tile, dtype, entry.hdim, causal, fp8, fp8_pv=fp8_pv)
                 manifest = json.loads((spec_dir(spec) / MANIFEST).read_text())
                 found.append(manifest["result"]["registers"])
             except (SpecError, OSError, ValueError, KeyError):
@@ -60,10 +60,11 @@ def built_registers(profile: Profile, entry, fp8: bool = False) -> int | None:
 
 def details(profile: Profile) -> dict:
     """The profile plus, per config, the numbers the resource model derives (for `configs`
-    the 16-bit kernels', for `fp8.configs` the FP8 twins')."""
+    the 16-bit kernels', for `fp8.configs` the FP8 twins', for `fp8.pv_configs` the all-FP8 twins')."""
     return {**summary(profile), "nvcc_flags": list(profile.nvcc_flags),
             "configs": [_config_row(profile, e, False) for e in profile.configs],
             "fp8_configs": [_config_row(profile, e, True) for e in profile.fp8_configs],
+            "fp8_pv_configs": [_config_row(profile, e, True, True) for e in profile.fp8_pv_configs],
             "decode": decode_details(profile), "backward": backward_details(profile)}
 
 
@@ -98,12 +99,12 @@ def decode_details(profile: Profile) -> dict:
     return {"tiles": tiles, "split": asdict(profile.decode_split)}
 
 
-def _config_row(profile: Profile, entry, fp8: bool) -> dict:
+def _config_row(profile: Profile, entry, fp8: bool, fp8_pv: bool = False) -> dict:
     arch = profile.arch
     tile = entry.tile
-    registers = built_registers(profile, entry, fp8)
+    registers = built_registers(profile, entry, fp8, fp8_pv)
     causal_values = (False, True) if entry.causal is None else (entry.causal,)
-    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, causal_values[0])
+    smem = shared_memory_bytes(profile.family, entry.hdim, tile, fp8, causal_values[0], fp8_pv)
     return {
         "hdim": entry.hdim,
         "causal": entry.causal_label,
@@ -115,19 +116,21 @@ def _config_row(profile: Profile, entry, fp8: bool) -> dict:
         "stages": tile.stages,
         # sm90: the schedule each causal value's kernel runs (the row's keys over the family's
         # defaults), and its kernel-name suffix ("" for the default schedule)
-        "schedule": {("causal" if c else "non-causal"): _schedule(profile, entry, c, fp8) for c in causal_values}
+        "schedule": {("causal" if c else "non-causal"): _schedule(profile, entry, c, fp8, fp8_pv)
+                     for c in causal_values}
         if profile.family == "sm90" else None,
         "threads": threads_per_cta(profile.family, tile),
         "smem_bytes": smem,
         "smem_limit_bytes": arch.max_smem_per_block,
         "smem_percent_of_limit": round(100 * smem / arch.max_smem_per_block, 1),
         "registers": registers,  # None until built (`flashtune build`)
-        "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, fp8, registers=registers),
+        "ctas_per_sm": ctas_per_sm(profile.family, entry.hdim, tile, arch, fp8, registers=registers, fp8_pv=fp8_pv),
     }
 
 
-def _schedule(profile: Profile, entry, causal: bool, fp8: bool) -> dict:
-    spec = spec_for(profile, entry.tile, profile.dtypes[0], entry.hdim, causal, fp8)
+def _schedule(profile: Profile, entry, causal: bool, fp8: bool, fp8_pv: bool = False) -> dict:
+    spec = spec_for(profile, entry.tile, "bfloat16" if fp8_pv else profile.dtypes[0], entry.hdim, causal, fp8,
+                    fp8_pv=fp8_pv)
     return {**asdict(spec.schedule), "name_suffix": spec.schedule_suffix}
 
 
@@ -170,6 +173,9 @@ def render_details(profile: Profile, console: Console) -> None:
     tables = [("configs", profile.configs, data["configs"])]
     if profile.fp8_configs:
         tables.append(("fp8.configs (the FP8 twins' own tiles)", profile.fp8_configs, data["fp8_configs"]))
+    if profile.fp8_pv_configs:
+        tables.append(("fp8.pv_configs (the all-FP8 twins' own tiles)", profile.fp8_pv_configs,
+                       data["fp8_pv_configs"]))
     for title, entries, rows in tables:
         table = Table(title=title if len(tables) > 1 else None, title_justify="left")
         warps_header = "warpgroups" if profile.family == "sm90" else "warps"

@@ -95,6 +95,9 @@ class Profile:
     configs: tuple[ProfileConfig, ...]
     # `fp8: {qk: e4m3, configs: [...]}`: tiles for the FP8 twins (default: `configs`' tiles).
     fp8_configs: tuple[ProfileConfig, ...] = ()
+    # `fp8: {pv: e4m3, pv_configs: [...]}`: tiles for the all-FP8 twins alone (default: the FP8
+    # twins' tiles), so that the FP8 Q/K twins keep tiles whose block_n P V's e4m3 panels refuse.
+    fp8_pv_configs: tuple[ProfileConfig, ...] = ()
     # Where the tiles came from (`flashtune tune` writes GPU, versions, date, measured TFLOPS).
     provenance: dict | None = field(default=None, hash=False, compare=False)
     # `decode: {tiles: [...], split: {...}}`: the decode kernels' tiles per (hdim, packed rows), over
@@ -139,19 +142,28 @@ class Profile:
         """Whether the profile builds decode kernels for an e4m3 KV cache (`fp8: {kv: e4m3}`)."""
         return bool(self.fp8 and self.fp8.get("kv"))
 
-    def tile_for(self, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int, fp8: bool = False) -> TileConfig:
+    def tile_for(self, hdim: int, causal: bool, seqlen_q: int, seqlen_k: int, fp8: bool = False,
+                 fp8_pv: bool = False) -> TileConfig:
         """The tile for a call; the seqlen bucket is chosen by max(seqlen_q, seqlen_k). FP8 Q/K
-        calls take `fp8.configs` where the profile has them."""
+        calls take `fp8.configs` where the profile has them, all-FP8 ones (`fp8_pv`)
+        `fp8.pv_configs`, else the FP8 twins' tiles."""
         if hdim not in self.head_dims:
             raise ProfileError(f"{self.path}: head_dims: head dim {hdim} is not in profile "
                                f"{self.name}; allowed: {', '.join(map(str, self.head_dims))}")
         seqlen = max(seqlen_q, seqlen_k)
-        for entry in self.fp8_configs if fp8 and self.fp8_configs else self.configs:
+        for entry in self.config_table(fp8, fp8_pv):
             if entry.serves(hdim, bool(causal), seqlen):
                 return entry.tile
         # Validation guarantees coverage, so this only happens for hand-built profiles.
         raise ProfileError(f"{self.path}: configs: no config for hdim {hdim}, causal={causal}, "
                            f"seqlen {seqlen}; allowed: buckets covering [0, inf)")
+
+    def config_table(self, fp8: bool = False, fp8_pv: bool = False) -> tuple[ProfileConfig, ...]:
+        """The config entries that serve the 16-bit kernels, the FP8 Q/K twins (`fp8`) or the
+        all-FP8 twins (`fp8_pv`)."""
+        if fp8_pv and self.fp8_pv_configs:
+            return self.fp8_pv_configs
+        return self.fp8_configs if (fp8 or fp8_pv) and self.fp8_configs else self.configs
 
     def match_reason(self, gpu: GpuInfo) -> str | None:
         """Why this profile matches `gpu` automatically ("name ..." / "compute capability ..."), or None."""
@@ -247,12 +259,18 @@ class _Validator:
         if fp8 is not None and "configs" in data["fp8"]:
             fp8_configs = self.configs(data["fp8"]["configs"], family, arch, head_dims, True, schedule,
                                        "fp8.configs")
-        if fp8 and fp8.get("pv"):  # the all-FP8 twins take the FP8 twins' tiles: they must suit them too
-            self.check_fp8_pv_tiles(fp8_configs or configs, arch, "fp8.configs" if fp8_configs else "configs")
+        fp8_pv_configs = ()
+        if fp8 is not None and "pv_configs" in data["fp8"]:
+            fp8_pv_configs = self.configs(data["fp8"]["pv_configs"], family, arch, head_dims, True, schedule,
+                                          "fp8.pv_configs")
+        if fp8 and fp8.get("pv"):  # the all-FP8 twins' tiles: their own, else the FP8 twins'
+            key = "fp8.pv_configs" if fp8_pv_configs else "fp8.configs" if fp8_configs else "configs"
+            self.check_fp8_pv_tiles(fp8_pv_configs or fp8_configs or configs, arch, key)
         return Profile(name=name, description=data["description"], path=self.path,
                        match_names=match_names, match_compute_capabilities=match_ccs,
                        family=family, arch=arch, dtypes=dtypes, head_dims=head_dims, fp8=fp8,
                        nvcc_flags=nvcc_flags, configs=configs, fp8_configs=fp8_configs,
+                       fp8_pv_configs=fp8_pv_configs,
                        provenance=data.get("provenance"), **self.decode(data.get("decode"), arch, head_dims),
                        backward_tiles=self.backward(data.get("backward"), arch, head_dims))
 
@@ -434,13 +452,13 @@ class _Validator:
                 if problems:
                     p = problems[0]
                     raise self.fail(f"{key}[{i}].{p.key}", f"(hdim {entry.hdim}, fp8.pv) {p.problem}",
-                                    p.allowed + " (or fp8.configs of their own for the FP8 kernels)")
+                                    p.allowed + " (or fp8.pv_configs of their own for the all-FP8 kernels)")
 
     def fp8(self, value: dict | None, arch: ArchFacts, family: str) -> dict | None:
         if value is None:
             return None
         self.expect(value, dict, "fp8", "null or a mapping like {qk: e4m3, kv: e4m3}")
-        self.check_keys(value, "fp8", (*FP8_FORMATS, "configs"))
+        self.check_keys(value, "fp8", (*FP8_FORMATS, "configs", "pv_configs"))
         for key, formats in FP8_FORMATS.items():
             if key in value and value[key] not in formats:
                 raise self.fail(f"fp8.{key}", f"unknown value {value[key]!r}", ", ".join(map(str, formats)).lower())
@@ -453,7 +471,10 @@ class _Validator:
         if "configs" in value and not value.get("qk"):
             raise self.fail("fp8.configs", "tiles for FP8 kernels the profile does not ask for",
                             "fp8: {qk: e4m3, configs: [...]}")
-        return {k: v for k, v in value.items() if k != "configs"} or None
+        if "pv_configs" in value and not value.get("pv"):
+            raise self.fail("fp8.pv_configs", "tiles for all-FP8 kernels the profile does not ask for",
+                            "fp8: {qk: e4m3, pv: e4m3, pv_configs: [...]}")
+        return {k: v for k, v in value.items() if k not in ("configs", "pv_configs")} or None
 
     def match(self, value: dict) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]]:
         self.check_keys(value, "match", _MATCH_KEYS)

@@ -261,31 +261,43 @@ def specs_for_profile(profile, arch: str | None = None, dtypes=None, hdims=None,
         if unknown:
             raise SpecError(f"{what} {', '.join(map(str, sorted(unknown)))} is not in profile "
                             f"{profile.name}; allowed: {', '.join(map(str, allowed))}")
-    # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none):
-    # beside each 16-bit kernel, or on the profile's own fp8.configs tiles where it has them.
+    # FP8 twins only where the target has FP8 tensor cores (a retarget to sm_80/86 has none). Each
+    # table serves the kernels of the kinds beside it: 16-bit ones, FP8 Q/K twins ("qk") and all-FP8
+    # twins ("pv"), the FP8 kinds on their own tables (fp8.configs, fp8.pv_configs) where the profile
+    # has them, else on the table before.
     fp8 = profile.fp8_qk and get_arch(arch).fp8
-    tables = [(profile.configs, (False, True) if fp8 and not profile.fp8_configs else (False,))]
-    if fp8 and profile.fp8_configs:
-        tables.append((profile.fp8_configs, (True,)))
+    pv = fp8 and profile.fp8_pv
+    kinds_of = {"16": ["16"], "qk": [], "pv": []}
+    qk_table = "qk" if profile.fp8_configs else "16"
+    if fp8:
+        kinds_of[qk_table].append("qk")
+    if pv:
+        kinds_of["pv" if profile.fp8_pv_configs else qk_table].append("pv")
+    tables = ((profile.configs, kinds_of["16"]), (profile.fp8_configs, kinds_of["qk"]),
+              (profile.fp8_pv_configs, kinds_of["pv"]))
     specs: dict[KernelSpec, None] = {}
     for dtype in dtypes or profile.dtypes:
-        for table, fp8_flags in tables:
-            for entry in table:
+        for table, kinds in tables:
+            for entry in table if kinds else ():
                 if hdims and entry.hdim not in hdims:
                     continue
                 for is_causal in ((False, True) if entry.causal is None else (entry.causal,)):
                     if causal is not None and is_causal != causal:
                         continue
-                    for flag in fp8_flags:
-                        if not flag or entry.hdim in FP8_HEAD_DIMS:  # no FP8 twin at hdim 192
-                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, flag, arch)] = None
-                        if flag and profile.fp8_pv and dtype == FP8_OUT_DTYPE and entry.hdim in FP8_HEAD_DIMS:
-                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, True, arch,
-                                           fp8_pv=True)] = None
-                    if narrow and profile.family == "sm90" and False in fp8_flags:
-                        specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, False, arch,
-                                       narrow=True)] = None
+
+                    def add(fp8_flag: bool = False, **kw):
+                        specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, fp8_flag, arch, **kw)] = None
+                    for kind in kinds:
+                        if kind == "16":
+                            add()
+                        elif entry.hdim not in FP8_HEAD_DIMS:  # no FP8 twin at hdim 192
+                            continue
+                        elif kind == "qk":
+                            add(True)
+                        elif dtype == FP8_OUT_DTYPE:  # all-FP8: the output's dtype only
+                            add(True, fp8_pv=True)
+                    if narrow and profile.family == "sm90" and "16" in kinds:
+                        add(narrow=True)
                         for hdim_v in SM90_V_HEAD_DIMS.get(entry.hdim, ()):  # V's own head dim (MLA's 192/128)
-                            specs[spec_for(profile, entry.tile, dtype, entry.hdim, is_causal, False, arch,
-                                           hdim_v=hdim_v)] = None
+                            add(hdim_v=hdim_v)
     return list(specs)

@@ -156,10 +156,10 @@ REGISTERS_PER_SM = 65536
 
 
 def ctas_per_sm(family: str, hdim: int, cfg: TileConfig, arch: ArchFacts, fp8: bool = False,
-                registers: int | None = None) -> int:
+                registers: int | None = None, fp8_pv: bool = False) -> int:
     """How many CTAs fit on one SM, by shared memory, threads (capped at 32) and, when the
     per-thread register count is known (ptxas reports it at build time), registers."""
-    smem = shared_memory_bytes(family, hdim, cfg, fp8) + RESERVED_SMEM_PER_CTA
+    smem = shared_memory_bytes(family, hdim, cfg, fp8, fp8_pv=fp8_pv) + RESERVED_SMEM_PER_CTA
     threads = threads_per_cta(family, cfg)
     limits = [arch.smem_per_sm // smem, arch.max_threads_per_sm // threads, 32]
     if registers:

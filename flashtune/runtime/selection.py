@@ -122,7 +122,7 @@ def select_spec(profile: Profile, dtype: torch.dtype | str, hdim: int, causal: b
             "`fp8: {qk: e4m3, pv: e4m3}` (sm90 family), or a 16-bit v for the FP8 Q/K kernel")
     hdim = built
     try:
-        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8)
+        tile = profile.tile_for(hdim, causal, seqlen_q, seqlen_k, fp8=fp8, fp8_pv=fp8_pv)
     except ProfileError as e:
         raise FlashtuneInputError(str(e)) from e
     if dtype_name not in profile.dtypes:

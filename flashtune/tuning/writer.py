@@ -121,6 +121,11 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
         text += yaml.safe_dump({"fp8": base.fp8}, sort_keys=False, width=100)
         if fp8_lines:
             text += "  configs:\n" + "\n".join(fp8_lines) + "\n"
+        # The all-FP8 twins keep the tiles they had (tune times no all-FP8 kernel), written as their
+        # own table: the tuned tiles they shared may not suit P V's e4m3 panels (block_n % 64).
+        pv_lines = _table_lines(base, base.config_table(fp8_pv=True), "    ") if base.fp8_pv else []
+        if pv_lines:
+            text += "  pv_configs:\n" + "\n".join(pv_lines) + "\n"
     else:
         text += "fp8: null\n"
     text += "configs:\n" + "\n".join(config_lines) + "\n"
