@@ -21,7 +21,7 @@ from flashtune.commands.common import (EXIT_INPUT_ERROR, EXIT_INTERRUPTED, CliEr
                                        check_writable, progress_bar, require_gpu, resolve_profile, results_json,
                                        write_text)
 from flashtune.kernels.profiles import ProfileError
-from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, SpecError
+from flashtune.kernels.spec import DTYPES as KERNEL_DTYPES, FP8_OUT_DTYPE, SpecError
 from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
 from flashtune.kernels.toolchain import ToolchainError
 from flashtune.measure.backends import DEFAULT_BACKENDS
@@ -425,6 +425,10 @@ def _profile_with_hdims(profile_name: str | None, hdims):
               help="Time candidates on this many local GPUs at once (one worker each).")
 @click.option("--fp8", is_flag=True, help="Tune the FP8 Q/K twins instead (profiles with fp8: {qk: e4m3}); "
               "the winners become the written profile's fp8.configs, its 16-bit tiles stay.")
+@click.option("--fp8-all", "fp8_all", is_flag=True,
+              help="Tune the all-FP8 twins instead (Q, K, P and V in e4m3; sm90 profiles with fp8: {qk: e4m3, "
+                   "pv: e4m3}; bfloat16): tiles whose block_n is whole 64-key panels, checked against fp32 with "
+                   "P's rounding allowed for; the winners become fp8.pv_configs, the other tiles stay.")
 @click.option("--cache", "cache_path", metavar="FILE.jsonl", help="Resumable results cache "
               "(default: under the flashtune cache dir, per GPU and profile).")
 @click.option("--name", help="Name of the written profile (default: <profile>-tuned).")
@@ -439,7 +443,7 @@ def _profile_with_hdims(profile_name: str | None, hdims):
                    "alone; the written profile keeps everything else and gets a backward: section.")
 @json_option
 def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time_budget, max_spill_bytes, repeats,
-                 final_round, jobs, gpus, fp8, cache_path, name, out, decode, backward, as_json) -> None:
+                 final_round, jobs, gpus, fp8, fp8_all, cache_path, name, out, decode, backward, as_json) -> None:
     """Search tile configs on this GPU and write a tuned profile YAML.
 
     Candidates (restricted by the arch's limits, starting tiles included) are compiled in
@@ -464,12 +468,17 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     if decode or backward:
         prefill_only = {"causal": "--causal", "max_candidates": "--max-candidates", "tiles": "--tiles",
                         "time_budget": "--time-budget", "final_round": "--final-round", "gpus": "--gpus",
-                        "fp8": "--fp8", "cache_path": "--cache"}
+                        "fp8": "--fp8", "fp8_all": "--fp8-all", "cache_path": "--cache"}
         given = list(_given(prefill_only).values())
         if given:
             which = "decode" if decode else "backward"
             raise click.UsageError(f"{', '.join(given)}: not an option of tune --{which} (it times every {which} "
                                    "tile the arch takes, side by side)")
+    if fp8 and fp8_all:
+        raise click.UsageError("--fp8 and --fp8-all: one at a time (each writes its own table)")
+    if fp8_all and dtype != FP8_OUT_DTYPE:
+        raise click.BadParameter(f"the all-FP8 kernels write {FP8_OUT_DTYPE} only; leave --dtype out",
+                                 param_hint="--dtype")
     check_writable(out, "--out")  # (--cache makes its folders)
     gpus_seen = require_gpu("tune")
     if backward:
@@ -520,12 +529,13 @@ def tune_command(profile_name, hdims, causal, dtype, max_candidates, tiles, time
     if gpus > len(gpus_seen):
         raise click.BadParameter(f"{gpus} GPUs asked for, {len(gpus_seen)} visible", param_hint="--gpus")
     profile, _ = resolve_profile(profile_name)
-    for note in tune.check_request(profile, gpus_seen[0], hdims, tiles, fp8):
+    fp8 = fp8 or fp8_all
+    for note in tune.check_request(profile, gpus_seen[0], hdims, tiles, fp8, fp8_all):
         click.secho(f"note: {note}", fg="yellow", err=True)
     opts = search.TuneOptions(hdims=tune.tuned_hdims(profile, hdims, fp8), causal=_causal_values(causal), dtype=dtype,
                               max_candidates=max_candidates, shapes=tuple(tiles or ()), time_budget_s=time_budget,
                               max_spill_bytes=max_spill_bytes, repeats=repeats, final_round=final_round,
-                              jobs=jobs, gpus=gpus, fp8=fp8)
+                              jobs=jobs, gpus=gpus, fp8=fp8, fp8_pv=fp8_all)
     console = make_console(stderr=as_json)
     with progress_bar("tune", console) as bar:
         result = search.run_tune(profile, gpus_seen[0].name, opts, cache_path,

@@ -54,6 +54,20 @@ def test_the_floor_passes_an_exact_reader_and_fails_a_wrong_one(kind):
     assert not fp8_floor.kv_cache_check(no_v_descale, q, k, v, k8, v8, k_descale, v_descale, False).ok
 
 
+def test_the_p_rounded_reference_is_attention_with_p_in_e4m3():
+    """The all-FP8 kernels' bar on their own inputs: exact where every P is representable (equal
+    scores: P = 1), a few percent off elsewhere (3 mantissa bits), GQA and bottom-right causal as
+    attention_reference has them."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, s, h, 64, generator=g) for s, h in ((5, 4), (9, 2), (9, 2)))
+    for causal in (False, True):
+        ref, _ = attention_reference(q, k, v, causal, 0.125)
+        error = fp8_floor.rel_l2(fp8_floor.p_rounded_attention(q, k, v, causal, 0.125), ref)
+        assert 1e-3 < error < 5e-2
+        flat = fp8_floor.p_rounded_attention(torch.zeros_like(q), k, v, causal, 0.125)
+        torch.testing.assert_close(flat, attention_reference(torch.zeros_like(q), k, v, causal, 0.125)[0])
+
+
 def test_keys_with_offset_channels_raise_the_floor():
     """What K smoothing is for: outlier channels set the scale, and the small channels fall into
     e4m3's subnormals (a float format: the rest keeps its 3-bit relative precision)."""

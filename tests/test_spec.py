@@ -250,7 +250,7 @@ def test_all_fp8_twins_are_the_sm90_familys_on_tiles_of_64_keys(tmp_path):
     assert own.tile_for(128, False, 4096, 4096, fp8=True).block_n == 176
     data["fp8"]["pv_configs"][1]["block_n"] = 176
     (tmp_path / "own-wide.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ProfileError, match=r"fp8.pv_configs\[1\]\.block_n: \(hdim 128, fp8.pv\) 176"):
+    with pytest.raises(ProfileError, match=r"fp8.pv_configs\[1\]\.block_n: \(hdim 128\) 176: FP8 P V reads V\^T"):
         load_profile(tmp_path / "own-wide.yaml")
     data["fp8"] = {"qk": "e4m3", "pv_configs": data["fp8"]["pv_configs"]}
     (tmp_path / "no-pv.yaml").write_text(yaml.safe_dump(data))

@@ -12,6 +12,7 @@ from flashtune.tuning import search as tune
 from flashtune.kernels.arch import get_arch
 from flashtune.kernels.build import BuildError, BuildResult
 from flashtune.tuning.writer import write_profile
+from flashtune.commands import tune as cmd_tune
 from flashtune.kernels.profiles import find_profile, load_profile
 from flashtune.kernels.tiles import TileConfig, check_tile, shared_memory_bytes, sm90_tile
 from flashtune.tuning.cache import TuneCache
@@ -378,6 +379,59 @@ def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
     result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
     assert fake_world["build"] and all("_fp8qk_" in name for name in fake_world["build"])
     assert result.winners and all(w.spec.endswith("_fp8qk_sm90a") for w in result.winners.values())
+
+
+def _all_fp8_profile(tmp_path):
+    """h100 with all-FP8 twins on tiles of their own (fp8.pv_configs), its FP8 Q/K twins on h100's tiles."""
+    import yaml
+
+    data = yaml.safe_load(find_profile("h100").path.read_text())
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "pv_configs": [
+        {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64 if d == 256 else 128,
+         "num_warpgroups": 2, "stages": 2} for d in (64, 128, 256)]}
+    (tmp_path / "pv.yaml").write_text(yaml.safe_dump(data))
+    return load_profile(tmp_path / "pv.yaml")
+
+
+def test_fp8_all_search_builds_and_measures_all_fp8_twins_on_whole_panels(fake_world, tmp_path):
+    """--fp8-all: only the all-FP8 twins, on tiles whose block_n is whole 64-key panels; the winners
+    become fp8.pv_configs and the other tables stay as they were."""
+    profile = _all_fp8_profile(tmp_path)
+    opts = tune.TuneOptions(hdims=(128,), causal=(False,), fp8=True, fp8_pv=True)
+    result = tune.run_tune(profile, "H100", opts, tmp_path / "c.jsonl")
+    assert fake_world["build"] and all("_fp8all_" in name for name in fake_world["build"])
+    widths = {int(name.split("_h128_")[1].split("_")[0].split("x")[1]) for name in fake_world["build"]}
+    assert widths and all(n % 64 == 0 for n in widths) and 128 in widths
+    assert result.winners and all(w.spec.endswith("_fp8all_sm90a") for w in result.winners.values())
+    written, prov = cmd_tune.write_tuned(profile, result, opts, "H100", "h100-pv-tuned", str(tmp_path / "w.yaml"))
+    assert prov["kernels"] == "all-fp8" and "fp8.pv_configs" in written.description
+    assert written.configs == profile.configs and written.fp8_configs == profile.fp8_configs
+    best = max(result.winners.values(), key=lambda w: w.tflops).tile
+    assert written.tile_for(128, False, 16384, 16384, fp8=True, fp8_pv=True) == best
+    assert written.tile_for(128, False, 16384, 16384, fp8=True).block_n == 176  # the Q/K twins' own
+
+
+def test_fp8_all_is_refused_with_a_line_that_says_what_to_do(tmp_path):
+    """--fp8-all beside --fp8, with another dtype than the kernels' output, or on a profile without
+    all-FP8 twins: exit 2 before anything is compiled (the dtype and flag checks before a GPU is sought)."""
+    import click
+    from click.testing import CliRunner
+
+    from flashtune.cli import cli
+    from flashtune.kernels.gpu import GpuInfo
+    from flashtune.kernels.arch import arch_for_compute_capability
+
+    for args, said in ((["--fp8", "--fp8-all"], "--fp8 and --fp8-all: one at a time"),
+                       (["--fp8-all", "--dtype", "float16"], "the all-FP8 kernels write bfloat16 only")):
+        result = CliRunner().invoke(cli, ["tune", *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+    h100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), arch_for_compute_capability(9, 0), None, None, None, None,
+                   None, None)
+    with pytest.raises(click.BadParameter, match=r"builds no all-FP8 kernels .*fp8: \{qk: e4m3, pv: e4m3\}"):
+        cmd_tune.check_request(find_profile("h100"), h100, None, None, True, True)
+    assert cmd_tune.check_request(_all_fp8_profile(tmp_path), h100, [128], [(128, 192)], True, True) == []
+    with pytest.raises(click.BadParameter, match="176.*panels of 64"):  # a tile the all-FP8 kernel refuses
+        cmd_tune.check_request(_all_fp8_profile(tmp_path), h100, [128], [(128, 176)], True, True)
 
 
 def test_gpus_2_times_candidates_in_one_worker_per_gpu(fake_world, tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ from flashtune.tuning.writer import write_profile
 
 
 def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shapes: list[tuple[int, int]] | None,
-                  fp8: bool) -> list[str]:
+                  fp8: bool, fp8_pv: bool = False) -> list[str]:
     """Refuse, before anything is compiled, a tune that cannot run here (click.BadParameter, exit 2);
     returns notes on what is left out (a --tiles shape that runs at some head dims only)."""
     from flashtune.kernels.toolchain import check_build_toolchain
@@ -36,6 +36,9 @@ def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shape
     if fp8 and not (profile.fp8_qk and profile.arch.fp8):
         raise click.BadParameter(f"profile {profile.name} has no FP8 kernels (fp8: {profile.fp8}); "
                                  "tune a profile with fp8: {qk: e4m3}", param_hint="--fp8")
+    if fp8_pv and not profile.fp8_pv:
+        raise click.BadParameter(f"profile {profile.name} builds no all-FP8 kernels (fp8: {profile.fp8}); tune a "
+                                 "profile with fp8: {qk: e4m3, pv: e4m3} (sm90 family)", param_hint="--fp8-all")
     bad = sorted(set(hdims or ()) - set(profile.head_dims))
     if bad:
         raise click.BadParameter(f"{bad} not in profile {profile.name} (head dims {profile.head_dims})",
@@ -47,7 +50,7 @@ def check_request(profile: Profile, gpu: GpuInfo, hdims: list[int] | None, shape
                                  f"{', '.join(map(str, with_fp8))})", param_hint="--hdims")
     notes = []
     for shape in shapes or ():  # a shape that runs at none of the head dims is a typo or a wrong idea
-        problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8)
+        problems = {h: shape_problems(profile.family, h, shape, profile.arch, fp8, fp8_pv)
                     for h in tuned_hdims(profile, hdims, fp8)}
         said = "; ".join(f"hdim {h}: {', '.join(p)}" for h, p in problems.items() if p)
         if all(problems.values()):
@@ -74,7 +77,8 @@ def chosen_tiles(profile: Profile, result: TuneResult, opts: TuneOptions):
             winner = result.winners.get((hdim, causal, b.seqlen))
             if winner is None:
                 fallbacks.append(f"hdim {hdim} causal={causal} seqlen {b.seqlen}")
-                per_bucket.append((b.lo, b.hi, profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8)))
+                per_bucket.append((b.lo, b.hi, profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8,
+                                                                fp8_pv=opts.fp8_pv)))
             else:
                 per_bucket.append((b.lo, b.hi, winner.tile))
         tiles[(hdim, causal)] = per_bucket
@@ -111,7 +115,7 @@ def provenance(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_name
                          "starting_tile": start.tile.label if start else None,
                          "starting_tflops": round(start.tflops, 1) if start else None})
     return {**tune_stamp("flashtune tune", profile, gpu_name, opts.dtype), "driver": nvidia_smi_driver_version(),
-            "kernels": "fp8 q/k" if opts.fp8 else "16-bit",
+            "kernels": "all-fp8" if opts.fp8_pv else "fp8 q/k" if opts.fp8 else "16-bit",
             "candidates_measured": len({r.spec for r in result.records if r.ok}),
             "candidates_failed": sum(1 for r in result.records if not r.ok),
             "stopped_by_time_budget": result.stopped_by_budget, "untuned_buckets": fallbacks,
@@ -123,10 +127,11 @@ def write_tuned(profile: Profile, result: TuneResult, opts: TuneOptions, gpu_nam
                 out: str) -> tuple[Profile, dict]:
     tiles, fallbacks = chosen_tiles(profile, result, opts)
     prov = provenance(profile, result, opts, gpu_name, fallbacks)
-    what = "FP8 Q/K tiles (fp8.configs)" if opts.fp8 else "Tiles"
+    what = ("All-FP8 tiles (fp8.pv_configs)" if opts.fp8_pv else "FP8 Q/K tiles (fp8.configs)" if opts.fp8
+            else "Tiles")
     description = tuned_description(profile, f"{what} for head dims {', '.join(map(str, opts.hdims))} tuned by "
                                     "`flashtune tune`", gpu_name, prov["date"])
-    path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8)
+    path = write_profile(profile, name, description, tiles, prov, out, fp8=opts.fp8, fp8_pv=opts.fp8_pv)
     return load_profile(path), prov  # loading validates what was written
 
 

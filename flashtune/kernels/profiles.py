@@ -262,7 +262,7 @@ class _Validator:
         fp8_pv_configs = ()
         if fp8 is not None and "pv_configs" in data["fp8"]:
             fp8_pv_configs = self.configs(data["fp8"]["pv_configs"], family, arch, head_dims, True, schedule,
-                                          "fp8.pv_configs")
+                                          "fp8.pv_configs", fp8_pv=True)  # the all-FP8 resource model
         if fp8 and fp8.get("pv"):  # the all-FP8 twins' tiles: their own, else the FP8 twins'
             key = "fp8.pv_configs" if fp8_pv_configs else "fp8.configs" if fp8_configs else "configs"
             self.check_fp8_pv_tiles(fp8_pv_configs or fp8_configs or configs, arch, key)
@@ -491,17 +491,19 @@ class _Validator:
         return names, tuple(ccs)
 
     def configs(self, value: list, family: str, arch: ArchFacts, head_dims: tuple[int, ...],
-                fp8: bool, schedule: dict[str, bool], key: str = "configs") -> tuple[ProfileConfig, ...]:
+                fp8: bool, schedule: dict[str, bool], key: str = "configs",
+                fp8_pv: bool = False) -> tuple[ProfileConfig, ...]:
         self.expect(value, list, key, "a list of configs")
         if not value:
             raise self.fail(key, "empty list", "one entry per (hdim, causal, seqlen bucket)")
-        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, schedule)
+        entries = tuple(self.config(entry, f"{key}[{i}]", family, arch, head_dims, fp8, schedule, fp8_pv)
                         for i, entry in enumerate(value))
         self.check_buckets(entries, prefill_head_dims(head_dims, fp8), key)
         return entries
 
     def config(self, entry: Any, key: str, family: str, arch: ArchFacts,
-               head_dims: tuple[int, ...], fp8: bool, schedule: dict[str, bool]) -> ProfileConfig:
+               head_dims: tuple[int, ...], fp8: bool, schedule: dict[str, bool],
+               fp8_pv: bool = False) -> ProfileConfig:
         self.expect(entry, dict, key, "a mapping with keys " + ", ".join(_CONFIG_KEYS[family]))
         self.check_keys(entry, key, _CONFIG_KEYS[family], _REQUIRED_CONFIG[family])
         ints = {}
@@ -526,7 +528,7 @@ class _Validator:
         else:
             tile = TileConfig(ints["block_m"], ints["block_n"], ints["num_warps"], ints["stages"])
         for is_causal in ((False, True) if causal is None else (causal,)):
-            problems = [p for p in check_tile(family, hdim, tile, arch, fp8, is_causal)
+            problems = [p for p in check_tile(family, hdim, tile, arch, fp8, is_causal, fp8_pv)
                         if p.key not in ("family", "fp8")]
             if problems:  # family/arch and fp8/arch were already checked at the top level
                 p = problems[0]

@@ -78,3 +78,27 @@ def kv_cache_check(out: torch.Tensor, q, k, v, k8, v8, k_descale, v_descale, cau
     floor_out, _ = attention_reference(q.float(), dequantised(k8, k_descale), dequantised(v8, v_descale), causal,
                                        softmax_scale)
     return FloorCheck(rel_l2(floor_out, reference), rel_l2(out, reference))
+
+
+# The all-FP8 kernels' bar on their own inputs: this many times P's rounding error, plus the FP8
+# kernels' own (verify.FP8_KERNEL_MAX_REL_ERR).
+P_ROUNDING_FACTOR = 1.25
+
+
+def p_rounded_attention(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """Attention in fp32 with each row's P (exps against the row's maximum, at most 1) rounded to
+    e4m3 before P V and the row sums taken before the rounding, as the all-FP8 kernels do: its
+    error against plain fp32 attention on the same inputs is what P's rounding alone costs, the
+    bar those kernels are held to on their own inputs (tests, `flashtune tune --fp8-all`)."""
+    ratio = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(ratio, dim=2).float() for x in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk) * scale
+    if causal:  # bottom-right aligned, as flash_attn
+        sq, sk = q.shape[1], k.shape[1]
+        row = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        s = s.masked_fill(torch.arange(sk, device=q.device)[None, :] > row, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
+    p = torch.exp(s - m)
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(torch.float8_e4m3fn).float(), vv)
+    total = p.sum(dim=-1).transpose(1, 2)[..., None]
+    return torch.where(total > 0, out / total.clamp_min(1e-30), torch.zeros_like(out))

@@ -44,6 +44,7 @@ class TuneOptions:
     jobs: int | None = None
     gpus: int = 1
     fp8: bool = False  # tune the FP8 Q/K twins (written as the profile's fp8.configs)
+    fp8_pv: bool = False  # with fp8: tune the all-FP8 twins instead (written as fp8.pv_configs)
 
 
 @dataclass
@@ -125,25 +126,33 @@ def default_cache_path(gpu_name: str, profile: Profile) -> Path:
 
 # ---------------------------------------------------------------------------- one candidate
 
-def _operands(spec: KernelSpec, q, k, v) -> tuple:
-    """What run_spec takes for this spec: FP8 specs get e4m3 q/k and their descales."""
+def _operands(spec: KernelSpec, q, k, v) -> tuple[tuple, dict]:
+    """What run_spec takes for this spec, (q, k, v) and the descales: FP8 specs get e4m3 q/k (all-FP8
+    ones e4m3 v too) and their descales."""
     from flashtune.runtime import ops
+    from flashtune.runtime.fp8 import quantise_v
 
     if not spec.fp8:
-        return q, k, v, None, None
+        return (q, k, v), {}
     q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, k.shape[2])
-    return q8, k8, v, q_descale, k_descale
+    if not spec.fp8_pv:
+        return (q8, k8, v), {"q_descale": q_descale, "k_descale": k_descale}
+    v8, v_descale = quantise_v(v)
+    return (q8, k8, v8), {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
 
 
 def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     """Run the candidate on an odd-sized random case against the fp32 reference (for FP8
-    candidates: the reference of their dequantised inputs, as `flashtune verify` does)."""
+    candidates: the reference of their dequantised inputs, as `flashtune verify` does; for all-FP8
+    ones with their P's rounding to e4m3 allowed for, as tests/test_fp8_all_gpu.py does)."""
     import torch
 
     from flashtune.runtime import ops
+    from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, dequantised, p_rounded_attention
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.reference import attention_reference, rel_l2
     from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qk
+    from flashtune.runtime.fp8 import quantise_v
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
@@ -151,17 +160,21 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     k = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     scale = 1.0 / math.sqrt(spec.hdim)
-    q_in, k_in, v_in, q_descale, k_descale = _operands(spec, q, k, v)
+    (q_in, k_in, v_in), descales = _operands(spec, q, k, v)
     poison, ops.poison_outputs = ops.poison_outputs, True
     try:
-        out, _ = ops.run_spec(spec, q_in, k_in, v_in, None, None, 333, 517, scale, q_descale, k_descale,
-                              with_lse=False)
+        out, _ = ops.run_spec(spec, q_in, k_in, v_in, None, None, 333, 517, scale, with_lse=False, **descales)
         torch.cuda.synchronize()
     except RuntimeError as e:
         return False, f"launch failure: {str(e).splitlines()[0][:200]}"
     finally:
         ops.poison_outputs = poison
-    if spec.fp8:
+    if spec.fp8_pv:
+        qd, kd, vd = *dequantised_qk(q, k), dequantised(*quantise_v(v))
+        ref, _ = attention_reference(qd, kd, vd, spec.causal, scale)
+        p_rounding = rel_l2(p_rounded_attention(qd, kd, vd, spec.causal, scale), ref)
+        tol = P_ROUNDING_FACTOR * p_rounding + FP8_KERNEL_MAX_REL_ERR
+    elif spec.fp8:
         ref, _ = attention_reference(*dequantised_qk(q, k), v, spec.causal, scale)
         tol = FP8_KERNEL_MAX_REL_ERR
     else:
@@ -183,9 +196,9 @@ def _runners(spec: KernelSpec, seqlen: int, inputs: list | None = None):
         inputs = [make_inputs(shape, seed) for seed in range(input_sets(shape))]
     scale = 1.0 / math.sqrt(spec.hdim)
     operands = [_operands(spec, *qkv) for qkv in inputs]
-    runners = [lambda args=args: ops.run_spec(spec, *args[:3], None, None, seqlen, seqlen, scale, *args[3:],
-                                              with_lse=False)  # as flash_attn_func is called, and the bench
-               for args in operands]
+    runners = [lambda args=args, descales=descales: ops.run_spec(spec, *args, None, None, seqlen, seqlen, scale,
+                                                                 with_lse=False, **descales)  # as the bench calls
+               for args, descales in operands]
     return shape, inputs, runners
 
 
@@ -294,14 +307,15 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
     starting: dict[tuple, KernelSpec] = {}  # (hdim, causal, bucket seqlen) -> the base profile's kernel
     for hdim in opts.hdims:
         for causal in opts.causal:
-            buckets = result.buckets[(hdim, causal)] = profile_buckets(profile, hdim, causal, opts.fp8)
+            buckets = result.buckets[(hdim, causal)] = profile_buckets(profile, hdim, causal, opts.fp8, opts.fp8_pv)
             for b in buckets:
-                tile = profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8)
-                starting[(hdim, causal, b.seqlen)] = spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8)
+                tile = profile.tile_for(hdim, causal, b.seqlen, b.seqlen, fp8=opts.fp8, fp8_pv=opts.fp8_pv)
+                starting[(hdim, causal, b.seqlen)] = spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8,
+                                                              fp8_pv=opts.fp8_pv)
             start_tiles = tuple(dict.fromkeys(starting[(hdim, causal, b.seqlen)].tile for b in buckets))
             for tile in candidates(profile.family, hdim, profile.arch, opts.fp8, start_tiles,
-                                   opts.max_candidates, opts.shapes):
-                specs.append(spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8))
+                                   opts.max_candidates, opts.shapes, fp8_pv=opts.fp8_pv):
+                specs.append(spec_for(profile, tile, opts.dtype, hdim, causal, opts.fp8, fp8_pv=opts.fp8_pv))
     hashes = {s: s.source_hash()[:12] for s in specs}  # reads every kernel header: once per spec
 
     def key(spec: KernelSpec, what) -> str:

@@ -53,10 +53,10 @@ def buckets_from_edges(edges) -> tuple[Bucket, ...]:
     return tuple(Bucket(lo, hi, representative_seqlen(lo, hi)) for lo, hi in zip(edges, edges[1:]))
 
 
-def profile_buckets(profile, hdim: int, causal: bool, fp8: bool = False) -> tuple[Bucket, ...]:
+def profile_buckets(profile, hdim: int, causal: bool, fp8: bool = False, fp8_pv: bool = False) -> tuple[Bucket, ...]:
     """The default buckets, split further at every edge of the profile's own table for (hdim,
-    causal) (its FP8 table for fp8, where it has one)."""
-    table = profile.fp8_configs if fp8 and profile.fp8_configs else profile.configs
+    causal) (the table of the FP8 or all-FP8 twins for fp8 or fp8_pv: Profile.config_table)."""
+    table = profile.config_table(fp8, fp8_pv)
     own = {edge for e in table if e.hdim == hdim and e.causal in (None, causal) for edge in (e.seqlen_min, e.seqlen_max)}
     finite = sorted({edge for edge in (*BUCKET_EDGES, *own) if edge is not None})
     return buckets_from_edges((*finite, None))
@@ -73,13 +73,15 @@ def _configs(family: str) -> list[TileConfig]:
 
 def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
                starting: tuple[TileConfig, ...] = (), limit: int | None = None,
-               shapes: tuple[tuple[int, int], ...] = ()) -> list[TileConfig]:
-    """Every config of the family's grid that the arch can run, starting configs first.
+               shapes: tuple[tuple[int, int], ...] = (), fp8_pv: bool = False) -> list[TileConfig]:
+    """Every config of the family's grid that the arch can run, starting configs first (`fp8_pv`:
+    those the all-FP8 kernel takes: a block_n of whole 64-key panels).
 
     `shapes` ((block_m, block_n), ...) keeps only configs of those tile shapes besides the
     starting ones (every stage and warp count the grid has for them). `limit` keeps the
     starting configs and the largest tiles (most work per iteration)."""
-    valid = [c for c in _configs(family) if not check_tile(family, hdim, c, arch, fp8) and not _redundant(hdim, c, fp8)]
+    valid = [c for c in _configs(family)
+             if not check_tile(family, hdim, c, arch, fp8, fp8_pv=fp8_pv) and not _redundant(hdim, c, fp8, fp8_pv)]
     if shapes:
         valid = [c for c in valid if (c.block_m, c.block_n) in shapes]
     rest = sorted((c for c in valid if c not in starting),
@@ -88,16 +90,18 @@ def candidates(family: str, hdim: int, arch: ArchFacts, fp8: bool = False,
     return ordered if limit is None else ordered[:max(limit, len(starting))]
 
 
-def _redundant(hdim: int, cfg: TileConfig, fp8: bool) -> bool:
+def _redundant(hdim: int, cfg: TileConfig, fp8: bool, fp8_pv: bool = False) -> bool:
     """Whether a config's schedule keys change nothing (the pingpong off with one consumer
     warpgroup): the same kernel as the config without them, which the grid has already."""
     if not cfg.schedule:
         return False
     bare = replace(cfg, schedule=())
-    return all(sm90_schedule(hdim, cfg, causal, fp8) == sm90_schedule(hdim, bare, causal, fp8) for causal in (False, True))
+    return all(sm90_schedule(hdim, cfg, causal, fp8, fp8_pv) == sm90_schedule(hdim, bare, causal, fp8, fp8_pv)
+               for causal in (False, True))
 
 
-def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False) -> list[str]:
+def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFacts, fp8: bool = False,
+                   fp8_pv: bool = False) -> list[str]:
     """Why no config of this (block_m, block_n) can be tried at this head dim (empty when one
     can): outside the family's grid, or every variant fails the arch's limits (their reasons)."""
     variants = [c for c in _configs(family) if (c.block_m, c.block_n) == shape]
@@ -107,7 +111,7 @@ def shape_problems(family: str, hdim: int, shape: tuple[int, int], arch: ArchFac
                 f"block_n {list(space['block_n'])})"]
     reasons = []
     for c in variants:
-        problems = check_tile(family, hdim, c, arch, fp8)
+        problems = check_tile(family, hdim, c, arch, fp8, fp8_pv=fp8_pv)
         if not problems:
             return []
         reasons += [str(p) for p in problems]

@@ -85,11 +85,12 @@ def backward_lines(base: Profile, tuned: dict[int, BwdTile] | None = None) -> li
 
 
 def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles, provenance: dict,
-                  path: str | Path, fp8: bool = False,
+                  path: str | Path, fp8: bool = False, fp8_pv: bool = False,
                   decode_tiles: dict[tuple[int, int], DecodeTile] | None = None,
                   backward_tiles: dict[int, BwdTile] | None = None) -> Path:
     """Write the tuned profile; the caller validates it by loading it back. `fp8`: the tiles
-    are for the FP8 twins (fp8.configs); the 16-bit configs are kept as they were. Each tuned
+    are for the FP8 twins (fp8.configs), `fp8_pv` (with fp8) for the all-FP8 twins
+    (fp8.pv_configs); the other tables are kept as they were. Each tuned
     (hdim, causal) must cover every sequence length: buckets from 0 up, each starting where the
     last ended, the last open. `decode_tiles`: tuned decode tiles per (hdim, rows), `backward_tiles`:
     tuned backward tiles per hdim; the base's decode and backward sections are kept either way."""
@@ -111,7 +112,16 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
         header["match"] = {}
     text = "# Written by `flashtune tune`; see provenance at the end.\n"
     text += yaml.safe_dump(header, sort_keys=False, width=100)
-    if fp8:  # FP8 tiles tuned: they become fp8.configs (starting from the twins' current tiles)
+    # The all-FP8 twins keep the tiles they had where a tune was not theirs, written as their own
+    # table: the tiles they shared may move to ones P V's e4m3 panels refuse (block_n % 64).
+    fp8_dims = prefill_head_dims(base.head_dims, fp8=True)
+    pv_table = tuple(e for e in base.config_table(fp8_pv=True) if e.hdim in fp8_dims) if base.fp8_pv else ()
+    pv_lines = _table_lines(base, pv_table, "    ")
+    if fp8_pv:  # all-FP8 tiles tuned: they become fp8.pv_configs
+        pv_lines = tuned_configs(base, tiles, pv_table, indent="    ", fp8=True)
+        fp8_lines = _table_lines(base, base.fp8_configs, "    ")
+        config_lines = _table_lines(base, base.configs, "  ")
+    elif fp8:  # FP8 tiles tuned: they become fp8.configs (starting from the twins' current tiles)
         fp8_lines = tuned_configs(base, tiles, base.fp8_configs or base.configs, indent="    ", fp8=True)
         config_lines = _table_lines(base, base.configs, "  ")
     else:
@@ -121,9 +131,6 @@ def write_profile(base: Profile, name: str, description: str, tiles: BucketTiles
         text += yaml.safe_dump({"fp8": base.fp8}, sort_keys=False, width=100)
         if fp8_lines:
             text += "  configs:\n" + "\n".join(fp8_lines) + "\n"
-        # The all-FP8 twins keep the tiles they had (tune times no all-FP8 kernel), written as their
-        # own table: the tuned tiles they shared may not suit P V's e4m3 panels (block_n % 64).
-        pv_lines = _table_lines(base, base.config_table(fp8_pv=True), "    ") if base.fp8_pv else []
         if pv_lines:
             text += "  pv_configs:\n" + "\n".join(pv_lines) + "\n"
     else:
