@@ -153,16 +153,22 @@ def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
     assert again.tile_for(128, False, 4096, 4096, fp8=True) == wide
 
 
-def test_a_tune_keeps_the_all_fp8_twins_own_tiles(tmp_path):
-    """fp8.pv_configs survive a 16-bit tune and an FP8 Q/K tune of the profile (tune does not time them)."""
+def _all_fp8_profile(tmp_path, table: str = "pv_configs"):
+    """h100 with all-FP8 twins on tiles P V takes (at hdim 128 128x128), in fp8.pv_configs (the FP8 Q/K
+    twins keep h100's tiles, 128x176 there) or, with table="configs", shared with the FP8 Q/K twins."""
     import yaml
 
     data = yaml.safe_load(find_profile("h100").path.read_text())
-    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "pv_configs": [
+    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", table: [
         {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64 if d == 256 else 128,
          "num_warpgroups": 2, "stages": 2} for d in (64, 128, 256)]}
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(data))
-    base = load_profile(tmp_path / "base.yaml")
+    (tmp_path / f"pv-{table}.yaml").write_text(yaml.safe_dump(data))
+    return load_profile(tmp_path / f"pv-{table}.yaml")
+
+
+def test_a_tune_keeps_the_all_fp8_twins_own_tiles(tmp_path):
+    """fp8.pv_configs survive a 16-bit tune and an FP8 Q/K tune of the profile (neither times them)."""
+    base = _all_fp8_profile(tmp_path)
     for fp8 in (False, True):
         tiles = {(64, True): _default_buckets(*[sm90_tile(128, 128, 2)] * 4)}
         tuned = load_profile(write_profile(base, "h100-pv", "test", tiles, {"tool": "flashtune tune"},
@@ -172,9 +178,7 @@ def test_a_tune_keeps_the_all_fp8_twins_own_tiles(tmp_path):
         assert tuned.tile_for(128, False, 4096, 4096, fp8=True).block_n == 176
     # without pv_configs the all-FP8 twins share the FP8 twins' tiles; an FP8 tune that moves those
     # to a tile P V cannot take writes the all-FP8 twins' old tiles as their own table
-    data["fp8"]["configs"] = data["fp8"].pop("pv_configs")
-    (tmp_path / "shared.yaml").write_text(yaml.safe_dump(data))
-    shared = load_profile(tmp_path / "shared.yaml")
+    shared = _all_fp8_profile(tmp_path, "configs")
     tiles = {(128, False): _default_buckets(*[sm90_tile(128, 176, 2)] * 4)}
     tuned = load_profile(write_profile(shared, "h100-pv2", "test", tiles, {"tool": "flashtune tune"},
                                        tmp_path / "moved.yaml", fp8=True))
@@ -379,18 +383,6 @@ def test_fp8_search_builds_and_measures_fp8_twins(fake_world, tmp_path):
     result = tune.run_tune(profile, "H200", opts, tmp_path / "c.jsonl")
     assert fake_world["build"] and all("_fp8qk_" in name for name in fake_world["build"])
     assert result.winners and all(w.spec.endswith("_fp8qk_sm90a") for w in result.winners.values())
-
-
-def _all_fp8_profile(tmp_path):
-    """h100 with all-FP8 twins on tiles of their own (fp8.pv_configs), its FP8 Q/K twins on h100's tiles."""
-    import yaml
-
-    data = yaml.safe_load(find_profile("h100").path.read_text())
-    data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "pv_configs": [
-        {"hdim": d, "causal": "any", "seqlen": [0, None], "block_m": 128, "block_n": 64 if d == 256 else 128,
-         "num_warpgroups": 2, "stages": 2} for d in (64, 128, 256)]}
-    (tmp_path / "pv.yaml").write_text(yaml.safe_dump(data))
-    return load_profile(tmp_path / "pv.yaml")
 
 
 def test_fp8_all_search_builds_and_measures_all_fp8_twins_on_whole_panels(fake_world, tmp_path):
