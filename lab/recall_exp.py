@@ -1,5 +1,10 @@
-"""Small CPU experiments on the recall task. Usage: python3 recall_exp.py NAME key=val ... (the keys of `args`
-below; `markov` is the README's "follow"); writes NAME.json here."""
+"""Small CPU experiments on the recall task (lab/results/2026-12-07_recall-cpu-study/ and
+lab/results/2026-12-07b_recall-cpu/). Usage, from the results folder, with the repository on PYTHONPATH:
+python3 ../../recall_exp.py NAME key=val ... (the keys of `args` below; `markov` is that study's "follow";
+`NT=1` for one core); writes NAME.json in the current folder. `permute` (added 2026-12-07b): the fraction of
+training prompts whose keys are renamed by a permutation of their own; at the end the accuracy at 4L is split
+by the key's prior rank (the 16 most frequent keys against the rest). Its defaults change nothing of the
+first study's runs."""
 import json, sys, time
 import torch, transformers
 from flashtune.measure.recall_model import RecallTask, recall_positions, recall_accuracy, _lr_factor, BOS
@@ -9,7 +14,7 @@ torch.set_num_threads(int(os.environ.get("NT", "2")))
 
 args = dict(keys=512, zipf=1.0, mask="all", lr=3e-3, warmup=100, theta=500000.0, length=256, batch=32,
             steps=600, long_length=0, long_batch=4, long_steps=0, budget=170.0, layers=2, hidden=128,
-            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0, init=0.02, repeat=0.0)
+            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0, init=0.02, repeat=0.0, permute=0.0)
 name = sys.argv[1]
 for a in sys.argv[2:]:
     k, v = a.split("=")
@@ -74,6 +79,11 @@ for length, batch, steps in stages:
             ids[:, 1::2] = 1 + keys
             ids[:, 2::2] = 1 + task.keys + binding.gather(1, keys[:, :ids[:, 2::2].shape[1]])
             recall = recall_positions(ids, task)
+        if args["permute"]:  # rename the keys of this fraction of prompts: which keys are frequent changes
+            names = torch.argsort(torch.rand(batch, task.keys, generator=gen), dim=1)
+            renamed = 1 + names.gather(1, ids[:, 1::2] - 1)
+            chosen = torch.rand(batch, 1, generator=gen) < args["permute"]
+            ids[:, 1::2] = torch.where(chosen, renamed, ids[:, 1::2])
         labels = ids.clone()
         labels[:, 0] = -100  # BOS
         if args["mask"] == "values":
@@ -108,5 +118,21 @@ log["reached95"] = reached
 t0 = time.perf_counter()
 log["acc"] = {L: acc(L, 32), 4 * L: acc(4 * L, 8), 16 * L: acc(16 * L, 4)}
 log["eval_seconds"] = round(time.perf_counter() - t0, 1)
-print(json.dumps({k: log[k] for k in ("name", "steps", "train_seconds", "final_loss", "reached95", "acc", "eval_seconds")}))
+
+
+@torch.no_grad()
+def by_rank(length, prompts, top=16):
+    """Recall accuracy on recall positions whose key is among the `top` most frequent, and on the rest."""
+    model.eval()
+    ids, recall = task.sample(prompts, length, torch.Generator().manual_seed(10_000 + length))
+    predicted = model(ids).logits[:, :-1].argmax(-1)
+    wanted = recall[:, 1:]
+    hit = (predicted == ids[:, 1:]) & wanted
+    frequent = (ids[:, :-1] - 1 < top) & wanted
+    return {"top": round(hit[frequent].float().mean().item(), 4),
+            "rest": round(hit[wanted & ~frequent].float().mean().item(), 4)}
+
+
+log["by_rank"] = {4 * L: by_rank(4 * L, 8)}
+print(json.dumps({k: log[k] for k in ("name", "steps", "train_seconds", "final_loss", "reached95", "acc", "by_rank", "eval_seconds")}))
 json.dump(log, open(f"{name}.json", "w"), indent=1)

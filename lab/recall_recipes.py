@@ -14,9 +14,10 @@ the CPU), "longer-lr1e-3" ("longer" at a third of the learning rate).
 
 In the second visit of 2026-12-07 (lab/results/2026-12-07b_recall-h100/) the bench's own training of
 the shipped recipe stopped at 58.5% (4k): recall of the 16 most frequent keys alone; "short128",
-"short128-seed1", "batch32", "lr1e-3" and "long4k" came from that visit, "shipped-seed1", "permuted"
-(keys renamed per training prompt), "permuted-seed1" and "keys-zipf0.7" are for the next one (step
-recall-next).
+"short128-seed1", "batch32", "lr1e-3" and "long4k" came from that visit. The next one (step recall-next) runs
+"keys128", "keys128-seed1" (128 keys and values), "shipped-seed1" and "permuted-half" (half the training
+prompts' keys renamed per prompt); "permuted", "permuted-seed1" and "keys-zipf0.7" learnt nothing in their
+CPU counterparts (lab/results/2026-12-07b_recall-cpu/).
 
 Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
 """
@@ -63,11 +64,14 @@ class PermutedTask(RecallTask):
     2026-12-07 recalled exactly the 16 most frequent keys (58.5% at 4k: the recall positions whose
     key ranks in the top 16 are 58.49% of the held-out ones; 53.1% at 16k against 52.8%)."""
 
+    fraction: float = 1.0  # of the prompts renamed; the rest keep the prior's frequent keys
+
     def sample(self, batch, length, generator, repeat: float = 0.0):
         ids, recall = super().sample(batch, length, generator, repeat)
         names = torch.argsort(torch.rand(batch, self.keys, generator=generator), dim=1)  # key -> new key
-        keys = ids[:, 1::2] - 1
-        ids[:, 1::2] = 1 + names.gather(1, keys)
+        renamed = 1 + names.gather(1, ids[:, 1::2] - 1)
+        chosen = torch.rand(batch, 1, generator=generator) < self.fraction
+        ids[:, 1::2] = torch.where(chosen, renamed, ids[:, 1::2])
         return ids, recall
 
 
@@ -94,7 +98,12 @@ VARIANTS = {
     "shipped-seed1": dataclasses.replace(SHIPPED, seed=1),
     "permuted": dataclasses.replace(SHIPPED, task=PermutedTask()),
     "permuted-seed1": dataclasses.replace(SHIPPED, task=PermutedTask(), seed=1),
+    "permuted-half": dataclasses.replace(SHIPPED, task=PermutedTask(fraction=0.5)),
     "keys-zipf0.7": dataclasses.replace(SHIPPED, task=RecallTask(zipf=0.7)),
+    # 128 keys and values: on the CPU (lab/results/2026-12-07b_recall-cpu/) the small model learnt recall
+    # of every key at its training length, where 512 keys left it with the frequent ones
+    "keys128": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128)),
+    "keys128-seed1": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128), seed=1),
 }
 
 
