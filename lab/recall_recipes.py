@@ -15,9 +15,9 @@ the CPU), "longer-lr1e-3" ("longer" at a third of the learning rate).
 In the second visit of 2026-12-07 (lab/results/2026-12-07b_recall-h100/) the bench's own training of
 the shipped recipe stopped at 58.5% (4k): recall of the 16 most frequent keys alone; "short128",
 "short128-seed1", "batch32", "lr1e-3" and "long4k" came from that visit. The next one (step recall-next) runs
-"keys128", "keys128-seed1" (128 keys and values), "shipped-seed1" and "permuted-half" (half the training
-prompts' keys renamed per prompt); "permuted", "permuted-seed1" and "keys-zipf0.7" learnt nothing in their
-CPU counterparts (lab/results/2026-12-07b_recall-cpu/).
+"keys128", "keys128-seed1", "keys128-seed2" (128 keys and values) and "shipped-seed1"; "permuted",
+"permuted-seed1", "permuted-half" and "keys-zipf0.7" did worse than the shipped task in their CPU
+counterparts (lab/results/2026-12-07b_recall-cpu/).
 
 Usage: PYTHONPATH=. python3 lab/recall_recipes.py OUT.json [VARIANT ...]   (default: all; a table last)
 """
@@ -104,6 +104,7 @@ VARIANTS = {
     # of every key at its training length, where 512 keys left it with the frequent ones
     "keys128": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128)),
     "keys128-seed1": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128), seed=1),
+    "keys128-seed2": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128), seed=2),
 }
 
 

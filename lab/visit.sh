@@ -82,9 +82,9 @@
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
-#   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0 and 1), the shipped recipe on seed 1, and half the
-#                 training prompts' keys renamed per prompt: after the bench's training of the shipped recipe recalled
-#                 only the 16 most frequent keys (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
+#   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the shipped recipe on seed 1: after
+#                 the bench's training of the shipped recipe recalled only the 16 most frequent keys
+#                 (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
@@ -256,7 +256,7 @@ for step in "$@"; do case $step in
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
   recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" keys128 keys128-seed1 \
-           shipped-seed1 permuted-half ;;
+           keys128-seed2 shipped-seed1 ;;
   model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b1-64k.json" ;;
