@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR  # noqa: E402
+from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qkv  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 
@@ -34,15 +34,6 @@ def _inputs(b, sq, sk, hq, hkv, d):
             torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16))
 
 
-def _dequantised(q, k, v):
-    """The fp32 values the all-FP8 kernel multiplies when the op quantises q, k and v."""
-    from flashtune.commands.verify import dequantised_qk
-    from flashtune.measure.fp8_floor import dequantised
-    from flashtune.runtime.fp8 import quantise_v
-
-    return (*dequantised_qk(q, k), dequantised(*quantise_v(v)))
-
-
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlens", [(512, 512), (17, 1000), (1000, 17), (1, 4097), (4097, 4097)],
@@ -51,8 +42,7 @@ def test_all_fp8_matches_the_references(fp8_profile, hdim, causal, seqlens):
     import flashtune
     from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, p_rounded_attention
     from flashtune.measure.reference import attention_reference, rel_l2
-    from flashtune.runtime import ops
-    from flashtune.runtime.fp8 import quantise_v
+    from flashtune.runtime.fp8 import quantised_inputs
 
     if hdim not in fp8_profile.head_dims:
         pytest.skip(f"hdim {hdim} not in profile {fp8_profile.name}")
@@ -61,13 +51,11 @@ def test_all_fp8_matches_the_references(fp8_profile, hdim, causal, seqlens):
     torch.cuda.synchronize()
     assert out.dtype == v.dtype and not torch.isnan(out).any()
     # pv_fp8=True quantises exactly as quantise_qk and quantise_v do (the references below rely on it)
-    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, 2)
-    v8, v_descale = quantise_v(v)
-    again = flashtune.flash_attn_func(q8, k8, v8, causal=causal, q_descale=q_descale, k_descale=k_descale,
-                                      v_descale=v_descale)
+    (q8, k8, v8), descales = quantised_inputs(q, k, v, qk=True, pv=True)
+    again = flashtune.flash_attn_func(q8, k8, v8, causal=causal, **descales)
     assert again.dtype == torch.bfloat16 and torch.equal(out, again)
     scale = hdim ** -0.5
-    qd, kd, vd = _dequantised(q, k, v)
+    qd, kd, vd = dequantised_qkv(q, k, v)
     ref, ref_lse = attention_reference(qd, kd, vd, causal, scale)
     # The kernel's error on its own inputs is P's rounding to e4m3 (3 mantissa bits), which the
     # 16-bit reference does not have: held to that rounding's own error, plus the 16-bit kernels' bar.
@@ -131,7 +119,7 @@ def test_all_fp8_error_beside_its_floor_and_the_qk_kernels(fp8_profile, kind):
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = fp8_floor.inputs(kind, 2, 1024, 1024, 8, 2, hdim, torch.bfloat16, "cuda", g)
     ref, _ = attention_reference(q, k, v, True)
-    floor = rel_l2(attention_reference(*_dequantised(q, k, v), True)[0], ref)
+    floor = rel_l2(attention_reference(*dequantised_qkv(q, k, v), True)[0], ref)
     all_fp8 = rel_l2(flashtune.flash_attn_func(q, k, v, causal=True, qk_fp8=True, pv_fp8=True), ref)
     qk_only = rel_l2(flashtune.flash_attn_func(q, k, v, causal=True, qk_fp8=True), ref)
     print(f"{kind}: all-FP8 {all_fp8:.4f}, its input floor {floor:.4f}, FP8 Q/K {qk_only:.4f}")

@@ -333,6 +333,14 @@ def dequantised_qk(q, k):
             k8.float() * k_descale[:, None, :, None])
 
 
+def dequantised_qkv(q, k, v):
+    """The values an all-FP8 kernel multiplies when the op quantises q, k and v, in fp32."""
+    from flashtune.measure.fp8_floor import dequantised
+    from flashtune.runtime.fp8 import quantise_v
+
+    return (*dequantised_qk(q, k), dequantised(*quantise_v(v)))
+
+
 def check_backward_case(case: Problem, profile, seed: int):
     """(correctness and identity rows, the backward spec): dq, dk and dv of one forward through the
     backward kernel against fp32 autograd, by FlashAttention's rule; the profiler on the backward

@@ -42,14 +42,9 @@ def _flashtune(inputs: Inputs, fp8: bool = False, fp8_pv: bool = False) -> Runne
     kernel on q and k quantised to e4m3 before timing, as an FP8 model would hand them over; with
     fp8_pv too, its all-FP8 kernel on v quantised as well (V's transposition is in the call, timed)."""
     from flashtune.runtime import ops
-    from flashtune.runtime.fp8 import quantise_v
+    from flashtune.runtime.fp8 import quantised_inputs
 
-    q, k, v, descales = inputs.q, inputs.k, inputs.v, {}
-    if fp8:
-        q, k, q_descale, k_descale = ops.quantise_qk(inputs.q, inputs.k, inputs.k.shape[2])
-        descales = {"q_descale": q_descale, "k_descale": k_descale}
-    if fp8_pv:
-        v, descales["v_descale"] = quantise_v(inputs.v)
+    (q, k, v), descales = quantised_inputs(inputs.q, inputs.k, inputs.v, fp8, fp8_pv)
 
     def run() -> torch.Tensor:
         return ops.flash_attn_func(q, k, v, softmax_scale=inputs.scale, causal=inputs.causal,

@@ -44,6 +44,17 @@ def fp8_v_operand(v, v_descale, pv_fp8: bool):
     return v, v_descale.contiguous()
 
 
+def quantised_inputs(q, k, v, qk: bool, pv: bool = False) -> tuple[tuple, dict]:
+    """16-bit q, k, v as an FP8 model hands them over: q and k (qk) and v too (pv) in e4m3, and their
+    per-(batch, kv head) descales as the keyword arguments flash_attn_func and run_spec take."""
+    descales = {}
+    if qk:
+        q, k, descales["q_descale"], descales["k_descale"] = quantise_qk(q, k, k.shape[2])
+    if pv:
+        v, descales["v_descale"] = quantise_v(v)
+    return (q, k, v), descales
+
+
 def lse_unsmoothed(lse: torch.Tensor, q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Tensor:
     """The LSE of the original keys from the LSE of the smoothed ones: smoothing shifted each row's
     scores by -scale * q.mean (the output is unchanged, the LSE moves by that much). lse: (batch,

@@ -129,16 +129,9 @@ def default_cache_path(gpu_name: str, profile: Profile) -> Path:
 def _operands(spec: KernelSpec, q, k, v) -> tuple[tuple, dict]:
     """What run_spec takes for this spec, (q, k, v) and the descales: FP8 specs get e4m3 q/k (all-FP8
     ones e4m3 v too) and their descales."""
-    from flashtune.runtime import ops
-    from flashtune.runtime.fp8 import quantise_v
+    from flashtune.runtime.fp8 import quantised_inputs
 
-    if not spec.fp8:
-        return (q, k, v), {}
-    q8, k8, q_descale, k_descale = ops.quantise_qk(q, k, k.shape[2])
-    if not spec.fp8_pv:
-        return (q8, k8, v), {"q_descale": q_descale, "k_descale": k_descale}
-    v8, v_descale = quantise_v(v)
-    return (q8, k8, v8), {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    return quantised_inputs(q, k, v, spec.fp8, spec.fp8_pv)
 
 
 def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
@@ -148,11 +141,10 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     import torch
 
     from flashtune.runtime import ops
-    from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, dequantised, p_rounded_attention
+    from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, p_rounded_attention
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.reference import attention_reference, rel_l2
-    from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qk
-    from flashtune.runtime.fp8 import quantise_v
+    from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qk, dequantised_qkv
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
@@ -170,7 +162,7 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     finally:
         ops.poison_outputs = poison
     if spec.fp8_pv:
-        qd, kd, vd = *dequantised_qk(q, k), dequantised(*quantise_v(v))
+        qd, kd, vd = dequantised_qkv(q, k, v)
         ref, _ = attention_reference(qd, kd, vd, spec.causal, scale)
         p_rounding = rel_l2(p_rounded_attention(qd, kd, vd, spec.causal, scale), ref)
         tol = P_ROUNDING_FACTOR * p_rounding + FP8_KERNEL_MAX_REL_ERR
