@@ -41,9 +41,6 @@
 #                 (release: lab/make_release.sh a3d4199, the block table read per refill; build-release first)
 #   ab-short      bench --decode, MQA one-token calls (hdim 64/128, batch 1-128, 1k-128k keys), the release's beside
 #                 today's and SDPA's backends (a short call's 16-row tiles; release: make_release.sh 896fa82)
-#   cluster16     lab/pending/cluster16.patch's GPU tests (test_kvcache_gpu.py -k cluster), then bench --decode on the
-#                 calls that take 9-16 splits (hdim 64/128/256, MQA and 8 KV heads, batch 1-4, 16k-128k) beside the
-#                 release's (make_release.sh main) and SDPA's default and cuDNN
 #   ab-short-gqa  the same on 1k and 16k caches with 1, 8 and 32 KV heads, beside SDPA default and cuDNN (short calls' splits)
 #   ab-rowgroups  bench --decode, hdim 256 MQA one-token calls (16k-128k keys, contiguous and pages of 64), the
 #                 release's (two 16-row CTAs a KV head) beside today's (branch exp/row-groups: one CTA, two row
@@ -196,11 +193,6 @@ for step in "$@"; do case $step in
   ab-short) run ab-short 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1 --batches 1,8,32,128 --caches 1024,16384,131072 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-default,sdpa-flash,sdpa-efficient,sdpa-cudnn --out "$OUT/ab_short.json" ;;
-  cluster16) FLASHTUNE_PROFILE=h200 run cluster16-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
-           tests/test_kvcache_gpu.py -k "cluster"
-         run ab-cluster16 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
-           --heads-kv 1,8 --batches 1,2,4 --caches 16384,65536,131072 --seqlens-q 1 --pages 0 \
-           --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_cluster16.json" ;;
   ab-short-gqa) run ab-short-gqa 230 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8,32 --batches 1,8,32 --caches 1024,16384 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_short_gqa.json" ;;
