@@ -58,6 +58,10 @@ DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa
 DEFAULT_PREFILL = (1024, 16384, 65536, 131072)
 DEFAULT_BATCHES = (1, 16)
 DEFAULT_DECODE_STEPS = 256
+# Untimed prefills before a row's clocks, for at least this long on a GPU: at 1k tokens a 32-layer
+# prefill is launch-bound, and an H100 run's first row, after one untimed prefill, took 37.5 ms where
+# the same cuDNN kernels took 31.8 ms a row later (2026-12-07, lab/results/2026-12-07c_h100-visit/).
+WARMUP_SECONDS = 1.0
 TRAINED_MODEL = "recall"  # --model recall: the model the bench trains (flashtune/measure/recall_model.py)
 RECALL_RECIPE = None  # None: recall_model.Recipe()
 
@@ -140,6 +144,15 @@ def _timed(fn, device: str) -> tuple[object, float]:
     result = fn()
     _sync(device)
     return result, time.perf_counter() - start
+
+
+def _warm_up(fn, device: str, seconds: float = WARMUP_SECONDS) -> None:
+    """fn untimed, once, and on a GPU again until `seconds` have passed (WARMUP_SECONDS says why)."""
+    start = time.perf_counter()
+    fn()
+    while device.startswith("cuda") and time.perf_counter() - start < seconds:
+        fn()
+    _sync(device)
 
 
 def _kernel_times(fn, backend: str) -> tuple[float, float]:
@@ -360,8 +373,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     to need more than the GPU has (not run). `batch`: one batch size or several, each
     length run at each (rows in that order, each compared with the first backend at its own batch).
     Every row's clocks run before any profiler session (profile_rows says why); TTFT is the median
-    of `repeats` prefills after an untimed one. `shares`: the attention-share columns, from the
-    profiler (default: on a GPU)."""
+    of `repeats` prefills after untimed ones (WARMUP_SECONDS), and generate is timed after a short
+    untimed one. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     batches = [batch] if isinstance(batch, int) else list(batch)
@@ -405,7 +418,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 with context(), torch.no_grad():
                     def prefill():
                         return model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1)
-                    prefill()  # untimed: a backend's first call at a shape (cuDNN's plan) is no served prompt's
+                    _warm_up(prefill, device)  # a backend's first calls at a shape (cuDNN's plan) are no served prompt's
                     if cuda:
                         torch.cuda.reset_peak_memory_stats()
                     ttfts = [_timed(prefill, device)[1] for _ in range(repeats)]
@@ -421,6 +434,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                             raise
                         tokens = None
                         row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
+                    model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # its first call, untimed
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
                         generated, gen_seconds = _timed(lambda: model.generate(
@@ -462,8 +476,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     def profile_rows() -> None:
         """Attention's share of each timed row's prefill and decode step, from the profiler. Last,
         after every clock above: a profiler session leaves CUPTI attached to the process (kineto
-        detaches it only with TEARDOWN_CUPTI=1), and its callbacks then cost every kernel launch
-        time. A 32-layer model's 1k-token prefill is launch-bound: on an H100, with the profiling
+        detaches it only with TEARDOWN_CUPTI=1, which on an H100 did not help), and its callbacks
+        then cost every kernel launch time. A 32-layer model's 1k-token prefill is launch-bound: on an H100, with the profiling
         inside each row, the backend timed first took 32.6 ms and the three after it 68-74 ms."""
         for row in result.rows:
             if not row.status.startswith("ok"):
