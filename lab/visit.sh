@@ -70,8 +70,8 @@
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
-#   fp8all-pv     under lab/profiles/h100-pv.yaml (h100 + all-FP8 twins on fp8.pv_configs, the FP8 Q/K twins on h100's
-#                 tiles): the FP8 GPU tests, bench with flashtune-fp8 and -fp8all beside cuDNN, tune --fp8-all at hdim 128
+#   fp8all-pv     under profile h100 (FP8_PROFILE=h200 for an H200; all-FP8 twins on fp8.pv_configs): the FP8 GPU
+#                 tests, bench with flashtune-fp8 and -fp8all beside cuDNN, tune --fp8-all at hdim 128
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
 #   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
 #   recall-recipes  lab/recall_recipes.py shipped before repeat: the shipped recall recipe (repeated keys, 3,000 steps
@@ -357,12 +357,12 @@ for step in "$@"; do case $step in
   fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
-  fp8all-pv) FLASHTUNE_PROFILE=lab/profiles/h100-pv.yaml run fp8all-pv-tests 240 python3 -m pytest -q -n 16 --tb=short \
+  fp8all-pv) FLASHTUNE_PROFILE=${FP8_PROFILE:-h100} run fp8all-pv-tests 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
-         run bench-fp8all-pv 200 python3 -m flashtune bench --profile lab/profiles/h100-pv.yaml --hdims 64,128,256 \
+         run bench-fp8all-pv 200 python3 -m flashtune bench --profile "${FP8_PROFILE:-h100}" --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-pv.json"
-         run tune-fp8all 300 python3 -m flashtune tune --profile lab/profiles/h100-pv.yaml --fp8-all --hdims 128 \
-           --time-budget 240 --max-candidates 6 --out "$OUT/h100-pv-tuned.yaml" ;;
+         run tune-fp8all 300 python3 -m flashtune tune --profile "${FP8_PROFILE:-h100}" --fp8-all --hdims 128 \
+           --time-budget 240 --max-candidates 6 --out "$OUT/${FP8_PROFILE:-h100}-pv-tuned.yaml" ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;

@@ -152,9 +152,11 @@ def test_profiles_show_says_which_fp8_recipes_a_profile_builds(tmp_path):
 
     from flashtune.kernels.profiles import find_profile
 
-    assert "FP8: Q and K in e4m3 (prefill twins" in run("profiles", "show", "rtx4090").output
+    rtx4090 = " ".join(run("profiles", "show", "rtx4090").output.split())
+    assert "FP8: Q and K in e4m3 (prefill twins" in rtx4090 and "all-FP8" not in rtx4090
     h200 = " ".join(run("profiles", "show", "h200").output.split())
-    assert "Q and K in e4m3" in h200 and "an e4m3 KV cache (decode twins" in h200 and "all-FP8" not in h200
+    assert "Q and K in e4m3" in h200 and "an e4m3 KV cache (decode twins" in h200
+    assert "all-FP8 (prefill twins" in h200 and "fp8.pv_configs (the all-FP8 twins' own tiles)" in h200
     assert "FP8: none" in run("profiles", "show", "a100").output
     data = yaml.safe_load(find_profile("h100").path.read_text())
     data["fp8"] = {"qk": "e4m3", "pv": "e4m3", "configs": [

@@ -135,12 +135,13 @@ def test_a_tuned_tile_without_the_pingpong_is_written_and_read_back(tmp_path):
 
 
 def test_fp8_tune_writes_fp8_configs_and_keeps_the_16_bit_tiles(tmp_path):
-    base = find_profile("h200")  # fp8: {qk: e4m3, kv: e4m3}, no fp8.configs yet
+    base = find_profile("h200")  # fp8: {qk: e4m3, pv: e4m3, kv: e4m3} and fp8.pv_configs, no fp8.configs yet
     wide = sm90_tile(128, 176, 3)  # only FP8 Q/K fits it in shared memory
     tiles = {(128, False): _default_buckets(*[wide] * 4)}
     path = write_profile(base, "h200-fp8", "test", tiles, {"tool": "flashtune tune"}, tmp_path / "fp8.yaml", fp8=True)
     tuned = load_profile(path)
-    assert tuned.fp8 == {"qk": "e4m3", "kv": "e4m3"} and tuned.fp8_configs
+    assert tuned.fp8 == {"qk": "e4m3", "pv": "e4m3", "kv": "e4m3"} and tuned.fp8_configs
+    assert tuned.fp8_pv_configs == base.fp8_pv_configs  # the all-FP8 twins' own tiles stay
     assert tuned.tile_for(128, False, 4096, 4096, fp8=True) == wide
     for hdim in (64, 128, 256):  # the 16-bit tiles are untouched; untuned FP8 slots keep them too
         for causal in (False, True):
@@ -419,8 +420,13 @@ def test_fp8_all_is_refused_with_a_line_that_says_what_to_do(tmp_path):
         assert result.exit_code == 2 and said in result.output, result.output
     h100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), arch_for_compute_capability(9, 0), None, None, None, None,
                    None, None)
+    import yaml
+
+    data = yaml.safe_load(find_profile("h100").path.read_text())
+    data["fp8"] = {"qk": "e4m3", "kv": "e4m3"}  # FP8 Q/K twins alone
+    (tmp_path / "qk.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(click.BadParameter, match=r"builds no all-FP8 kernels .*fp8: \{qk: e4m3, pv: e4m3\}"):
-        cmd_tune.check_request(find_profile("h100"), h100, None, None, True, True)
+        cmd_tune.check_request(load_profile(tmp_path / "qk.yaml"), h100, None, None, True, True)
     assert cmd_tune.check_request(_all_fp8_profile(tmp_path), h100, [128], [(128, 192)], True, True) == []
     with pytest.raises(click.BadParameter, match="176.*panels of 64"):  # a tile the all-FP8 kernel refuses
         cmd_tune.check_request(_all_fp8_profile(tmp_path), h100, [128], [(128, 176)], True, True)
