@@ -4,7 +4,8 @@ it): flashtune's flash_attn_with_kvcache and the path transformers' generate tak
 spin kernel so that no call waits on the device; then cProfile's top functions by own time for
 flashtune's calls.
 
-Usage: PYTHONPATH=. python3 lab/host_profile.py [PROFILE]   (default h200; prints a table)
+Usage: PYTHONPATH=. python3 lab/host_profile.py [PROFILE [CALL]]   (default h200; prints a table, then
+cProfile of CALL, one of the table's names; default transformers' static-cache path)
 """
 import cProfile
 import pstats
@@ -45,6 +46,19 @@ def main() -> None:
     seqlens = torch.full((1,), 4000, dtype=torch.int32, device=dev)
     first = torch.zeros(1, dtype=torch.int32, device=dev)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    # transformers' generate with its dynamic cache: (batch, heads, keys, d) tensors whose keys grow by
+    # one a step, through the registered attention function (bench --model's attention host us
+    # column: 168-182 us a call on an H100, 2026-12-07, where these rows' fixed shapes took 29-48)
+    from flashtune import hf
+    module = torch.nn.Module()
+    module.is_causal = True
+    kbuf = torch.randn(1, 8, 4096 + CALLS + 600, 128, device=dev, dtype=torch.bfloat16)
+    vbuf = torch.randn_like(kbuf)
+    grown = [4096]
+
+    def growing():
+        grown[0] += 1
+        return hf.attention_forward(module, qt, kbuf[:, :, :grown[0]], vbuf[:, :, :grown[0]], None)
     calls = {
         "flash_attn_with_kvcache (int cache_seqlens)":
             lambda: kvcache.flash_attn_with_kvcache(q, k, v, cache_seqlens=4000),
@@ -52,6 +66,9 @@ def main() -> None:
             lambda: kvcache.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens),
         "padded_cache_decode (transformers' path)":
             lambda: kvcache.padded_cache_decode(q, k, v, first, seqlens, 128 ** -0.5, False),
+        "hf.attention_forward (4k keys, generate's layout)":
+            lambda: hf.attention_forward(module, qt, kbuf[:, :, :4096], vbuf[:, :, :4096], None),
+        "hf.attention_forward (keys growing one a call)": growing,
         "SDPA default (enable_gqa)": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
         "torch.empty (one CUDA tensor)": lambda: torch.empty(1, 1, 32, 128, device=dev, dtype=torch.bfloat16),
     }
@@ -59,7 +76,7 @@ def main() -> None:
     for name, run in calls.items():
         print(f"{name:52s} {host_us(run):7.1f}", flush=True)
     profiler = cProfile.Profile()
-    run = calls["padded_cache_decode (transformers' path)"]
+    run = calls[sys.argv[2] if len(sys.argv) > 2 else "padded_cache_decode (transformers' path)"]
     profiler.enable()
     for _ in range(500):
         run()

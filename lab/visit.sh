@@ -48,7 +48,8 @@
 #   ab-rowpair    bench --decode, MQA one-token calls at hdim 64/128/256 (two 16-row blocks a KV head at hdim 256 and
 #                 in short calls), the release's beside today's and SDPA flash and cuDNN (the row blocks' grid order)
 #   host-profile  lab/host_profile.py: host microseconds of one decode call (flashtune's paths, SDPA) and cProfile's top
-#                 functions (issue 34's per-call host time)
+#                 functions (issue 34's per-call host time); then again with cProfile of generate's path
+#                 (hf.attention_forward on a dynamic cache's keys growing one a call)
 #   ab-combine    bench --decode on the calls the combine kernel merges (MQA and 8 KV heads, 16k-128k keys, 1 and 4
 #                 tokens), the release's beside today's (branch exp/combine-one-round; release: make_release.sh main)
 #   cluster-ab    lab/cluster_ab.py: a few splits merged in a cluster against the combine kernel, short calls, beside cuDNN
@@ -82,6 +83,8 @@
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the shipped recipe on seed 1: after
 #                 the bench's training of the shipped recipe recalled only the 16 most frequent keys
 #                 (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
+#   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads) with 512 and 128 keys, seeds 0 and 1
+#                 (lab/results/2026-12-07c_recall-cpu/: head dim 64 in place of 32 learnt every key on the CPU)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
@@ -202,7 +205,8 @@ for step in "$@"; do case $step in
   ab-rowpair) run ab-rowpair 300 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128,256 \
            --heads-kv 1 --batches 1,8,32 --caches 1024,131072 --seqlens-q 1 --pages 0 \
            --backends flashtune,release,sdpa-flash,sdpa-cudnn --out "$OUT/ab_rowpair.json" ;;
-  host-profile) run host-profile 120 python3 lab/host_profile.py h200 ;;
+  host-profile) run host-profile 120 python3 lab/host_profile.py h200
+         run host-profile-growing 120 python3 lab/host_profile.py h200 "hf.attention_forward (keys growing one a call)" ;;
   ab-combine) run ab-combine 400 python3 lab/release_ab.py h200 bench --profile h200 --decode --hdims 64,128 \
            --heads-kv 1,8 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1,4 --pages 0 \
            --backends flashtune,release,sdpa-default,sdpa-cudnn --out "$OUT/ab_combine.json" ;;
@@ -249,6 +253,8 @@ for step in "$@"; do case $step in
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
   recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" keys128 keys128-seed1 \
            keys128-seed2 shipped-seed1 ;;
+  recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" hd128 hd128-seed1 \
+           keys128-hd128 keys128-hd128-seed1 ;;
   model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b1-64k.json" ;;
