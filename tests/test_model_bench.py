@@ -275,3 +275,18 @@ def test_a_row_predicted_not_to_fit_is_left_out_and_says_so(tiny_config, monkeyp
     assert e40.status.startswith("not run: `flashtune memory` predicts") and e40.ttft_ms is None
     assert e40.predicted_peak_mb == round(eager_40 / 2**20, 1)
     assert s40.vs == "sdpa" and s24.vs == "eager"
+
+
+def test_a_rows_warm_up_runs_its_prefill_for_the_set_time_on_a_gpu(monkeypatch):
+    """The untimed prefills before a row's clocks: once on the CPU, and on a GPU again until the
+    warm-up's seconds have passed (a launch-bound first row took 18% longer after one)."""
+    import time
+
+    calls = []
+    model_bench._warm_up(lambda: calls.append(time.perf_counter()), "cpu", seconds=0.05)
+    assert len(calls) == 1
+    monkeypatch.setattr(model_bench, "_sync", lambda device: None)  # no GPU here to wait for
+    calls.clear()
+    start = time.perf_counter()
+    model_bench._warm_up(lambda: (calls.append(0), time.sleep(0.01)), "cuda", seconds=0.05)
+    assert len(calls) >= 2 and time.perf_counter() - start >= 0.05
