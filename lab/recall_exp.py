@@ -3,8 +3,8 @@ lab/results/2026-12-07b_recall-cpu/). Usage, from the results folder, with the r
 python3 ../../recall_exp.py NAME key=val ... (the keys of `args` below; `markov` is that study's "follow";
 `NT=1` for one core); writes NAME.json in the current folder. `permute` (added 2026-12-07b): the fraction of
 training prompts whose keys are renamed by a permutation of their own; at the end the accuracy at 4L is split
-by the key's prior rank (the 16 most frequent keys against the rest). Its defaults change nothing of the
-first study's runs."""
+by the key's prior rank (the 16 most frequent keys against the rest). `long_permute` (2026-12-07c): the
+fraction for the second stage (-1: the same as `permute`). Its defaults change nothing of the earlier runs."""
 import json, sys, time
 import torch, transformers
 from flashtune.measure.recall_model import RecallTask, recall_positions, recall_accuracy, _lr_factor, BOS
@@ -14,7 +14,8 @@ torch.set_num_threads(int(os.environ.get("NT", "2")))
 
 args = dict(keys=512, zipf=1.0, mask="all", lr=3e-3, warmup=100, theta=500000.0, length=256, batch=32,
             steps=600, long_length=0, long_batch=4, long_steps=0, budget=170.0, layers=2, hidden=128,
-            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0, init=0.02, repeat=0.0, permute=0.0)
+            heads=4, kv=2, hd=32, inter=352, eval_every=50, seed=0, markov=0.0, init=0.02, repeat=0.0, permute=0.0,
+            long_permute=-1.0)
 name = sys.argv[1]
 for a in sys.argv[2:]:
     k, v = a.split("=")
@@ -51,7 +52,8 @@ step = 0
 reached = None
 losses = []
 model.train()
-for length, batch, steps in stages:
+for stage_index, (length, batch, steps) in enumerate(stages):
+    permute = args["permute"] if stage_index == 0 or args["long_permute"] < 0 else args["long_permute"]
     for _ in range(steps):
         t0 = time.perf_counter()
         for g in opt.param_groups:
@@ -79,10 +81,10 @@ for length, batch, steps in stages:
             ids[:, 1::2] = 1 + keys
             ids[:, 2::2] = 1 + task.keys + binding.gather(1, keys[:, :ids[:, 2::2].shape[1]])
             recall = recall_positions(ids, task)
-        if args["permute"]:  # rename the keys of this fraction of prompts: which keys are frequent changes
+        if permute:  # rename the keys of this fraction of prompts: which keys are frequent changes
             names = torch.argsort(torch.rand(batch, task.keys, generator=gen), dim=1)
             renamed = 1 + names.gather(1, ids[:, 1::2] - 1)
-            chosen = torch.rand(batch, 1, generator=gen) < args["permute"]
+            chosen = torch.rand(batch, 1, generator=gen) < permute
             ids[:, 1::2] = torch.where(chosen, renamed, ids[:, 1::2])
         labels = ids.clone()
         labels[:, 0] = -100  # BOS

@@ -160,7 +160,8 @@ def main() -> None:
         print(name, results[-1]["seconds"], "s", results[-1]["accuracy"], results[-1]["loss_at"], flush=True)
         with open(out, "w") as f:  # rewritten after each variant: a cut-short visit keeps what ran
             json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
-    print(f"{'variant':18} {'train s':>8} {'final loss':>10} {'acc 4k':>7} {'acc 16k':>7} {'4k top16':>8} {'4k rest':>7}")
+    print(f"{'variant':18} {'train s':>8} {'final loss':>10} {'acc 4k':>7} {'acc 16k':>7} {'4k top16':>8} "
+          f"{'4k rest':>7}")
     for r in results:
         print(f"{r['variant']:18} {r['seconds']:8.1f} {r['final_loss']:10.4f} {r['accuracy'][4096]:7.1%} "
               f"{r['accuracy'][16384]:7.1%} {r['by_rank_4k']['top']:8.1%} {r['by_rank_4k']['rest']:7.1%}")

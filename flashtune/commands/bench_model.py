@@ -418,7 +418,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 with context(), torch.no_grad():
                     def prefill():
                         return model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1)
-                    _warm_up(prefill, device)  # a backend's first calls at a shape (cuDNN's plan) are no served prompt's
+                    _warm_up(prefill, device)  # a backend's first calls at a shape (cuDNN's plan): no served prompt's
                     if cuda:
                         torch.cuda.reset_peak_memory_stats()
                     ttfts = [_timed(prefill, device)[1] for _ in range(repeats)]
@@ -477,8 +477,9 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
         """Attention's share of each timed row's prefill and decode step, from the profiler. Last,
         after every clock above: a profiler session leaves CUPTI attached to the process (kineto
         detaches it only with TEARDOWN_CUPTI=1, which on an H100 did not help), and its callbacks
-        then cost every kernel launch time. A 32-layer model's 1k-token prefill is launch-bound: on an H100, with the profiling
-        inside each row, the backend timed first took 32.6 ms and the three after it 68-74 ms."""
+        then cost every kernel launch time. A 32-layer model's 1k-token prefill is launch-bound: on
+        an H100, with the profiling inside each row, the backend timed first took 32.6 ms and the
+        three after it 68-74 ms."""
         for row in result.rows:
             if not row.status.startswith("ok"):
                 continue
