@@ -71,6 +71,8 @@
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
+#   xu-ceiling    lab/xu_ceiling.py: exps, e4m3/bf16 packs and FFMAs per cycle per SM, each kernel's bound per head
+#                 dim from its slowest pipe, and per cell of the last fp8all-pv bench the FP8 bound over the bf16 measured
 #   fp8all-pv     under profile h100 (FP8_PROFILE=h200 for an H200; all-FP8 twins on fp8.pv_configs): the FP8 GPU
 #                 tests, bench with flashtune-fp8 and -fp8all beside cuDNN, tune --fp8-all at hdim 128
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
@@ -369,6 +371,8 @@ for step in "$@"; do case $step in
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-pv.json"
          run tune-fp8all 300 python3 -m flashtune tune --profile "${FP8_PROFILE:-h100}" --fp8-all --hdims 128 \
            --time-budget 240 --max-candidates 6 --out "$OUT/${FP8_PROFILE:-h100}-pv-tuned.yaml" ;;
+  xu-ceiling) run xu-ceiling 60 python3 lab/xu_ceiling.py "$OUT/xu_ceiling.json" \
+           lab/results/2026-12-07c_h100-visit/bench-fp8all-pv.json ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;
