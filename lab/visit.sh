@@ -85,7 +85,7 @@
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the shipped recipe on seed 1: after
 #                 the bench's training of the shipped recipe recalled only the 16 most frequent keys
 #                 (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
-#   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads) with 512 and 128 keys, seeds 0 and 1
+#   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads) with 128 keys on seeds 0, 1 and 2, and with 512 keys
 #                 (lab/results/2026-12-07c_recall-cpu/: head dim 64 in place of 32 learnt every key on the CPU)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
@@ -255,8 +255,8 @@ for step in "$@"; do case $step in
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
   recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" keys128 keys128-seed1 \
            keys128-seed2 shipped-seed1 ;;
-  recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" hd128 hd128-seed1 \
-           keys128-hd128 keys128-hd128-seed1 ;;
+  recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" keys128-hd128 keys128-hd128-seed1 \
+           keys128-hd128-seed2 hd128 ;;
   model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b1-64k.json" ;;
