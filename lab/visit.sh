@@ -85,8 +85,10 @@
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the shipped recipe on seed 1: after
 #                 the bench's training of the shipped recipe recalled only the 16 most frequent keys
 #                 (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
-#   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads) with 128 keys on seeds 0, 1 and 2, and with 512 keys
-#                 (lab/results/2026-12-07c_recall-cpu/: head dim 64 in place of 32 learnt every key on the CPU)
+#   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads), 128 keys, lr 1e-3 on seeds 0, 1 and 2 and 3e-3 on
+#                 seed 0; recall-hd2: lr 3e-3 on seeds 1 and 2, and 512 keys
+#                 (lab/results/2026-12-07c_recall-cpu/: on the CPU heads of 64 in place of 32 learnt every key on 3
+#                 seeds of 4, and the fourth with lr 1e-3)
 #   bwd-smoke     lab/bwd_smoke.py h200: one backward per head dim and mask against fp32, the kernel that ran
 #   bwd-ab-mma    lab/bwd_ab.py on the mma.sync kernels only: today's 4 and 8 warps beside
 #                 the release's 4 and 8 and cuDNN (release: make_release.sh main)
@@ -255,7 +257,9 @@ for step in "$@"; do case $step in
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
   recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" keys128 keys128-seed1 \
            keys128-seed2 shipped-seed1 ;;
-  recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" keys128-hd128 keys128-hd128-seed1 \
+  recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" keys128-hd128-lr1e-3 \
+           keys128-hd128-lr1e-3-seed1 keys128-hd128-lr1e-3-seed2 keys128-hd128 ;;
+  recall-hd2) run recall-hd2 400 python3 lab/recall_recipes.py "$OUT/recall_hd2.json" keys128-hd128-seed1 \
            keys128-hd128-seed2 hd128 ;;
   model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
