@@ -121,3 +121,32 @@ def test_the_matrix_has_backward_rows_for_the_head_dims_the_backward_takes():
     assert all(c.name.startswith("backward ") and c.heads != c.heads_kv and c.seqlen_q != c.seqlen_k
                for c in backward)
     assert FAMILY_SASS["backward"] == ("HMMA", "LDSM", "LDGSTS")
+
+
+def test_the_matrix_has_all_fp8_rows_where_the_profile_builds_them():
+    """h100 and h200 ask for all-FP8 twins (fp8.pv): one case each FP8 head dim and mask, and a GQA one,
+    on inputs the op quantises; rtx4090 (FP8 Q/K only) and a100 (no FP8) have none."""
+    for name in ("h100", "h200"):
+        profile = find_profile(name)
+        rows = [c for c in verify.correctness_cases(profile) if c.fp8_pv]
+        assert all(c.fp8 and c.name.startswith("fp8all ") and c.dtype == "bfloat16" for c in rows)
+        assert {(c.hdim, c.causal) for c in rows} == {(d, m) for d in (64, 128, 256) for m in (False, True)}
+        assert any(c.heads_kv != c.heads for c in rows)
+    for name in ("rtx4090", "a100"):
+        assert not any(c.fp8_pv for c in verify.correctness_cases(find_profile(name)))
+
+
+def test_an_all_fp8_calls_v_transpose_pass_is_its_own():
+    """The V^T pass an all-FP8 call launches first is not another attention kernel; a decode call's
+    companion is its combine kernel; a 16-bit prefill call has none."""
+    from flashtune.runtime.selection import select_spec
+
+    profile = find_profile("h100")
+    spec = select_spec(profile, "bfloat16", 128, False, 1000, 1000, fp8=True, fp8_pv=True)
+    transpose = "void flashtune::sm90::v_transpose_kernel<128>"
+    names = [transpose, spec.name]
+    assert verify.own_companions(spec, names) == (transpose,)
+    assert verify.unexpected_attention_kernels(names, spec.name, verify.own_companions(spec, names)) == []
+    plain = select_spec(profile, "bfloat16", 128, False, 1000, 1000)
+    assert verify.own_companions(plain, names) == ()
+    assert verify.unexpected_attention_kernels([transpose, plain.name], plain.name) == [transpose]

@@ -26,6 +26,7 @@ class Problem:
     heads_kv: int = 8  # GQA/MQA: a divisor of heads
     varlen: bool = False  # packed sequences of mixed lengths (verify's case; seqlens unused)
     fp8: bool = False  # q and k quantised to e4m3 by the op (qk_fp8=True)
+    fp8_pv: bool = False  # verify's all-FP8 case: v quantised too (pv_fp8=True), with fp8
     page_size: int = 0  # verify's KV-cache case: k and v in shuffled pages of this many keys
     kv_fp8: bool = False  # verify's KV-cache case: k and v stored in e4m3 (per sequence and KV head descales)
     backward: bool = False  # verify's gradient case: dq, dk, dv through the backward kernel
