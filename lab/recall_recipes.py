@@ -111,15 +111,15 @@ VARIANTS = {
     "keys128-seed2": dataclasses.replace(SHIPPED, task=RecallTask(keys=128, values=128), seed=2),
     # 128 keys reached 64-73% on the H100 on three seeds (lab/results/2026-12-07c_h100-visit/). On the CPU the
     # small model with head dim 64 in place of 32 (2 heads of 64, hidden 128) recalled every key of 128 at 128
-    # and 512 tokens and 97-98% at 2,048 on seeds 1 and 2, where head dim 32 left 42% on seed 1's rarer keys;
-    # with 512 keys it still stopped on the frequent ones (lab/results/2026-12-07c_recall-cpu/): a match among
-    # more keys needs a wider query-key space a head. These double the head dim the same way: 4 heads of
-    # 128 (2 KV heads), hidden 512.
+    # and 512 tokens and 93-98% at 2,048 on three seeds of four at the learning rate 3e-3 (seed 0 stopped at
+    # 65%), and on every seed tried (0, 1, 2) at 1e-3; with 512 keys it still stopped on the frequent ones
+    # (lab/results/2026-12-07c_recall-cpu/): a match among more keys needs a wider query-key space a head.
+    # These double the head dim the same way: 4 heads of 128 (2 KV heads), hidden 512.
     "hd128": dataclasses.replace(SHIPPED, heads=4, head_dim=128),
     "keys128-hd128": KEYS128_HD128,
     "keys128-hd128-seed1": dataclasses.replace(KEYS128_HD128, seed=1),
     "keys128-hd128-seed2": dataclasses.replace(KEYS128_HD128, seed=2),
-    # on the CPU heads of 64 left seed 0 at 65% with the learning rate 3e-3 and solved it with 1e-3
+    # the learning rate 1e-3: the patch's recipe (lab/pending/recall-hd128.patch)
     "keys128-hd128-lr1e-3": dataclasses.replace(KEYS128_HD128, lr=1e-3),
     "keys128-hd128-lr1e-3-seed1": dataclasses.replace(KEYS128_HD128, lr=1e-3, seed=1),
     "keys128-hd128-lr1e-3-seed2": dataclasses.replace(KEYS128_HD128, lr=1e-3, seed=2),
