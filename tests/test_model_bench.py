@@ -277,16 +277,21 @@ def test_a_row_predicted_not_to_fit_is_left_out_and_says_so(tiny_config, monkeyp
     assert s40.vs == "sdpa" and s24.vs == "eager"
 
 
-def test_a_rows_warm_up_runs_its_prefill_for_the_set_time_on_a_gpu(monkeypatch):
-    """The untimed prefills before a row's clocks: once on the CPU, and on a GPU again until the
-    warm-up's seconds have passed (a launch-bound first row took 18% longer after one)."""
+def test_the_warm_up_makes_its_calls_then_runs_on_for_its_time(monkeypatch):
+    """timing.warm_up, before every row's clocks (a second of prefills on a GPU, one on the CPU) and
+    every timed kernel: at least `calls` calls, and on until `seconds` have passed (a launch-bound
+    first row took 18% longer after one untimed prefill)."""
     import time
 
+    import torch
+
+    from flashtune.measure import timing
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here to wait for
     calls = []
-    model_bench._warm_up(lambda: calls.append(time.perf_counter()), "cpu", seconds=0.05)
+    timing.warm_up([lambda: calls.append(0)], calls=1, seconds=0.0)
     assert len(calls) == 1
-    monkeypatch.setattr(model_bench, "_sync", lambda device: None)  # no GPU here to wait for
     calls.clear()
     start = time.perf_counter()
-    model_bench._warm_up(lambda: (calls.append(0), time.sleep(0.01)), "cuda", seconds=0.05)
+    timing.warm_up([lambda: (calls.append(0), time.sleep(0.01))], calls=1, seconds=0.05)
     assert len(calls) >= 2 and time.perf_counter() - start >= 0.05

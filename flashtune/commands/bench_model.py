@@ -30,6 +30,7 @@ from rich.table import Table
 
 from flashtune.commands.bench import checked_backends, environment, pyplot
 from flashtune.commands.memory import ModelShape, accounts, find_model
+from flashtune.measure.timing import warm_up
 
 # backend -> (transformers attn_implementation, SDPA backend to force or None)
 MODEL_BACKENDS = {
@@ -58,10 +59,11 @@ DEFAULT_MODEL_BACKENDS = ("flashtune", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa
 DEFAULT_PREFILL = (1024, 16384, 65536, 131072)
 DEFAULT_BATCHES = (1, 16)
 DEFAULT_DECODE_STEPS = 256
-# Untimed prefills before a row's clocks, for at least this long on a GPU: at 1k tokens a 32-layer
-# prefill is launch-bound, and an H100 run's first row, after one untimed prefill, took 37.5 ms where
-# the same cuDNN kernels took 31.8 ms a row later (2026-12-07, lab/results/2026-12-07c_h100-visit/).
-WARMUP_SECONDS = 1.0
+# Untimed prefills before a row's clocks, for at least this long on a GPU (timing.warm_up): at 1k
+# tokens a 32-layer prefill is launch-bound, and an H100 run's first row, after one untimed prefill,
+# took 37.5 ms where the same cuDNN kernels took 31.8 ms a row later (2026-12-07,
+# lab/results/2026-12-07c_h100-visit/).
+PREFILL_WARMUP_SECONDS = 1.0
 TRAINED_MODEL = "recall"  # --model recall: the model the bench trains (flashtune/measure/recall_model.py)
 RECALL_RECIPE = None  # None: recall_model.Recipe()
 
@@ -144,15 +146,6 @@ def _timed(fn, device: str) -> tuple[object, float]:
     result = fn()
     _sync(device)
     return result, time.perf_counter() - start
-
-
-def _warm_up(fn, device: str, seconds: float = WARMUP_SECONDS) -> None:
-    """fn untimed, once, and on a GPU again until `seconds` have passed (WARMUP_SECONDS says why)."""
-    start = time.perf_counter()
-    fn()
-    while device.startswith("cuda") and time.perf_counter() - start < seconds:
-        fn()
-    _sync(device)
 
 
 def _kernel_times(fn, backend: str) -> tuple[float, float]:
@@ -373,7 +366,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     to need more than the GPU has (not run). `batch`: one batch size or several, each
     length run at each (rows in that order, each compared with the first backend at its own batch).
     Every row's clocks run before any profiler session (profile_rows says why); TTFT is the median
-    of `repeats` prefills after untimed ones (WARMUP_SECONDS), and generate is timed after a short
+    of `repeats` prefills after untimed ones (PREFILL_WARMUP_SECONDS), and generate is timed after a short
     untimed one. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -418,7 +411,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                 with context(), torch.no_grad():
                     def prefill():
                         return model(ids, use_cache=True, logits_to_keep=1).logits.argmax(-1)
-                    _warm_up(prefill, device)  # a backend's first calls at a shape (cuDNN's plan): no served prompt's
+                    # a backend's first calls at a shape (cuDNN's plan): no served prompt's
+                    warm_up([prefill], seconds=PREFILL_WARMUP_SECONDS if cuda else 0.0)
                     if cuda:
                         torch.cuda.reset_peak_memory_stats()
                     ttfts = [_timed(prefill, device)[1] for _ in range(repeats)]

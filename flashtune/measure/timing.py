@@ -60,19 +60,25 @@ QUEUE_AHEAD_CYCLES = 20_000_000
 QUEUE_AHEAD_TRIES = 4
 
 
+def warm_up(runners: list[Callable[[], object]], calls: int = 1, seconds: float = WARMUP_SECONDS) -> None:
+    """Untimed back-to-back calls, cycling through `runners`: at least `calls` of them, and on until
+    `seconds` have passed (the clocks' ramp: WARMUP_SECONDS says why)."""
+    import torch
+
+    start, i = time.perf_counter(), 0
+    while i < calls or time.perf_counter() - start < seconds:
+        runners[i % len(runners)]()
+        i += 1
+        if i % 4 == 0:
+            torch.cuda.synchronize()  # the host clock measures GPU time, not queued launches
+
+
 def time_ms(runners: list[Callable[[], object]], warmup: int, repeats: int,
             warmup_seconds: float = WARMUP_SECONDS) -> list[float]:
     """CUDA-event GPU times of `repeats` calls, cycling through input sets (a cold L2 each
     time), after at least `warmup` calls and `warmup_seconds` of back-to-back calls; the calls
     are queued behind a spin kernel, so the host's launch overhead is not in their times."""
-    import torch
-
-    start, i = time.perf_counter(), 0
-    while i < warmup or time.perf_counter() - start < warmup_seconds:
-        runners[i % len(runners)]()
-        i += 1
-        if i % 4 == 0:
-            torch.cuda.synchronize()  # the host clock measures GPU time, not queued launches
+    warm_up(runners, warmup, warmup_seconds)
     spin = QUEUE_AHEAD_CYCLES
     for _ in range(QUEUE_AHEAD_TRIES):
         times, queued = _queued_calls(runners, repeats, spin)

@@ -141,10 +141,9 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     import torch
 
     from flashtune.runtime import ops
-    from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, p_rounded_attention
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.reference import attention_reference, rel_l2
-    from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qk, dequantised_qkv
+    from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, all_fp8_reference, dequantised_qk
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
@@ -162,10 +161,7 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     finally:
         ops.poison_outputs = poison
     if spec.fp8_pv:
-        qd, kd, vd = dequantised_qkv(q, k, v)
-        ref, _ = attention_reference(qd, kd, vd, spec.causal, scale)
-        p_rounding = rel_l2(p_rounded_attention(qd, kd, vd, spec.causal, scale), ref)
-        tol = P_ROUNDING_FACTOR * p_rounding + FP8_KERNEL_MAX_REL_ERR
+        ref, tol = all_fp8_reference(q, k, v, spec.causal, scale)
     elif spec.fp8:
         ref, _ = attention_reference(*dequantised_qk(q, k), v, spec.causal, scale)
         tol = FP8_KERNEL_MAX_REL_ERR
