@@ -155,7 +155,7 @@ for step in "$@"; do case $step in
               --deselect tests/test_sm90_probe_gpu.py ;;
   gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
-  verify-h200) run verify-h200 150 python3 -m flashtune verify --profile h200 ;;
+  verify-h200) run verify-h200 300 python3 -m flashtune verify --profile h200 ;;
   sanitize) for tool in memcheck racecheck synccheck; do
               run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200
             done ;;

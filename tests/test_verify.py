@@ -150,3 +150,32 @@ def test_an_all_fp8_calls_v_transpose_pass_is_its_own():
     plain = select_spec(profile, "bfloat16", 128, False, 1000, 1000)
     assert verify.own_companions(plain, names) == ()
     assert verify.unexpected_attention_kernels([transpose, plain.name], plain.name) == [transpose]
+
+
+def test_an_all_fp8_kernels_sass_check_wants_qgmma_and_no_hgmma(monkeypatch):
+    """An all-FP8 kernel runs both GEMMs on e4m3: its SASS has QGMMA and no HGMMA (cuobjdump of
+    flashtune_fwd_sm90_bf16_h64_192x128_wg3_s2_fp8all_sm90a: 14 QGMMA, 0 HGMMA), and the check passes
+    it; the same SASS under the 16-bit and Q/K-only twins' names fails for want of HGMMA."""
+    import subprocess
+
+    from flashtune.runtime.selection import select_spec
+
+    profile = find_profile("h200")
+    all_fp8 = select_spec(profile, "bfloat16", 64, False, 1000, 1000, fp8=True, fp8_pv=True)
+    qk_only = select_spec(profile, "bfloat16", 64, False, 1000, 1000, fp8=True)
+    plain = select_spec(profile, "bfloat16", 64, False, 1000, 1000)
+    assert verify.wanted_sass(all_fp8) == ("UTMALDG", "QGMMA")
+    assert verify.wanted_sass(qk_only) == ("HGMMA", "UTMALDG", "QGMMA")
+    assert verify.wanted_sass(plain) == ("HGMMA", "UTMALDG")
+
+    def sass_of(name):
+        return (f"\tcode for sm_90a\n\t\tFunction : {name}\n"
+                "        /*0000*/                   UTMALDG.2D [UR8], [UR4] ;\n"
+                "        /*0010*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24 ;\n")
+
+    for spec, ok in ((all_fp8, True), (qk_only, False), (plain, False)):
+        monkeypatch.setattr(verify, "run_cuobjdump", lambda _tool, _args, n=spec.name: subprocess.CompletedProcess(
+            [], 0, sass_of(n), ""))
+        row = verify.sass_row(spec, "lib.so", spilled=False, cuobjdump="cuobjdump")
+        assert row.ok is ok, row
+        assert ok or row.detail == "missing HGMMA"

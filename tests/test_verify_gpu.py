@@ -19,7 +19,9 @@ def test_verify_passes_and_shows_the_exact_kernel():
 
     result = CliRunner().invoke(cli, ["verify", "--profile", _profile(), "--json"])
     report = json.loads(result.output)
-    assert result.exit_code == 0, [r for r in report["rows"] if r["ok"] is False]
+    # one line a failing row, in full (pytest cuts a list's repr short)
+    assert result.exit_code == 0, "\n".join(f"{r['check']} {r.get('case', '')} {r.get('kernel')}: {r.get('detail')}"
+                                             for r in report["rows"] if r["ok"] is False)
     identity = [r for r in report["rows"] if r["check"] == "identity"]
     # per call the expected flashtune kernel and no other, but its own passes: a decode split
     # kernel's combine; a backward's prep and finish, the group pass with GQA, the deterministic dQ kernel

@@ -7,8 +7,8 @@ Three checks, each a list of rows with `ok`:
 * identity: under torch.profiler, the exact kernel name of the spec chosen for the call
   launched, and no other attention kernel (SDPA flash/cuDNN/efficient, a math GEMM) ran;
 * SASS: cuobjdump shows code for the target arch, the family's instructions (HMMA, LDSM,
-  LDGSTS for sm80; HGMMA and TMA for sm90) and no local-memory traffic (LDL/STL) where ptxas
-  reported no spills.
+  LDGSTS for sm80; HGMMA and TMA for sm90; an FP8 kernel's e4m3 MMA, QGMMA in place of HGMMA where
+  both GEMMs are e4m3) and no local-memory traffic (LDL/STL) where ptxas reported no spills.
 
 `--sdpa` instead reports which backend PyTorch's own scaled_dot_product_attention picks
 for each shape asked, and why it refuses the others. How the reports are shown is at the end.
@@ -252,6 +252,17 @@ def run_cuobjdump(cuobjdump: str, args: list[str]) -> subprocess.CompletedProces
     return subprocess.run([cuobjdump, *args], capture_output=True, text=True, env=env)
 
 
+def wanted_sass(spec) -> tuple[str, ...]:
+    """The instructions a kernel must contain: its family's, and an FP8 kernel's e4m3 MMA. An all-FP8
+    kernel runs both GEMMs on e4m3, so it has QGMMA and no HGMMA at all."""
+    wanted = FAMILY_SASS[spec.family]
+    if getattr(spec, "fp8_pv", False):
+        return tuple(op for op in wanted if op != "HGMMA") + (FP8_SASS[spec.family],)
+    if spec.fp8:
+        wanted += (FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family],)
+    return wanted
+
+
 def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
     """One SASS check: arch, the family's instructions, and no LDL/STL unless ptxas spilled."""
     if cuobjdump is None:
@@ -266,9 +277,7 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
         problems.append("kernel not in the library")
     elif (sass["arch"] or "").rstrip("a") != want_arch:
         problems.append(f"code for {sass['arch']}, expected {spec.arch}")
-    wanted = FAMILY_SASS[spec.family]
-    if spec.fp8:
-        wanted += (FP8_SASS_PLAIN_SM90 if spec.family == "sm80" and spec.arch == "sm_90" else FP8_SASS[spec.family],)
+    wanted = wanted_sass(spec)
     missing = [op for op in wanted if not any(m.startswith(op) for m in sass["mnemonics"])]
     if missing:
         problems.append(f"missing {', '.join(missing)}")
