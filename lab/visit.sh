@@ -76,14 +76,16 @@
 #   fp8all-pv     under profile h100 (FP8_PROFILE=h200 for an H200; all-FP8 twins on fp8.pv_configs): the FP8 GPU
 #                 tests, bench with flashtune-fp8 and -fp8all beside cuDNN, tune --fp8-all at hdim 128
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
-#   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT
-#   recall-recipes  lab/recall_recipes.py shipped before repeat: the shipped recall recipe (repeated keys, 3,000 steps
+#   model-recall  bench --model recall (trains the recall model, about 2 min; consistency and task accuracy), JSON in $OUT;
+#                 the model steps take the GPU's own profile (h100 on an H100; on 2026-12-07d, under h200 and its
+#                 128x176 causal tiles, the recall model's TTFT was 0.94x SDPA's default)
+#   recall-recipes  lab/recall_recipes.py first before repeat: the first recall recipe (repeated keys, 3,000 steps
 #                 at 512 tokens) beside the one before it and repeats on 1,200 steps, scored at 4k and 16k, JSON in $OUT
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
-#   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the shipped recipe on seed 1: after
-#                 the bench's training of the shipped recipe recalled only the 16 most frequent keys
+#   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the first recipe on seed 1: after
+#                 the bench's training of the first recipe recalled only the 16 most frequent keys
 #                 (lab/results/2026-12-07b_recall-h100/, ../2026-12-07b_recall-cpu/)
 #   recall-hd     lab/recall_recipes.py: head dim 128 (4 heads), 128 keys, lr 1e-3 on seeds 0, 1 and 2 and 3e-3 on
 #                 seed 0; recall-hd2: lr 3e-3 on seeds 1 and 2, and 512 keys
@@ -249,23 +251,23 @@ for step in "$@"; do case $step in
   decode-fp8kv) run bench-decode-fp8kv 400 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
            --heads-kv 8,32 --batches 1,8,32 --caches 16384,131072 --seqlens-q 1 --pages 0,64 \
            --backends flashtune,flashtune-fp8kv,sdpa-cudnn --out "$OUT/bench-decode_fp8kv.json" ;;
-  model-recall) run bench-model-recall 590 python3 -m flashtune bench --profile h200 --model recall --prefill 4096,16384 \
+  model-recall) run bench-model-recall 590 python3 -m flashtune bench --model recall --prefill 4096,16384 \
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;
-  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" shipped before repeat ;;
+  recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
   recall-next) run recall-next 480 python3 lab/recall_recipes.py "$OUT/recall_next.json" keys128 keys128-seed1 \
-           keys128-seed2 shipped-seed1 ;;
+           keys128-seed2 first-seed1 ;;
   recall-hd) run recall-hd 480 python3 lab/recall_recipes.py "$OUT/recall_hd.json" keys128-hd128-lr1e-3 \
            keys128-hd128-lr1e-3-seed1 keys128-hd128-lr1e-3-seed2 keys128-hd128 ;;
   recall-hd2) run recall-hd2 400 python3 lab/recall_recipes.py "$OUT/recall_hd2.json" keys128-hd128-seed1 \
            keys128-hd128-seed2 hd128 ;;
-  model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill 65536 \
+  model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b1-64k.json" ;;
   model-b1|model-b16) b=${step#model-b}; lengths=1024,16384
-         run bench-model-b$b 590 python3 -m flashtune bench --profile h200 --model llama3-8b-like --prefill $lengths \
+         run bench-model-b$b 590 python3 -m flashtune bench --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
   vdim-tests) FLASHTUNE_PROFILE=h200 run vdim-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
