@@ -81,6 +81,9 @@
 #                 128x176 causal tiles, the recall model's TTFT was 0.94x SDPA's default)
 #   recall-recipes  lab/recall_recipes.py first before repeat: the first recall recipe (repeated keys, 3,000 steps
 #                 at 512 tokens) beside the one before it and repeats on 1,200 steps, scored at 4k and 16k, JSON in $OUT
+#   prefill-recall  the recall model's attention shape (hdim 128, 4 query heads over 2 KV heads, batch 10, causal 4k
+#                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
+#                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
@@ -254,6 +257,9 @@ for step in "$@"; do case $step in
   model-recall) run bench-model-recall 590 python3 -m flashtune bench --model recall --prefill 4096,16384 \
            --batches 10 --decode-steps 128 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_recall.json" ;;
+  prefill-recall) for p in h100 h200; do run prefill-recall-$p 150 python3 -m flashtune bench --profile $p --hdims 128 \
+           --seqlens 4096,16384 --batches 10 --heads 4 --heads-kv 2 --causal --backends flashtune,sdpa-cudnn \
+           --out "$OUT/prefill-recall_$p.json"; done ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
