@@ -85,7 +85,9 @@
 #                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
 #                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
-#                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1
+#                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
+#                 model-b1-eager: the rows issue 34 asks for beside them (eager, SDPA math, flash-attn2 where it
+#                 imports), SDPA's default first again so that consistency compares with the same backend
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the first recipe on seed 1: after
 #                 the bench's training of the first recipe recalled only the 16 most frequent keys
@@ -272,6 +274,9 @@ for step in "$@"; do case $step in
   model-b1-64k) run bench-model-b1-64k 590 python3 -m flashtune bench --model llama3-8b-like --prefill 65536 \
            --batches 1 --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
            --out "$OUT/bench-model_b1-64k.json" ;;
+  model-b1-eager) run bench-model-b1-eager 590 python3 -m flashtune bench --model llama3-8b-like --prefill 1024,16384 \
+           --batches 1 --decode-steps 256 --backends sdpa,eager,sdpa-math,flash-attn2 \
+           --out "$OUT/bench-model_b1-eager.json" ;;
   model-b1|model-b16) b=${step#model-b}; lengths=1024,16384
          run bench-model-b$b 590 python3 -m flashtune bench --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
