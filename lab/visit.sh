@@ -22,6 +22,10 @@
 #                 with every other lab/NAME-src tree's wgmma backward too (make_release.sh COMMIT NAME)
 #   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
+#   ncu-fp8all    Nsight Compute on the h100 profile's bf16 and all-FP8 kernels at hdim 128 non-causal 16k (NCU_CELL
+#                 another): pipe utilisation (tensor, XU for the exps, FMA), warp stalls, the all-FP8 kernel's SASS
+#                 page with per-instruction stalls (issue 36: the all-FP8 kernel runs at about half its tensor and
+#                 MUFU bounds together; poly-exp, which eased MUFU, lost 10%)
 #   ncu-bwd-l2    Nsight Compute's L2 hit rates of the wgmma backward's dQ reduce-adds and loads, and its DRAM
 #                 bytes, at hdim 64 x 512 and 16k tokens (does a short sequence's first add to each dQ line miss?)
 #   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k; NCU_CELL=bwd:D:CAUSAL:N
@@ -328,6 +332,13 @@ for step in "$@"; do case $step in
          run ncu-bwd-wg-details 60 ncu -i "$OUT/ncu-bwd-wg.ncu-rep" --page details
          run ncu-bwd-wg-source 60 sh -c "ncu -i '$OUT/ncu-bwd-wg.ncu-rep' -k 'regex:flashtune_bwd' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-bwd-wg_sass.csv.gz'" ;;
+  ncu-fp8all) NCU_BACKENDS=flashtune,flashtune-fp8all run ncu-fp8all 200 ncu --clock-control none --profile-from-start off \
+           --section LaunchStats --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+           --section Occupancy --section ComputeWorkloadAnalysis -k 'regex:flashtune_fwd_sm90' \
+           -o "$OUT/ncu-fp8all" python3 lab/ncu_cells.py h100 "${NCU_CELL:-128:0:16384}"
+         run ncu-fp8all-details 60 ncu -i "$OUT/ncu-fp8all.ncu-rep" --page details
+         run ncu-fp8all-source 60 sh -c "ncu -i '$OUT/ncu-fp8all.ncu-rep' -k 'regex:fp8all' --page source --csv \
+           --print-source sass | gzip > '$OUT/ncu-fp8all_sass.csv.gz'" ;;
   ncu-bwd-l2) run ncu-bwd-l2 200 ncu --clock-control none --profile-from-start off -k 'regex:flashtune_bwd.*_wg2_sm90a$' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
            python3 lab/ncu_cells.py h200 bwd:64:0:512 bwd:64:0:16384 ;;
