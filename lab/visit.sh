@@ -24,8 +24,9 @@
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
 #   ncu-fp8all    Nsight Compute on the h100 profile's bf16 and all-FP8 kernels at hdim 128 non-causal 16k (NCU_CELL
 #                 another): pipe utilisation (tensor, XU for the exps, FMA), warp stalls, the all-FP8 kernel's SASS
-#                 page with per-instruction stalls (issue 36: the all-FP8 kernel runs at about half its tensor and
-#                 MUFU bounds together; poly-exp, which eased MUFU, lost 10%)
+#                 page with per-instruction stalls (issue 36: by its SASS, a warp's iteration is 8 QGMMA, 64 MUFU.EX2
+#                 and about 420 instructions, and the kernel takes about twice the time of its tensor or MUFU work
+#                 alone; poly-exp, which eased MUFU, lost 10%)
 #   ncu-bwd-l2    Nsight Compute's L2 hit rates of the wgmma backward's dQ reduce-adds and loads, and its DRAM
 #                 bytes, at hdim 64 x 512 and 16k tokens (does a short sequence's first add to each dQ line miss?)
 #   ncu-bwd-wg    Nsight Compute on the wgmma backward (h200, hdim 128, non-causal 4k; NCU_CELL=bwd:D:CAUSAL:N
