@@ -15,6 +15,12 @@ warm-up, rounds that interleave the cases, the median of 30 calls), side by side
 TFLOPS over the matrix product's is how close it comes to the dtype's ceiling as the bench sees it.
 `--matmuls 4096,8192,16384` times square products of each size (cuBLAS through torch) and takes
 the fastest as the ceiling, so that no single shape's tiling decides it.
+
+`--dtype e4m3` (issue 36's all-FP8 bar, 1.5x flashtune's bf16): both ceilings in one process, bf16
+products and e4m3 ones (torch._scaled_mm, unit scales, bf16 out, fast accumulation as wgmma's own),
+beside flashtune's bf16 kernel and its all-FP8 kernel (flashtune-fp8all, inputs quantised first) on
+the same cells; each case's fraction is of its own dtype's ceiling, and FLOP per SM per clock tells
+a lower clock under FP8's power from a slower kernel.
 """
 import argparse
 import json
@@ -66,15 +72,26 @@ def attention_case(backend: str, shape: Problem):
         shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.hdim, shape.causal)
 
 
+def fp8_product(a: torch.Tensor, b: torch.Tensor):
+    """a @ b with both in e4m3 (values within its range: randn), unit scales, bf16 out, cuBLAS's fast
+    accumulation (the wgmma accumulator, as the attention kernels use it); b column-major, as cuBLAS's
+    FP8 products take it."""
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=a.device, dtype=torch.float32)
+    return lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
 def bench_timed(cases) -> list[dict]:
     """Each case's median TFLOPS under the bench's timer, all side by side in interleaved rounds,
     and its fraction of the fastest matrix product's (the cases named "matmul ...")."""
     times, _ = time_interleaved({name: [run] for name, run, _ in cases}, warmup=5, repeats=30)
     rows = [dict(case=name, tflops=flops / (statistics.median(times[name]) * 1e-3) / 1e12)
             for name, _, flops in cases]
-    ceiling = max(row["tflops"] for row in rows if row["case"].startswith("matmul"))
-    for row in rows:
-        row["of_matmul"] = row["tflops"] / ceiling
+    for row in rows:  # of the fastest product of the case's own dtype (the name's last word)
+        kind = row["case"].split()[-1]
+        row["of_matmul"] = row["tflops"] / max(r["tflops"] for r in rows
+                                               if r["case"].startswith("matmul") and r["case"].split()[-1] == kind)
     print(f"{'case':40} {'TFLOPS':>7} {'of matmul':>9}")
     for row in rows:
         print(f"{row['case']:40} {row['tflops']:7.0f} {row['of_matmul']:9.3f}")
@@ -92,7 +109,8 @@ def write_json(args, rows: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200")
-    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "e4m3"], default="bfloat16",
+                    help="e4m3: bf16 and FP8 products, flashtune's bf16 and all-FP8 kernels, side by side")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--timer", choices=["back-to-back", "bench"], default="back-to-back",
@@ -104,15 +122,21 @@ def main() -> int:
 
     ops.use_profile(args.profile)
 
+    fp8 = args.dtype == "e4m3"
+    dtype = "bfloat16" if fp8 else args.dtype  # the 16-bit side
     cases = []
     for n in (int(x) for x in args.matmuls.split(",")):
-        a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, args.dtype)) for _ in range(2))
-        cases.append((f"matmul {n}^3 {args.dtype}", lambda a=a, b=b: a @ b, 2.0 * n ** 3))
+        a, b = (torch.randn(n, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+        cases.append((f"matmul {n}^3 {dtype}", lambda a=a, b=b: a @ b, 2.0 * n ** 3))
+        if fp8:
+            cases.append((f"matmul {n}^3 e4m3", fp8_product(a, b), 2.0 * n ** 3))
+    backends = (("flashtune", dtype), ("flashtune-fp8all", "e4m3")) if fp8 else (("flashtune", dtype),
+                                                                                  ("sdpa-cudnn", dtype))
     for hdim, seqlen in ((128, 16384), (256, 8192)):
-        shape = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[False], dtype=args.dtype)[0]
-        for backend in ("flashtune", "sdpa-cudnn"):
+        shape = fa_grid(seqlens=[seqlen], hdims=[hdim], causal=[False], dtype=dtype)[0]
+        for backend, kind in backends:
             run, flops = attention_case(backend, shape)
-            cases.append((f"{backend} hdim {hdim} non-causal {seqlen}", run, flops))
+            cases.append((f"{backend} hdim {hdim} non-causal {seqlen} {kind}", run, flops))
 
     if args.timer == "bench":
         write_json(args, bench_timed(cases))
@@ -131,7 +155,7 @@ def main() -> int:
         rows.append(dict(case=name, tflops=tflops, sm_mhz=mhz, watts=watts, max_temp_c=temp,
                          flop_per_sm_clk=per_clk, samples=len(samples), calls=calls))
         print(f"{name:40} {tflops:7.0f} {mhz:6.0f} {watts:5.0f} {temp:3.0f} {per_clk:11.0f}")
-    print("dense 16-bit peak: 4096 FLOP per SM per clock (sm_90)")
+    print("dense peaks (sm_90): 4096 FLOP per SM per clock in 16 bits, 8192 in e4m3")
     write_json(args, rows)
     return 0
 

@@ -76,6 +76,10 @@
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
+#   fp8-ceiling   lab/power_clock.py --dtype e4m3 under h100: bf16 and e4m3 matrix products (the two ceilings) beside
+#                 flashtune's bf16 and all-FP8 kernels (hdim 128 16k, hdim 256 8k), back to back with clock and power
+#                 (FLOP per SM per clock), then side by side under the bench's timer (issue 36: how far the 1.5x
+#                 bar is from the e4m3 products' own ratio to bf16)
 #   xu-ceiling    lab/xu_ceiling.py: exps, e4m3/bf16 packs and FFMAs per cycle per SM, each kernel's bound per head
 #                 dim from its slowest pipe, and per cell of the last fp8all-pv bench the FP8 bound over the bf16 measured
 #   fp8all-pv     under profile h100 (FP8_PROFILE=h200 for an H200; all-FP8 twins on fp8.pv_configs): the FP8 GPU
@@ -400,6 +404,10 @@ for step in "$@"; do case $step in
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-pv.json"
          run tune-fp8all 300 python3 -m flashtune tune --profile "${FP8_PROFILE:-h100}" --fp8-all --hdims 128 \
            --time-budget 240 --max-candidates 6 --out "$OUT/${FP8_PROFILE:-h100}-pv-tuned.yaml" ;;
+  fp8-ceiling) run fp8-ceiling 240 python3 lab/power_clock.py --profile h100 --dtype e4m3 --matmuls 4096,8192,16384 \
+           --json "$OUT/fp8_ceiling.json"
+         run fp8-ceiling-bench 200 python3 lab/power_clock.py --profile h100 --dtype e4m3 --timer bench \
+           --matmuls 4096,8192,16384 --json "$OUT/fp8_ceiling_bench.json" ;;
   xu-ceiling) run xu-ceiling 60 python3 lab/xu_ceiling.py "$OUT/xu_ceiling.json" \
            lab/results/2026-12-07c_h100-visit/bench-fp8all-pv.json ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
