@@ -691,12 +691,19 @@ def bench_command(profile_name, seqlens, hdims, batches, heads, heads_kv, causal
         from flashtune.commands.bench import pyplot
 
         pyplot()  # matplotlib's absence said now, not after the run
+    _check_bench_mode(model_name, decode, train)
+    if model_name:  # a name it cannot take is said before the GPU is looked for
+        from flashtune.commands.bench_model import check_model
+
+        try:
+            check_model(model_name, layers)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--model") from None
     require_gpu("bench")
     if profile_name:
         from flashtune.runtime import ops
 
         ops.use_profile(profile_name)
-    _check_bench_mode(model_name, decode, train)
     console = make_console(stderr=as_json or csv_path == "-")  # stdout carries the data then
     if train:
         from flashtune.commands import bench_train as bench

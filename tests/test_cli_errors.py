@@ -221,6 +221,8 @@ def test_an_error_keeps_an_earlier_result_and_this_runs_rows(monkeypatch, tmp_pa
     (["verify", "--hdims", "64"], "--hdims: only with --sdpa"),  # was: ignored, the whole profile ran
     (["verify", "--sdpa", "--profile", "h100"], "--profile: not an option of verify --sdpa"),
     (["memory", "--model", "llama3-8b-like", "--gpu-memory", "inf"], "give the GPU's memory in GiB"),
+    (["bench", "--model", "nope"], "unknown model 'nope'"),  # was: "no GPU is visible" first
+    (["bench", "--model", "recall", "--layers", "2"], "--layers does not apply to --model recall"),
     (["bench", "--out", "no-such-folder/out.json"], "there is no folder"),
     (["bench", "--csv", "no-such-folder/out.csv"], "there is no folder"),
     (["tune", "--out", "no-such-folder/my.yaml"], "there is no folder"),

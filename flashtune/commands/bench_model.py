@@ -314,8 +314,20 @@ class _Subject:
     training: dict | None = None
 
 
+def check_model(model_name: str, layers: int | None) -> None:
+    """ValueError, one line, for a model (or --layers) the bench cannot take: said before any GPU work."""
+    if model_name != TRAINED_MODEL:
+        try:
+            find_model(model_name)
+        except ValueError as e:
+            raise ValueError(f"{e} (or {TRAINED_MODEL}: the small model the bench trains)") from None
+    elif layers:
+        raise ValueError(f"--layers does not apply to --model {TRAINED_MODEL}: its layers are its recipe's")
+
+
 def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed: int,
              progress: Callable[[str], None] | None) -> _Subject:
+    check_model(model_name, layers)
     if model_name != TRAINED_MODEL:
         shape = find_model(model_name)
         model = build_model(shape, layers, getattr(torch, dtype), device, seed)
@@ -330,8 +342,6 @@ def _subject(model_name: str, layers: int | None, dtype: str, device: str, seed:
     from flashtune.measure import recall_model
     from flashtune.paths import cache_dir
 
-    if layers:
-        raise ValueError(f"--layers does not apply to --model {TRAINED_MODEL}: its layers are its recipe's")
     recipe = RECALL_RECIPE or recall_model.Recipe()
     report = (lambda step, total, loss: progress(f"training the recall model: step {step}/{total}, loss {loss:.3f}")
               if progress and step % 100 == 0 else None)
