@@ -12,6 +12,8 @@
 #                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
+#   fa-grid       issue 35's prefill grid: bench --profile h200 beside cuDNN, bf16, two runs; fa-grid-more: fp16
+#                 beside cuDNN, and h200-sm80 beside SDPA flash
 #   decode-splits lab/decode_splits.py: every split count on 45 cells, short calls to large ones, beside SDPA (builds its kernels)
 #   ncu-decode    Nsight Compute on the short decode calls (lab/ncu_cells.py decode:...): each kernel's duration,
 #                 launch and warp stalls, flashtune beside SDPA cuDNN
@@ -22,7 +24,7 @@
 #                 with every other lab/NAME-src tree's wgmma backward too (make_release.sh COMMIT NAME)
 #   bwd-tests-h200  tests/test_backward_gpu.py under h200 alone (bwd-tests: under h200 and h200-sm80)
 #   bench-bwd-h200  bench --pass bwd under h200, hdim 64/128, beside SDPA cuDNN and flash (JSON in $OUT)
-#   ncu-fp8all    Nsight Compute on the h100 profile's bf16 and all-FP8 kernels at hdim 128 non-causal 16k (NCU_CELL
+#   ncu-fp8all    Nsight Compute on the h100 profile's (FP8_PROFILE) bf16 and all-FP8 kernels at hdim 128 non-causal 16k (NCU_CELL
 #                 another): pipe utilisation (tensor, XU for the exps, FMA), warp stalls, the all-FP8 kernel's SASS
 #                 page with per-instruction stalls (issue 36: by its SASS, a warp's iteration is 8 QGMMA, 64 MUFU.EX2
 #                 and about 420 instructions, and the kernel takes about twice the time of its tensor or MUFU work
@@ -76,7 +78,7 @@
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128 and 128x192)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
-#   fp8-ceiling   lab/power_clock.py --dtype e4m3 under h100: bf16 and e4m3 matrix products (the two ceilings) beside
+#   fp8-ceiling   lab/power_clock.py --dtype e4m3 under h100 (FP8_PROFILE=h200 on an H200): bf16 and e4m3 matrix products (the two ceilings) beside
 #                 flashtune's bf16 and all-FP8 kernels (hdim 128 16k, hdim 256 8k), back to back with clock and power
 #                 (FLOP per SM per clock), then side by side under the bench's timer (issue 36: how far the 1.5x
 #                 bar is from the e4m3 products' own ratio to bf16)
@@ -193,6 +195,12 @@ for step in "$@"; do case $step in
   mqa-rows) run mqa-rows 300 python3 lab/decode_mqa_rows.py "$OUT/mqa-rows.json" ;;
   ceiling-h64) run ceiling-h64 400 python3 -m flashtune tune --profile h200 --hdims 64 --no-causal --tiles 128x128 \
            --final-round 0 --json --out "$OUT/h64-128x128.yaml" ;;
+  fa-grid) for r in 1 2; do run bench-fa-grid-bf16-$r 280 python3 -m flashtune bench --profile h200 \
+           --backends flashtune,sdpa-cudnn --out "$OUT/bench-fa-grid_bf16_run$r.json"; done ;;
+  fa-grid-more) run bench-fa-grid-fp16 280 python3 -m flashtune bench --profile h200 --dtype float16 \
+           --backends flashtune,sdpa-cudnn --out "$OUT/bench-fa-grid_fp16.json"
+         run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
+           --out "$OUT/bench-fa-grid_sm80.json" ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
              --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
@@ -340,7 +348,7 @@ for step in "$@"; do case $step in
   ncu-fp8all) NCU_BACKENDS=flashtune,flashtune-fp8all run ncu-fp8all 200 ncu --clock-control none --profile-from-start off \
            --section LaunchStats --section SpeedOfLight --section WarpStateStats --section SourceCounters \
            --section Occupancy --section ComputeWorkloadAnalysis -k 'regex:flashtune_fwd_sm90' \
-           -o "$OUT/ncu-fp8all" python3 lab/ncu_cells.py h100 "${NCU_CELL:-128:0:16384}"
+           -o "$OUT/ncu-fp8all" python3 lab/ncu_cells.py "${FP8_PROFILE:-h100}" "${NCU_CELL:-128:0:16384}"
          run ncu-fp8all-details 60 ncu -i "$OUT/ncu-fp8all.ncu-rep" --page details
          run ncu-fp8all-source 60 sh -c "ncu -i '$OUT/ncu-fp8all.ncu-rep' -k 'regex:fp8all' --page source --csv \
            --print-source sass | gzip > '$OUT/ncu-fp8all_sass.csv.gz'" ;;
@@ -404,9 +412,9 @@ for step in "$@"; do case $step in
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-pv.json"
          run tune-fp8all 300 python3 -m flashtune tune --profile "${FP8_PROFILE:-h100}" --fp8-all --hdims 128 \
            --time-budget 240 --max-candidates 6 --out "$OUT/${FP8_PROFILE:-h100}-pv-tuned.yaml" ;;
-  fp8-ceiling) run fp8-ceiling 240 python3 lab/power_clock.py --profile h100 --dtype e4m3 --matmuls 4096,8192,16384 \
+  fp8-ceiling) run fp8-ceiling 240 python3 lab/power_clock.py --profile "${FP8_PROFILE:-h100}" --dtype e4m3 --matmuls 4096,8192,16384 \
            --json "$OUT/fp8_ceiling.json"
-         run fp8-ceiling-bench 200 python3 lab/power_clock.py --profile h100 --dtype e4m3 --timer bench \
+         run fp8-ceiling-bench 200 python3 lab/power_clock.py --profile "${FP8_PROFILE:-h100}" --dtype e4m3 --timer bench \
            --matmuls 4096,8192,16384 --json "$OUT/fp8_ceiling_bench.json" ;;
   xu-ceiling) run xu-ceiling 60 python3 lab/xu_ceiling.py "$OUT/xu_ceiling.json" \
            lab/results/2026-12-07c_h100-visit/bench-fp8all-pv.json ;;
