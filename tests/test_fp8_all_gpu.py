@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, dequantised_qkv  # noqa: E402
+from flashtune.commands.verify import all_fp8_reference, dequantised_qkv  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 
@@ -40,7 +40,6 @@ def _inputs(b, sq, sk, hq, hkv, d):
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_all_fp8_matches_the_references(fp8_profile, hdim, causal, seqlens):
     import flashtune
-    from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, p_rounded_attention
     from flashtune.measure.reference import attention_reference, rel_l2
     from flashtune.runtime.fp8 import quantised_inputs
 
@@ -54,13 +53,11 @@ def test_all_fp8_matches_the_references(fp8_profile, hdim, causal, seqlens):
     (q8, k8, v8), descales = quantised_inputs(q, k, v, qk=True, pv=True)
     again = flashtune.flash_attn_func(q8, k8, v8, causal=causal, **descales)
     assert again.dtype == torch.bfloat16 and torch.equal(out, again)
-    scale = hdim ** -0.5
-    qd, kd, vd = dequantised_qkv(q, k, v)
-    ref, ref_lse = attention_reference(qd, kd, vd, causal, scale)
     # The kernel's error on its own inputs is P's rounding to e4m3 (3 mantissa bits), which the
     # 16-bit reference does not have: held to that rounding's own error, plus the 16-bit kernels' bar.
-    p_rounding = rel_l2(p_rounded_attention(qd, kd, vd, causal, scale), ref)
-    assert rel_l2(out, ref) <= P_ROUNDING_FACTOR * p_rounding + FP8_KERNEL_MAX_REL_ERR, (rel_l2(out, ref), p_rounding)
+    scale = hdim ** -0.5
+    ref, ref_lse, bar = all_fp8_reference(q, k, v, causal, scale)
+    assert rel_l2(out, ref) <= bar, (rel_l2(out, ref), bar)
     no_key = torch.isinf(ref_lse)
     assert not torch.isnan(lse).any() and torch.equal(torch.isinf(lse), no_key)
     assert bool((lse[no_key] == float("inf")).all())

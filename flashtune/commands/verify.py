@@ -376,15 +376,15 @@ def dequantised_qkv(q, k, v):
 
 
 def all_fp8_reference(q, k, v, causal: bool, scale: float):
-    """(fp32 reference, bar) for an all-FP8 kernel on 16-bit q, k, v the op quantised: attention on the
-    values it multiplies, within P_ROUNDING_FACTOR x P's own rounding to e4m3 plus the FP8 kernels' bar
-    (verify's rows, the tuner's check and tests/test_fp8_all_gpu.py hold it to this)."""
+    """(fp32 reference output, its LSE, bar) for an all-FP8 kernel on 16-bit q, k, v the op quantised:
+    attention on the values it multiplies, within P_ROUNDING_FACTOR x P's own rounding to e4m3 plus the
+    FP8 kernels' bar (verify's rows, the tuner's check and tests/test_fp8_all_gpu.py hold it to this)."""
     from flashtune.measure.fp8_floor import P_ROUNDING_FACTOR, p_rounded_attention
     from flashtune.measure.reference import attention_reference, rel_l2
 
     qd, kd, vd = dequantised_qkv(q, k, v)
-    ref, _ = attention_reference(qd, kd, vd, causal, scale)
-    return ref, P_ROUNDING_FACTOR * rel_l2(p_rounded_attention(qd, kd, vd, causal, scale), ref) + FP8_KERNEL_MAX_REL_ERR
+    ref, lse = attention_reference(qd, kd, vd, causal, scale)
+    return ref, lse, P_ROUNDING_FACTOR * rel_l2(p_rounded_attention(qd, kd, vd, causal, scale), ref) + FP8_KERNEL_MAX_REL_ERR
 
 
 def check_backward_case(case: Problem, profile, seed: int):
@@ -494,7 +494,7 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     end_to_end_bar = FP8_ALL_END_TO_END_MAX_REL_ERR if case.fp8_pv else FP8_END_TO_END_MAX_REL_ERR
     if case.fp8_pv:  # the kernel against its own inputs, P's rounding allowed for; the quantisation's cost reported
         end_to_end = rel_l2(out, ref)
-        ref, tol = all_fp8_reference(q, k, v, case.causal, scale)
+        ref, _, tol = all_fp8_reference(q, k, v, case.causal, scale)
     elif case.fp8:  # the kernel against its own inputs; the quantisation's cost is reported
         end_to_end = rel_l2(out, ref)
         ref, _ = attention_reference(*dequantised_qk(q, k), v, case.causal, scale)

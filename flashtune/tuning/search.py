@@ -126,14 +126,6 @@ def default_cache_path(gpu_name: str, profile: Profile) -> Path:
 
 # ---------------------------------------------------------------------------- one candidate
 
-def _operands(spec: KernelSpec, q, k, v) -> tuple[tuple, dict]:
-    """What run_spec takes for this spec, (q, k, v) and the descales: FP8 specs get e4m3 q/k (all-FP8
-    ones e4m3 v too) and their descales."""
-    from flashtune.runtime.fp8 import quantised_inputs
-
-    return quantised_inputs(q, k, v, spec.fp8, spec.fp8_pv)
-
-
 def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     """Run the candidate on an odd-sized random case against the fp32 reference (for FP8
     candidates: the reference of their dequantised inputs, as `flashtune verify` does; for all-FP8
@@ -144,6 +136,7 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.reference import attention_reference, rel_l2
     from flashtune.commands.verify import FP8_KERNEL_MAX_REL_ERR, all_fp8_reference, dequantised_qk
+    from flashtune.runtime.fp8 import quantised_inputs
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
@@ -151,7 +144,7 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     k = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(2, 517, 2, spec.hdim, device="cuda", dtype=dtype, generator=gen)
     scale = 1.0 / math.sqrt(spec.hdim)
-    (q_in, k_in, v_in), descales = _operands(spec, q, k, v)
+    (q_in, k_in, v_in), descales = quantised_inputs(q, k, v, spec.fp8, spec.fp8_pv)
     poison, ops.poison_outputs = ops.poison_outputs, True
     try:
         out, _ = ops.run_spec(spec, q_in, k_in, v_in, None, None, 333, 517, scale, with_lse=False, **descales)
@@ -161,7 +154,7 @@ def check_correct(spec: KernelSpec, seed: int = 0) -> tuple[bool, str]:
     finally:
         ops.poison_outputs = poison
     if spec.fp8_pv:
-        ref, tol = all_fp8_reference(q, k, v, spec.causal, scale)
+        ref, _, tol = all_fp8_reference(q, k, v, spec.causal, scale)
     elif spec.fp8:
         ref, _ = attention_reference(*dequantised_qk(q, k), v, spec.causal, scale)
         tol = FP8_KERNEL_MAX_REL_ERR
@@ -178,12 +171,13 @@ def _runners(spec: KernelSpec, seqlen: int, inputs: list | None = None):
     from flashtune.runtime import ops
     from flashtune.measure.problem import fa_grid, make_inputs
     from flashtune.measure.timing import input_sets
+    from flashtune.runtime.fp8 import quantised_inputs
 
     shape = fa_grid([seqlen], [spec.hdim], [spec.causal], spec.dtype)[0]
     if inputs is None:
         inputs = [make_inputs(shape, seed) for seed in range(input_sets(shape))]
     scale = 1.0 / math.sqrt(spec.hdim)
-    operands = [_operands(spec, *qkv) for qkv in inputs]
+    operands = [quantised_inputs(*qkv, spec.fp8, spec.fp8_pv) for qkv in inputs]
     runners = [lambda args=args, descales=descales: ops.run_spec(spec, *args, None, None, seqlen, seqlen, scale,
                                                                  with_lse=False, **descales)  # as the bench calls
                for args, descales in operands]
