@@ -82,8 +82,10 @@
 #                 flashtune's bf16 and all-FP8 kernels (hdim 128 16k, hdim 256 8k), back to back with clock and power
 #                 (FLOP per SM per clock), then side by side under the bench's timer (issue 36: how far the 1.5x
 #                 bar is from the e4m3 products' own ratio to bf16)
-#   xu-ceiling    lab/xu_ceiling.py: exps, e4m3/bf16 packs and FFMAs per cycle per SM, each kernel's bound per head
-#                 dim from its slowest pipe, and per cell of the last fp8all-pv bench the FP8 bound over the bf16 measured
+#   xu-ceiling    lab/xu_ceiling.py: exps, e4m3/bf16 packs, FFMAs and mma.sync FLOPs per cycle per SM, each kernel's
+#                 bound per head dim from its slowest pipe, and per cell of the last fp8all-pv bench the FP8 bound over
+#                 the bf16 measured; after sm80-grid, per cell its mma.sync bound over FlashAttention-2's (issue 35)
+#   sm80-grid     issue 35's sm80 bar: bench --profile h200-sm80 beside SDPA flash on the FA grid (fa-grid-more's second half)
 #   fp8all-pv     under profile h100 (FP8_PROFILE=h200 for an H200; all-FP8 twins on fp8.pv_configs): the FP8 GPU
 #                 tests, bench with flashtune-fp8 and -fp8all beside cuDNN, tune --fp8-all at hdim 128
 #   bench-fp8all  bench under that profile with flashtune-fp8 and flashtune-fp8all beside cuDNN (hdim 64/128/256, 4k, 16k)
@@ -200,6 +202,8 @@ for step in "$@"; do case $step in
   fa-grid-more) run bench-fa-grid-fp16 280 python3 -m flashtune bench --profile h200 --dtype float16 \
            --backends flashtune,sdpa-cudnn --out "$OUT/bench-fa-grid_fp16.json"
          run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
+           --out "$OUT/bench-fa-grid_sm80.json" ;;
+  sm80-grid) run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
            --out "$OUT/bench-fa-grid_sm80.json" ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
@@ -417,7 +421,7 @@ for step in "$@"; do case $step in
          run fp8-ceiling-bench 200 python3 lab/power_clock.py --profile "${FP8_PROFILE:-h100}" --dtype e4m3 --timer bench \
            --matmuls 4096,8192,16384 --json "$OUT/fp8_ceiling_bench.json" ;;
   xu-ceiling) run xu-ceiling 60 python3 lab/xu_ceiling.py "$OUT/xu_ceiling.json" \
-           lab/results/2026-12-07c_h100-visit/bench-fp8all-pv.json ;;
+           lab/results/2026-12-07c_h100-visit/bench-fp8all-pv.json $(ls "$OUT/bench-fa-grid_sm80.json" 2>/dev/null) ;;
   bench-fp8all) run bench-fp8all 200 python3 -m flashtune bench --profile lab/profiles/h100-fp8all.yaml --hdims 64,128,256 \
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all.json" ;;
   pack) (cd "$OUT" && tar czf logs.tgz *.txt && rm -f *.txt) && echo "== pack: $OUT/logs.tgz" ;;

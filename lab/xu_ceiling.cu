@@ -1,7 +1,9 @@
 // Issue 36's all-FP8 bar (1.5x own bf16 at hdim 128) against the throughput of the instructions the
 // softmax adds per score: an exp (MUFU.EX2) and half a pack of two floats into e4m3 (F2FP) or bf16.
 // One block per SM, every thread a chain of independent instructions; clock64 counts the SM's cycles,
-// so the figure is instructions per cycle per SM, whatever the clock. Usage (on the GPU):
+// so the figure is instructions per cycle per SM, whatever the clock. HMMA: issue 35's sm80 family
+// (mma.sync m16n8k16, bf16 in, fp32 accumulators, as FlashAttention-2 and flashtune's sm80 kernels
+// use it) in FLOPs per cycle per SM, its operands in registers (no loads). Usage (on the GPU):
 //   nvcc -O3 -arch=sm_90a -o /tmp/xu_ceiling lab/xu_ceiling.cu && /tmp/xu_ceiling
 // prints one JSON object (lab/xu_ceiling.py turns it into the ceiling).
 #include <cstdio>
@@ -12,13 +14,15 @@ constexpr int kThreads = 1024;
 constexpr int kIters = 4096;
 constexpr int kChains = 8;  // independent chains a thread: enough to hide each pipe's latency
 
-enum Op { EX2, E4M3X2, BF16X2, FFMA, EX2_E4M3, EX2_BF16 };
+enum Op { EX2, E4M3X2, BF16X2, FFMA, EX2_E4M3, EX2_BF16, HMMA };
 
 template <Op op>
 __global__ void __launch_bounds__(kThreads) run(float* sink, long long* cycles) {
   float x[kChains];
+  float acc[kChains][4] = {};
   unsigned packed = 0;
   for (int c = 0; c < kChains; ++c) x[c] = 1e-3f * (threadIdx.x + c);
+  const unsigned a0 = threadIdx.x * 0x00010001u, a1 = a0 ^ 0x3c003c00u, b0 = a0 + 1u;  // any bf16 bits
   __syncthreads();
   const long long start = clock64();
 #pragma unroll 4
@@ -27,6 +31,12 @@ __global__ void __launch_bounds__(kThreads) run(float* sink, long long* cycles) 
     for (int c = 0; c < kChains; ++c) {
       if constexpr (op == EX2 || op == EX2_E4M3 || op == EX2_BF16) {
         asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(x[c]));
+      }
+      if constexpr (op == HMMA) {  // independent accumulators: the chains hide the HMMA latency
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                     : "r"(a0), "r"(a1), "r"(a0 + c), "r"(a1 + c), "r"(b0), "r"(b0 ^ c));
       }
       if constexpr (op == FFMA) {
         asm volatile("fma.rn.f32 %0, %0, 0f3F7FF000, 0f3A83126F;" : "+f"(x[c]));
@@ -49,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) run(float* sink, long long* cycles) 
   __syncthreads();
   const long long end = clock64();
   float total = 0.f;
-  for (int c = 0; c < kChains; ++c) total += x[c];
+  for (int c = 0; c < kChains; ++c) total += x[c] + acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
   sink[blockIdx.x * kThreads + threadIdx.x] = total + float(packed);
   if (threadIdx.x == 0) cycles[blockIdx.x] = end - start;
 }
@@ -91,11 +101,13 @@ int main() {
   // exps per cycle when each two come with one pack (P's exps, packed for the P V GEMM)
   const double ex2_e4m3 = per_cycle<EX2_E4M3>(sms, sink, cycles, host, kChains);
   const double ex2_bf16 = per_cycle<EX2_BF16>(sms, sink, cycles, host, kChains);
+  // a warp's m16n8k16 is 2 x 16 x 8 x 16 FLOPs: per thread, a 32nd of it per chain
+  const double hmma = per_cycle<HMMA>(sms, sink, cycles, host, kChains * 4096.0 / 32);
   const cudaError_t err = cudaGetLastError();
   printf("{\"gpu\": \"%s\", \"sms\": %d, \"clock_mhz\": %.0f, \"error\": \"%s\", "
          "\"per_cycle_per_sm\": {\"ex2\": %.2f, \"cvt_e4m3x2\": %.2f, \"cvt_bf16x2\": %.2f, \"ffma\": %.2f, "
          "\"ex2_with_e4m3_pack_per_2\": %.2f, "
-         "\"ex2_with_bf16_pack_per_2\": %.2f}}\n",
-         prop.name, sms, g_clock_mhz, cudaGetErrorString(err), ex2, e4m3, bf16, ffma, ex2_e4m3, ex2_bf16);
+         "\"ex2_with_bf16_pack_per_2\": %.2f, \"hmma_bf16_flops\": %.1f}}\n",
+         prop.name, sms, g_clock_mhz, cudaGetErrorString(err), ex2, e4m3, bf16, ffma, ex2_e4m3, ex2_bf16, hmma);
   return err == cudaSuccess ? 0 : 1;
 }

@@ -9,7 +9,12 @@ the FP8 kernel's slowest, only moving exps off it (FA4 computes part of them wit
 FMA units) raises its bound. With a bench JSON (bf16 and flashtune-fp8all rows), the speed-up an
 all-FP8 kernel at its bound would have over the bf16 kernel as measured, per cell, beside the measured one.
 
-    PYTHONPATH=. python3 lab/xu_ceiling.py OUT.json [BENCH.json]
+Issue 35's sm80 bar (1.15x SDPA's FlashAttention-2 on `h200-sm80`) the same way: the mma.sync kind's
+tensor term is the measured HMMA rate (m16n8k16, bf16, fp32 accumulators, operands in registers), its
+exps packed to bf16. With a bench JSON of `--profile h200-sm80` beside sdpa-flash, per cell the
+speed-up over FlashAttention-2 an mma.sync kernel at that bound would have, beside flashtune's.
+
+    PYTHONPATH=. python3 lab/xu_ceiling.py OUT.json [BENCH.json ...]
 """
 import json
 import subprocess
@@ -21,8 +26,10 @@ FMA_OPS_PER_SCORE = 3
 
 def bound(rates: dict, hdim: int, sms: int, clock_mhz: float) -> dict:
     out = {"hdim": hdim}
-    for kind, pack in (("bf16", "ex2_with_bf16_pack_per_2"), ("fp8", "ex2_with_e4m3_pack_per_2")):
-        pipes = {"tensor": 4 * hdim / TENSOR_FLOPS_PER_CYCLE[kind], "exp+pack": 1 / rates[pack],
+    tensor = dict(TENSOR_FLOPS_PER_CYCLE, **{"mma.sync": rates["hmma_bf16_flops"]})
+    for kind, pack in (("bf16", "ex2_with_bf16_pack_per_2"), ("fp8", "ex2_with_e4m3_pack_per_2"),
+                       ("mma.sync", "ex2_with_bf16_pack_per_2")):
+        pipes = {"tensor": 4 * hdim / tensor[kind], "exp+pack": 1 / rates[pack],
                  "fma": FMA_OPS_PER_SCORE / rates["ffma"]}
         cycles = max(pipes.values())
         out[kind] = {"cycles_per_score": {k: round(v, 4) for k, v in pipes.items()},
@@ -31,20 +38,39 @@ def bound(rates: dict, hdim: int, sms: int, clock_mhz: float) -> dict:
     return out
 
 
-def cell_ceilings(bench: dict, bounds: dict) -> list[dict]:
-    """Per (hdim, causal, seqlen): the bf16 and all-FP8 TFLOPS measured, the measured speed-up, and
-    the FP8 bound over the measured bf16 (the speed-up a kernel at the bound would show)."""
+def bench_cells(bench: dict) -> dict:
+    """{(hdim, causal, seqlen): {backend: TFLOPS}} of a bench JSON."""
     cells = {}
     for row in bench["rows"]:
         key = (row["hdim"], row["causal"], row["seqlen_k"])
         cells.setdefault(key, {})[row["backend"]] = row.get("tflops")
+    return cells
+
+
+def cell_ceilings(bench: dict, bounds: dict) -> list[dict]:
+    """Per (hdim, causal, seqlen): the bf16 and all-FP8 TFLOPS measured, the measured speed-up, and
+    the FP8 bound over the measured bf16 (the speed-up a kernel at the bound would show)."""
     out = []
-    for (hdim, causal, seqlen), got in sorted(cells.items()):
+    for (hdim, causal, seqlen), got in sorted(bench_cells(bench).items()):
         bf16, fp8 = got.get("flashtune"), got.get("flashtune-fp8all")
         if not bf16 or not fp8 or hdim not in bounds:
             continue
         out.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bf16_tflops": bf16, "fp8all_tflops": fp8,
                     "measured": round(fp8 / bf16, 3), "bound_over_measured_bf16": round(bounds[hdim] / bf16, 3)})
+    return out
+
+
+def mma_sync_cells(bench: dict, bounds: dict) -> list[dict]:
+    """Per cell of an sm80-family bench: flashtune's and FlashAttention-2's (sdpa-flash) TFLOPS, their
+    ratio, and the mma.sync bound over FlashAttention-2's (the most any mma.sync kernel could lead it by)."""
+    out = []
+    for (hdim, causal, seqlen), got in sorted(bench_cells(bench).items()):
+        ours, fa2 = got.get("flashtune"), got.get("sdpa-flash")
+        if not ours or not fa2 or hdim not in bounds:
+            continue
+        out.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "flashtune_tflops": ours, "fa2_tflops": fa2,
+                    "measured": round(ours / fa2, 3), "bound_over_fa2": round(bounds[hdim] / fa2, 3),
+                    "fa2_of_bound": round(fa2 / bounds[hdim], 3)})
     return out
 
 
@@ -55,16 +81,26 @@ def main() -> None:
     bounds = [bound(rates, d, measured["sms"], measured["clock_mhz"]) for d in (64, 128, 256)]
     result = {"measured": measured, "bounds": bounds}
     print(json.dumps(measured))
-    print(f"{'hdim':>4} {'bf16 bound TFLOPS':>17} {'slowest':>9} {'FP8 bound TFLOPS':>16} {'slowest':>9}")
+    print(f"{'hdim':>4} {'kind':>8} {'bound TFLOPS':>12} {'slowest':>9}")
     for b in bounds:
-        print(f"{b['hdim']:4d} {b['bf16']['tflops']:17.0f} {b['bf16']['slowest']:>9} {b['fp8']['tflops']:16.0f} "
-              f"{b['fp8']['slowest']:>9}")
-    if len(sys.argv) > 2:
-        result["cells"] = cell_ceilings(json.load(open(sys.argv[2])), {b["hdim"]: b["fp8"]["tflops"] for b in bounds})
+        for kind in ("bf16", "fp8", "mma.sync"):
+            print(f"{b['hdim']:4d} {kind:>8} {b[kind]['tflops']:12.0f} {b[kind]['slowest']:>9}")
+    result["cells"], result["mma_sync_cells"] = [], []
+    for path in sys.argv[2:]:
+        bench = json.load(open(path))
+        result["cells"] += cell_ceilings(bench, {b["hdim"]: b["fp8"]["tflops"] for b in bounds})
+        result["mma_sync_cells"] += mma_sync_cells(bench, {b["hdim"]: b["mma.sync"]["tflops"] for b in bounds})
+    if result["cells"]:
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'bf16':>6} {'fp8all':>6} {'measured':>8} {'at FP8 bound':>12}")
         for c in result["cells"]:
             print(f"{c['hdim']:4d} {str(c['causal']):>6} {c['seqlen']:6d} {c['bf16_tflops']:6.0f} "
                   f"{c['fp8all_tflops']:6.0f} {c['measured']:7.2f}x {c['bound_over_measured_bf16']:11.2f}x")
+    if result["mma_sync_cells"]:
+        print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'ours':>6} {'FA2':>6} {'ours/FA2':>8} {'bound/FA2':>9} "
+              f"{'FA2 of bound':>12}")
+        for c in result["mma_sync_cells"]:
+            print(f"{c['hdim']:4d} {str(c['causal']):>6} {c['seqlen']:6d} {c['flashtune_tflops']:6.0f} "
+                  f"{c['fa2_tflops']:6.0f} {c['measured']:7.2f}x {c['bound_over_fa2']:8.2f}x {c['fa2_of_bound']:11.0%}")
     json.dump(result, open(sys.argv[1], "w"), indent=1)
 
 
