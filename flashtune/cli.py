@@ -348,13 +348,16 @@ def build_command(profile_name, arch, hdims, dtypes, force, jobs, verbose, decod
 @list_option("--seqlens", "--seqlen", "With --sdpa: sequence lengths (default 4096).")
 @dtypes_option("With --sdpa: dtypes (default bfloat16).")
 @causal_option
+@click.option("--jobs", type=click.IntRange(min=1),
+              help="Parallel compiles of the kernels the checks need (default: by cores and memory).")
 @json_option
-def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, causal, as_json) -> None:
+def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, causal, jobs, as_json) -> None:
     """Prove the loaded kernel is the expected one and that its results are right.
 
     Correctness matrix against an fp32 reference (bar: SDPA's error on the same inputs);
     the exact kernel name in the profiler and no other attention kernel; HMMA/LDSM/LDGSTS
-    (sm80 family) in the SASS and no LDL/STL without ptxas-reported spills. Examples:
+    (sm80 family) in the SASS and no LDL/STL without ptxas-reported spills. The kernels the
+    matrix launches are compiled first, side by side (cached: a second run builds nothing). Examples:
 
     \b
         flashtune verify --profile h200-sm80
@@ -366,7 +369,8 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
 
     sdpa_only = list(_given({"hdims": "--hdims", "seqlens": "--seqlens", "dtypes": "--dtypes",
                              "causal": "--causal"}).values())
-    profile_only = list(_given({"profile_name": "--profile", "expect_kernel": "--expect-kernel"}).values())
+    profile_only = list(_given({"profile_name": "--profile", "expect_kernel": "--expect-kernel",
+                                "jobs": "--jobs"}).values())
     if sdpa and profile_only:
         raise click.UsageError(f"{', '.join(profile_only)}: not an option of verify --sdpa (it asks PyTorch, "
                                "not a profile)")
@@ -381,13 +385,19 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
         print_json([r.to_json() for r in reports]) if as_json else verify.render_sdpa(reports, console)
         return
     profile, reason = resolve_profile(profile_name)
+    import torch
+
     from flashtune.runtime import ops
 
     ops.use_profile(profile.path)
     if not as_json:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
+    kernels = verify.verify_kernels(profile, torch.cuda.current_device())
+    with progress_bar("building", None if as_json else console, len(kernels)) as bar:
+        verify.build_kernels(kernels, jobs, on_done=lambda spec, _: bar.advance(spec.name))
     with progress_bar("verify", None if as_json else console, len(verify.correctness_cases(profile))) as bar:
-        report = verify.run_verify(profile, expect_kernel, on_progress=lambda case: bar.advance(case.name))
+        report = verify.run_verify(profile, expect_kernel, on_progress=lambda case: bar.advance(case.name),
+                                   jobs=jobs)
     print_json(report.to_json()) if as_json else verify.render(report, console)
     sys.exit(report.exit_code)
 

@@ -179,3 +179,44 @@ def test_an_all_fp8_kernels_sass_check_wants_qgmma_and_no_hgmma(monkeypatch):
         row = verify.sass_row(spec, "lib.so", spilled=False, cuobjdump="cuobjdump")
         assert row.ok is ok, row
         assert ok or row.detail == "missing HGMMA"
+
+
+def test_verify_builds_every_kernel_its_cases_launch_side_by_side_before_the_first_case(monkeypatch):
+    """A fresh machine's verify compiled each case's kernel as the case first ran, one at a time (three
+    tries of 270-330 s under h200 finished none on an H100 machine); now every kernel the matrix launches,
+    as the runtime chooses it, is built in one parallel batch first."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from flashtune.kernels.bwd_spec import BwdSpec
+    from flashtune.kernels.decode_spec import DecodeSplitPolicy
+
+    profile = dataclasses.replace(find_profile("h200"), decode_split=DecodeSplitPolicy(memory_gbps=4800))
+    cases = verify.correctness_cases(profile)
+    kernels = verify.verify_kernels(profile, 0)
+    assert len(kernels) == len(set(kernels)) and len(kernels) < len(cases)  # cases share kernels
+    assert {verify.case_spec(c, profile, 0) for c in cases} <= set(kernels)
+    backward = [c for c in cases if c.backward]
+    assert backward and all(isinstance(verify.case_spec(c, profile, 0), BwdSpec) for c in backward)
+    assert all(verify.case_spec(dataclasses.replace(c, backward=False), profile, 0) in kernels for c in backward)
+
+    events = []
+    monkeypatch.setattr("flashtune.kernels.build.build_specs", lambda specs, jobs=None, force=False, on_done=None:
+                        events.append(("build", list(specs), jobs)) or ([], []))
+    monkeypatch.setattr(verify, "check_case", lambda case, profile, expected, seed:
+                        events.append(("case", case.name)) or ([], verify.case_spec(case, profile, 0)))
+    monkeypatch.setattr("flashtune.kernels.build.build_spec", lambda spec: SimpleNamespace(library="", spills=False))
+    monkeypatch.setattr(verify, "sass_row", lambda spec, library, spilled, cuobjdump:
+                        verify.Check("sass", spec.name, True, ""))
+    monkeypatch.setattr("flashtune.kernels.toolchain.detect_toolchain", lambda: SimpleNamespace(cuobjdump_path=None))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    report = verify.run_verify(profile, jobs=3)
+    assert events[0] == ("build", kernels, 3)
+    assert [e[1] for e in events[1:]] == [c.name for c in cases]  # then the cases, in order
+    assert {r.kernel for r in report.rows} == {verify.case_spec(c, profile, 0).name for c in cases}
+
+
+def test_verify_jobs_is_not_an_option_of_verify_sdpa():
+    result = CliRunner().invoke(cli, ["verify", "--sdpa", "--jobs", "2"])
+    assert result.exit_code == 2 and "--jobs: not an option of verify --sdpa" in result.output

@@ -20,7 +20,7 @@ import math
 import re
 import subprocess
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from rich.console import Console
 from rich.table import Table
@@ -291,6 +291,57 @@ def sass_row(spec, library: str, spilled: bool, cuobjdump: str | None) -> Check:
 
 # ---------------------------------------------------------------------------- GPU checks
 
+# A varlen case's sequences (at most four): lengths of 0, 1, odd and long, queries and keys.
+VARLEN_LENS_Q, VARLEN_LENS_K = (7, 0, 300, 1), (9, 4, 300, 600)
+
+
+def case_spec(case: Problem, profile, device_index: int):
+    """The kernel a case's call launches (what its identity row expects), from its shape alone, as the
+    runtime chooses it (runtime/selection.py's kernel_for, runtime/decode.py's decode_spec for a
+    paged or e4m3 cache); a backward case's backward kernel."""
+    import torch
+
+    from flashtune.runtime.decode import decode_spec
+    from flashtune.runtime.selection import kernel_for
+
+    if case.backward:
+        return bwd_spec_for_profile(profile, case.dtype, case.hdim, case.causal)
+    sq, sk = ((max(VARLEN_LENS_Q[:case.batch]), max(VARLEN_LENS_K[:case.batch])) if case.varlen else
+              (case.seqlen_q, case.seqlen_k))
+    # The key rows the call reads, as the runtime counts them (a paged cache: its whole pages).
+    keys = -(-sk // case.page_size) * case.page_size if case.page_size else sk
+    key_rows = 0 if case.varlen else case.batch * case.heads_kv * keys
+    if case.page_size or case.kv_fp8:
+        return decode_spec(profile, getattr(torch, case.dtype), case.hdim, case.causal, sq,
+                           case.heads // case.heads_kv, case.page_size or None, kv_fp8=case.kv_fp8,
+                           key_rows=key_rows, device_index=device_index)
+    return kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
+                      fp8=case.fp8, varlen=case.varlen, key_rows=key_rows, device_index=device_index,
+                      fp8_pv=case.fp8_pv)
+
+
+def verify_kernels(profile, device_index: int) -> list:
+    """Every kernel the case matrix launches, once each: a backward case's forward too."""
+    specs = {}
+    for case in correctness_cases(profile):
+        specs[case_spec(case, profile, device_index)] = None
+        if case.backward:
+            specs[case_spec(replace(case, backward=False), profile, device_index)] = None
+    return list(specs)
+
+
+def build_kernels(specs: list, jobs: int | None = None, on_done=None) -> list:
+    """Compile `specs` side by side (jobs: parallel compiles, default one per core and 2 GB) before
+    the checks run, which would otherwise build each case's kernel as it first launches, one at a
+    time: under h200, three tries of 270-330 s on an H100 machine finished no verify. Returns the
+    failures as (spec, error); a case that needs one of those kernels raises its error when it runs."""
+    from flashtune.kernels.build import build_specs
+    from flashtune.tuning.search import default_jobs
+
+    _, failures = build_specs(specs, jobs=jobs or default_jobs(), on_done=on_done)
+    return failures
+
+
 def _inputs(case: Problem, seed: int):
     """q, k, v for the case, and for a varlen case its (cu_seqlens_q, cu_seqlens_k, max_q, max_k):
     sequences of 0, 1, odd and long lengths packed together; for a paged case its paged K and V
@@ -313,7 +364,7 @@ def _inputs(case: Problem, seed: int):
         return (*make_inputs(case, seed), None)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = getattr(torch, case.dtype)
-    lens_q, lens_k = [7, 0, 300, 1][:case.batch], [9, 4, 300, 600][:case.batch]
+    lens_q, lens_k = VARLEN_LENS_Q[:case.batch], VARLEN_LENS_K[:case.batch]
     cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
     q = torch.randn(sum(lens_q), case.heads, case.hdim, device="cuda", dtype=dtype, generator=gen)
@@ -398,7 +449,7 @@ def check_backward_case(case: Problem, profile, seed: int):
     from flashtune.measure.timing import kernel_names
     from flashtune.runtime import ops
 
-    spec = bwd_spec_for_profile(profile, case.dtype, case.hdim, case.causal)
+    spec = case_spec(case, profile, torch.cuda.current_device())
     q, k, v = make_inputs(case, seed)
     dout = make_inputs(case, seed + 1)[0]
 
@@ -445,23 +496,10 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     from flashtune.measure.tolerance import tolerance
     from flashtune.measure.timing import kernel_names
     from flashtune.measure.reference import attention_reference, rel_l2, varlen_reference
-    from flashtune.runtime.decode import decode_spec
-    from flashtune.runtime.selection import kernel_for
 
     q, k, v, varlen_args = _inputs(case, seed)
     scale = 1.0 / math.sqrt(case.hdim)
-    sq, sk = (varlen_args[2], varlen_args[3]) if case.varlen else (case.seqlen_q, case.seqlen_k)
-    # The key rows the call reads, as the runtime counts them (a paged cache: its whole pages).
-    keys = -(-sk // case.page_size) * case.page_size if case.page_size else sk
-    key_rows = 0 if case.varlen else case.batch * case.heads_kv * keys
-    if case.page_size or case.kv_fp8:
-        spec = decode_spec(profile, q.dtype, case.hdim, case.causal, sq, case.heads // case.heads_kv,
-                           case.page_size or None, kv_fp8=case.kv_fp8, key_rows=key_rows,
-                           device_index=q.device.index)
-    else:
-        spec = kernel_for(profile, case.dtype, case.hdim, case.causal, sq, sk, case.heads // case.heads_kv,
-                          fp8=case.fp8, varlen=case.varlen, key_rows=key_rows, device_index=q.device.index,
-                          fp8_pv=case.fp8_pv)
+    spec = case_spec(case, profile, q.device.index)
     expected = expected_kernel or spec.name
 
     from flashtune.runtime import decode
@@ -520,11 +558,16 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
     return [correct, identity], spec
 
 
-def run_verify(profile, expected_kernel: str | None = None, seed: int = 0, on_progress=None) -> VerifyReport:
-    """All checks for a profile on the current GPU."""
+def run_verify(profile, expected_kernel: str | None = None, seed: int = 0, on_progress=None,
+               jobs: int | None = None) -> VerifyReport:
+    """All checks for a profile on the current GPU, its kernels built first (build_kernels; the
+    CLI builds them before, under a progress bar of their own, so here they are cache hits)."""
+    import torch
+
     from flashtune.kernels.build import build_spec
     from flashtune.kernels.toolchain import detect_toolchain
 
+    build_kernels(verify_kernels(profile, torch.cuda.current_device()), jobs)
     report = VerifyReport(profile.name, profile.arch.name, profile.family)
     specs = {}
     for i, case in enumerate(correctness_cases(profile)):
