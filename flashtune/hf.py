@@ -195,22 +195,15 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     (first..last valid key; the queries are the last ones of the run, as in generation);
     anything else is one varlen call (keep the valid tokens, attend, scatter back)."""
     batch, q_len = q.shape[0], q.shape[1]
-    kv_mask = kv_mask[:, -k.shape[1]:]
+    mask, kv_mask = kv_mask, kv_mask[:, -k.shape[1]:]
     if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
         k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
     if (q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None
             and v.shape[-1] == q.shape[-1]):  # a V head dim unlike Q/K's: the varlen call serves it
-        positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
-        end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
-        first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)
-        # one read on the host (none while a graph is captured): every row's valid keys one run
-        # that holds its queries, as generation with left padding and a static cache gives
-        one_run = not _host_reads_allowed() or bool(
-            ((kv_mask == ((positions >= first[:, None]) & (positions < end[:, None]))).all(1)
-             & (end - first >= q_len)).all())
-        if one_run:
+        run = _one_run(mask, kv_mask, q_len)
+        if run is not None:
             scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-            return kvcache.padded_cache_decode(q, k, v, first, end, scale, causal, **extra)
+            return kvcache.padded_cache_decode(q, k, v, *run, scale, causal, **extra)
     q_mask = kv_mask[:, -q_len:]  # the queries are the last q_len positions of the sequence
     lens_q, lens_k = q_mask.sum(1, dtype=torch.int32), kv_mask.sum(1, dtype=torch.int32)
     zero = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -222,6 +215,28 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     out = q.new_zeros(batch, q_len, q.shape[2], v.shape[3])
     out[q_mask] = out_packed
     return out
+
+
+def _one_run(mask: torch.Tensor, kv_mask: torch.Tensor, q_len: int) -> tuple | None:
+    """(first, end): each row's first valid key and one past its last, int32, when every row's
+    valid keys are one run that holds its queries, as generation with left padding and a static
+    cache gives; else None. One read on the host per mask (none while a graph is captured or
+    traced), remembered (checks.read_values) with the two tensors for the other layers of the
+    forward, which get the same mask: one sync a decode step, not one a layer."""
+    eager = _host_reads_allowed()
+    asked = ("one run", kv_mask.shape[1], q_len)
+    known = checks.read_values.get((mask,), asked) if eager else None
+    if known is not None:
+        return known or None
+    positions = torch.arange(kv_mask.shape[1], device=kv_mask.device, dtype=torch.int32)
+    end = torch.where(kv_mask, positions + 1, 0).amax(1).to(torch.int32)
+    first = torch.minimum(torch.where(kv_mask, positions, kv_mask.shape[1]).amin(1), end).to(torch.int32)
+    if not eager:
+        return first, end
+    one_run = bool(((kv_mask == ((positions >= first[:, None]) & (positions < end[:, None]))).all(1)
+                    & (end - first >= q_len)).all())
+    checks.read_values.put((mask,), asked, (first, end) if one_run else ())
+    return (first, end) if one_run else None
 
 
 class UnsupportedModelError(ValueError):

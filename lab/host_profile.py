@@ -55,6 +55,7 @@ def main() -> None:
     kbuf = torch.randn(1, 8, 4096 + CALLS + 600, 128, device=dev, dtype=torch.bfloat16)
     vbuf = torch.randn_like(kbuf)
     grown = [4096]
+    static_mask = torch.arange(4096, device=dev)[None] < 4000
 
     def growing():
         grown[0] += 1
@@ -69,6 +70,10 @@ def main() -> None:
         "hf.attention_forward (4k keys, generate's layout)":
             lambda: hf.attention_forward(module, qt, kbuf[:, :, :4096], vbuf[:, :, :4096], None),
         "hf.attention_forward (keys growing one a call)": growing,
+        # a static cache's decode step: the whole buffer and the forward's one 2-D mask, which every
+        # layer gets (its one-run check read on the host once per mask since checks.read_values)
+        "hf.attention_forward (static cache, 2-D mask)":
+            lambda: hf.attention_forward(module, qt, kbuf[:, :, :4096], vbuf[:, :, :4096], static_mask),
         "SDPA default (enable_gqa)": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
         "torch.empty (one CUDA tensor)": lambda: torch.empty(1, 1, 32, 128, device=dev, dtype=torch.bfloat16),
     }

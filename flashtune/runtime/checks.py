@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -262,6 +263,49 @@ def device_values_checked() -> bool:
     return not (TRUST_CU_SEQLENS or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()))
 
 
+class ReadValues:
+    """Index tensors on the GPU whose values a host read found valid, remembered by identity and
+    version (every PyTorch write to a tensor, or to a view of it, moves its version), so that the
+    layers of one forward, which pass the same index tensors, pay one read (a device sync), not one
+    each: 32 syncs a decode step of an 8B model. A write that bypasses PyTorch (a kernel handed the
+    tensor's pointer) leaves the version, so values so written go unread until the next PyTorch write,
+    as flash_attn never reads them. Inference-mode tensors have no version: read on every call."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self.entries: dict[tuple, tuple] = {}  # key -> (weak references, versions, answer)
+
+    @staticmethod
+    def _key(tensors, extra) -> tuple | None:
+        if any(t is not None and t.is_inference() for t in tensors):
+            return None
+        return tuple(None if t is None else id(t) for t in tensors), extra
+
+    def get(self, tensors: tuple, extra: tuple = ()):
+        """The answer remembered for these tensors (None is no tensor) and host values, or None."""
+        key = self._key(tensors, extra)
+        entry = self.entries.get(key) if key is not None else None
+        if entry is None:
+            return None
+        refs, versions, answer = entry
+        same = all((r is None and t is None) or (r is not None and r() is t and t._version == version)
+                   for r, t, version in zip(refs, tensors, versions))
+        return answer if same else None
+
+    def put(self, tensors: tuple, extra: tuple = (), answer=True) -> None:
+        key = self._key(tensors, extra)
+        if key is None:
+            return
+        self.entries.pop(key, None)
+        if len(self.entries) >= self.size:  # the oldest goes
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors),
+                             tuple(None if t is None else t._version for t in tensors), answer)
+
+
+read_values = ReadValues()  # the process's; the calls that read index values on the host ask it first
+
+
 def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
                       covers_all: bool) -> None:
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
@@ -272,6 +316,9 @@ def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
         fail(f"{name} must be contiguous with at least one element (batch+1)")
     if torch.compiler.is_compiling() or (cu.is_cuda and not device_values_checked()):
         return  # unread: a traced call's lengths are not values yet (a read would break the graph)
+    asked = (name, total, max_seqlen, covers_all)
+    if read_values.get((cu,), asked):
+        return
     values = cu.tolist()
     lengths = [b - a for a, b in zip(values, values[1:])]
     if values[0] != 0 or any(n < 0 for n in lengths):
@@ -281,6 +328,7 @@ def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, max_seqlen: int,
               f"{total} rows of the packed tensor")
     if lengths and max(lengths) > max_seqlen:
         fail(f"a sequence in {name} has {max(lengths)} tokens, more than max_seqlen {max_seqlen}")
+    read_values.put((cu,), asked)
 
 
 def check_fp8_args(q, k, q_descale, k_descale, qk_fp8: bool, v=None, v_descale=None, pv_fp8: bool = False) -> None:

@@ -7,7 +7,8 @@ call needs no host synchronisation and can be captured in a CUDA graph. The inde
 passes (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) are checked against the cache
 (room for the new keys, page and row indices in range) by one read on the host, a device sync,
 unless the stream is capturing a graph or FLASHTUNE_TRUST_CU_SEQLENS=1 (as flash_attn, which never
-checks: a wrong value then reads or writes the wrong rows).
+checks: a wrong value then reads or writes the wrong rows); tensors found valid are not read again
+until PyTorch writes to them (checks.read_values: one sync for a forward's layers, not one each).
 
 An e4m3 cache (torch.float8_e4m3fn k_cache and v_cache, profiles with `fp8: {kv: e4m3}`) is read
 by the decode kernels' FP8 twins with k_descale / v_descale per (sequence, KV head), FlashAttention-3's
@@ -167,8 +168,13 @@ def _rotate(x, cos, sin, interleaved: bool):
 def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, seqlen_new: int, capacity: int,
                   batch_cache: int, num_pages: int, page_size: int | None, seqlen_ro: int, more=None) -> None:
     """The index values, read on the host once (skipped while capturing a graph, or trusted), with
-    the call's `more` {error: flag} checks."""
+    the call's `more` {error: flag} checks; without those, not again for the same tensors at the
+    same versions and sizes (checks.read_values: the other layers of a forward)."""
     if not checks.device_values_checked():
+        return
+    tensors = (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
+    asked = (seqlen_new, capacity, batch_cache, num_pages, page_size, seqlen_ro)
+    if not more and checks.read_values.get(tensors, asked):
         return
     lens = cache_seqlens.long()
     end = lens + seqlen_new
@@ -189,6 +195,7 @@ def _check_values(cache_seqlens, cache_leftpad, cache_batch_idx, block_table, se
         found[f"rotary_cos has {seqlen_ro} positions; the new keys reach position cache_seqlens + seqlen_new"] = \
             end > seqlen_ro
     checks.read_flags(found | (more or {}))
+    checks.read_values.put(tensors, asked)
 
 
 def _append(k_cache, v_cache, k, v, positions, rows, block_table, page_size) -> None:
