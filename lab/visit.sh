@@ -101,6 +101,9 @@
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
 #                 model-b1-eager: the rows issue 34 asks for beside them (eager, SDPA math, flash-attn2 where it
 #                 imports), SDPA's default first again so that consistency compares with the same backend
+#   model-layout  lab/model_layout.py: the recall model's attention alone on the bench's layout and on transformers',
+#                 beside cuDNN, then each attention kernel's time inside the model (the kernel took 1.30-1.45x its
+#                 bench time there: lab/results/2026-12-07e_h100-visit/)
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the first recipe on seed 1: after
 #                 the bench's training of the first recipe recalled only the 16 most frequent keys
@@ -175,7 +178,7 @@ for step in "$@"; do case $step in
               --deselect tests/test_sm90_probe_gpu.py ;;
   gpu-sm80) FLASHTUNE_PROFILE=h200-sm80 run gpu-sm80 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider -m gpu tests/ \
               --deselect tests/test_sm90_probe_gpu.py --deselect tests/test_hf_gpu.py ;;
-  verify-h200) run verify-h200 300 python3 -m flashtune verify --profile h200 ;;
+  verify-h200) run verify-h200 420 python3 -m flashtune verify --profile h200 --jobs 16 ;;
   sanitize) for tool in memcheck racecheck synccheck; do
               run $tool 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_case.py h200
             done ;;
@@ -283,6 +286,7 @@ for step in "$@"; do case $step in
   prefill-recall) for p in h100 h200; do run prefill-recall-$p 150 python3 -m flashtune bench --profile $p --hdims 128 \
            --seqlens 4096,16384 --batches 10 --heads 4 --heads-kv 2 --causal --backends flashtune,sdpa-cudnn \
            --out "$OUT/prefill-recall_$p.json"; done ;;
+  model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
