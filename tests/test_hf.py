@@ -36,7 +36,12 @@ def reference_kernels(monkeypatch):
         return varlen_reference(q, k, v, cu_q, cu_k, causal, softmax_scale, *variants(kw))[0].to(q.dtype)
 
     def padded_cache(q, k, v, first, end, scale, causal, **kw):
-        CALLS.append(("leftpad", first.tolist(), tuple(q.shape), causal, end.tolist(), k.shape[1]))
+        if first is None:  # every key: a decode step without a mask
+            assert end is None
+            CALLS.append(("cache", tuple(q.shape), tuple(k.shape), causal))
+            first, end = torch.zeros(q.shape[0], dtype=torch.int32), torch.full((q.shape[0],), k.shape[1])
+        else:
+            CALLS.append(("leftpad", first.tolist(), tuple(q.shape), causal, end.tolist(), k.shape[1]))
         extra = variants(kw)
         rows = [attention_reference(q[b:b + 1], k[b:b + 1, f:e], v[b:b + 1, f:e], causal, scale, *extra)[0]
                 for b, (f, e) in enumerate(zip(first.tolist(), end.tolist()))]
@@ -101,6 +106,30 @@ def test_decode_with_a_kv_cache_matches_eager():
         got = ours.generate(ids, max_new_tokens=6, do_sample=False)
     assert torch.equal(got, ref)
     assert any(c[0] == "dense" and c[1][1] == 1 for c in CALLS)  # one query against the cache
+
+
+def test_decode_steps_go_to_the_decode_kernels_over_the_cache_as_it_is():
+    """A 16-bit model's decode steps without a mask (a dynamic cache, no padding) go straight to the
+    decode kernels (kvcache.padded_cache_decode, every key), not through flash_attn_func's checks,
+    and generate what eager does; a step that needs gradients does not."""
+    eager, ours = _pair("llama")
+    eager, ours = eager.to(torch.bfloat16), ours.to(torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 20))  # a prefill longer than the decode kernels take
+    with torch.no_grad():
+        ref = eager.generate(ids, max_new_tokens=6, do_sample=False)
+        got = ours.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, ref)
+    steps = [c for c in CALLS if c[0] == "cache"]
+    # 5 decode steps x 2 layers, one query over 21..25 keys, GQA 4:2 as it is
+    assert [c[2][1] for c in steps] == [n for n in range(21, 26) for _ in range(2)]
+    assert all(c[1] == (2, 1, 4, 64) and c[2][2] == 2 and c[3] for c in steps)
+    assert all(c[0] == "dense" and c[1][1] == 20 for c in CALLS if c[0] != "cache")  # the prefill
+    CALLS.clear()
+    q = torch.randn(2, 4, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = v = torch.randn(2, 2, 9, 64, dtype=torch.bfloat16)
+    module = torch.nn.Module()
+    hf.attention_forward(module, q, k, v, None)
+    assert [c[0] for c in CALLS] == ["dense"]
 
 
 def test_left_padded_generation_decodes_over_the_cache_in_place():

@@ -383,8 +383,8 @@ def _varlen_queries(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_
     return (out, lse) if return_softmax_lse else out
 
 
-def _padded_cache_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
-                         scale: float, causal: bool, window_left: int = -1, window_right: int = -1,
+def _padded_cache_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor | None,
+                         end: torch.Tensor | None, scale: float, causal: bool, window_left: int = -1, window_right: int = -1,
                          softcap: float = 0.0, sinks: torch.Tensor | None = None,
                          alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     var = checks.check_variants((window_left, window_right), softcap, sinks, q.shape[2], alibi_slopes, q.shape[0])
@@ -413,10 +413,10 @@ def _(q, k, v, first, end, scale, causal, window_left=-1, window_right=-1, softc
 def padded_cache_decode(q, k, v, first, end, scale: float, causal: bool, window_size=(-1, -1), softcap=0.0,
                         sinks=None, alibi_slopes=None):
     """Few queries (b, sq, heads, d) over a cache (b, S, heads_kv, d) whose row b holds its keys at
-    first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail), read
-    in place (any strides of multiples of 8 elements), the queries the last sq of them:
-    transformers' generation (flashtune/hf.py), whose mask gives these values, so they are not
-    checked again (no sync, and a CUDA graph can capture the call)."""
+    first[b]..end[b]-1 (int32 on the device: left padding, a static cache's unwritten tail; None:
+    0 and S, every key), read in place (any strides of multiples of 8 elements), the queries the
+    last sq of them: transformers' generation (flashtune/hf.py), whose tensors and mask give these
+    values, so they are not checked again (no sync, and a CUDA graph can capture the call)."""
     args = (q, k, v, first, end, float(scale), bool(causal), *window_size, float(softcap), sinks, alibi_slopes)
     plain = type(q) is torch.Tensor and not torch.compiler.is_compiling()  # eager: no dispatch wrapper
     return (_padded_cache_decode if plain else _padded_cache_decode_op)(*args)

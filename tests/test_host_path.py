@@ -1,6 +1,8 @@
-"""Index values on the device are read on the host (a sync) once per tensor version, not once per
-layer: checks.read_values remembers the tensors a read found valid. CPU tensors stand in for the
-GPU's (without a GPU every call reads, as it does on one outside a captured graph)."""
+"""The host side of a call on a decode step's path. Index values on the device are read on the host
+(a sync) once per tensor version, not once per layer: checks.read_values remembers the tensors a
+read found valid. transformers' decode steps skip flash_attn_func's checks and launch what it
+launches. CPU tensors stand in for the GPU's (without a GPU every call reads, as it does on one
+outside a captured graph), the launch recorded."""
 import pytest
 import torch
 
@@ -115,3 +117,33 @@ def test_transformers_padding_mask_is_read_once_per_forward(monkeypatch):
     assert hf._one_run(mask, mask[:, -8:], 1) is None and len(reads) == 2
     monkeypatch.setattr(hf, "_host_reads_allowed", lambda: False)  # captured: no read, nothing remembered used
     assert hf._one_run(mask, mask[:, -8:], 1) is not None and len(reads) == 2
+
+
+@pytest.mark.parametrize("heads, heads_kv, queries, keys, causal, extra", [
+    (32, 8, 1, 4096, True, {}),
+    (32, 1, 1, 70000, False, {}),  # MQA over a long cache: split, the short-call rows not taken
+    (8, 8, 4, 777, True, dict(window_size=(255, 255), softcap=30.0)),
+])
+def test_transformers_decode_step_launches_what_flash_attn_func_launches(monkeypatch, heads, heads_kv, queries,
+                                                                           keys, causal, extra):
+    from flashtune.kernels.profiles import find_profile
+    from flashtune.runtime import decode_splits, ops
+
+    profile = find_profile("h100")
+    launches = []
+    for module in (ops, kvcache):
+        monkeypatch.setattr(module, "active_profile", lambda device=None: profile)
+        monkeypatch.setattr(module, "run_decode", lambda spec, *tensors, **kw: launches.append((spec, tensors, kw))
+                            or (torch.empty(tensors[0].shape, dtype=tensors[0].dtype), None))
+    monkeypatch.setattr(ops, "check_devices", lambda *a, **kw: None)
+    monkeypatch.setattr(decode_splits, "device_facts", lambda index: (132, 3352.0))
+    # transformers' layout: (batch, heads, seqlen, d) tensors, seen as flash_attn's through transposes
+    q = torch.randn(2, heads, queries, 128, dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(2, heads_kv, keys, 128, dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    ops.flash_attn_func(q, k, v, softmax_scale=128 ** -0.5, causal=causal, **extra)  # transformers' scaling
+    kvcache.padded_cache_decode(q, k, v, None, None, 128 ** -0.5, causal, **extra)
+    (spec_a, tensors_a, kw_a), (spec_b, tensors_b, kw_b) = launches
+    assert spec_a == spec_b and all(a is b for a, b in zip(tensors_a, tensors_b))
+    assert kw_a.pop("variant_args") == kw_b.pop("variant_args")
+    assert kw_b.pop("seqused_k") is None and kw_b.pop("leftpad_k") is None  # every key
+    assert kw_a == kw_b, (kw_a, kw_b)
