@@ -47,30 +47,20 @@ def bench_cells(bench: dict) -> dict:
     return cells
 
 
-def cell_ceilings(bench: dict, bounds: dict) -> list[dict]:
-    """Per (hdim, causal, seqlen): the bf16 and all-FP8 TFLOPS measured, the measured speed-up, and
-    the FP8 bound over the measured bf16 (the speed-up a kernel at the bound would show)."""
+def paired_cells(bench: dict, bounds: dict, backends: tuple[str, str], names: tuple[str, str]) -> list[dict]:
+    """Per (hdim, causal, seqlen) with both backends: their TFLOPS (under `names`), the first's ratio
+    to the second (measured), and the bound over the second (the ratio a kernel at the bound would
+    show) and the second's share of it. The all-FP8 kernel over the bf16 one against the FP8 bound;
+    flashtune's sm80 family over FlashAttention-2 (sdpa-flash) against the mma.sync bound."""
+    (a, b), (name_a, name_b) = backends, names
     out = []
     for (hdim, causal, seqlen), got in sorted(bench_cells(bench).items()):
-        bf16, fp8 = got.get("flashtune"), got.get("flashtune-fp8all")
-        if not bf16 or not fp8 or hdim not in bounds:
+        x, y = got.get(a), got.get(b)
+        if not x or not y or hdim not in bounds:
             continue
-        out.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "bf16_tflops": bf16, "fp8all_tflops": fp8,
-                    "measured": round(fp8 / bf16, 3), "bound_over_measured_bf16": round(bounds[hdim] / bf16, 3)})
-    return out
-
-
-def mma_sync_cells(bench: dict, bounds: dict) -> list[dict]:
-    """Per cell of an sm80-family bench: flashtune's and FlashAttention-2's (sdpa-flash) TFLOPS, their
-    ratio, and the mma.sync bound over FlashAttention-2's (the most any mma.sync kernel could lead it by)."""
-    out = []
-    for (hdim, causal, seqlen), got in sorted(bench_cells(bench).items()):
-        ours, fa2 = got.get("flashtune"), got.get("sdpa-flash")
-        if not ours or not fa2 or hdim not in bounds:
-            continue
-        out.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, "flashtune_tflops": ours, "fa2_tflops": fa2,
-                    "measured": round(ours / fa2, 3), "bound_over_fa2": round(bounds[hdim] / fa2, 3),
-                    "fa2_of_bound": round(fa2 / bounds[hdim], 3)})
+        out.append({"hdim": hdim, "causal": causal, "seqlen": seqlen, f"{name_a}_tflops": x, f"{name_b}_tflops": y,
+                    "measured": round(x / y, 3), f"bound_over_{name_b}": round(bounds[hdim] / y, 3),
+                    f"{name_b}_of_bound": round(y / bounds[hdim], 3)})
     return out
 
 
@@ -88,13 +78,15 @@ def main() -> None:
     result["cells"], result["mma_sync_cells"] = [], []
     for path in sys.argv[2:]:
         bench = json.load(open(path))
-        result["cells"] += cell_ceilings(bench, {b["hdim"]: b["fp8"]["tflops"] for b in bounds})
-        result["mma_sync_cells"] += mma_sync_cells(bench, {b["hdim"]: b["mma.sync"]["tflops"] for b in bounds})
+        result["cells"] += paired_cells(bench, {b["hdim"]: b["fp8"]["tflops"] for b in bounds},
+                                        ("flashtune-fp8all", "flashtune"), ("fp8all", "bf16"))
+        result["mma_sync_cells"] += paired_cells(bench, {b["hdim"]: b["mma.sync"]["tflops"] for b in bounds},
+                                                 ("flashtune", "sdpa-flash"), ("flashtune", "fa2"))
     if result["cells"]:
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'bf16':>6} {'fp8all':>6} {'measured':>8} {'at FP8 bound':>12}")
         for c in result["cells"]:
             print(f"{c['hdim']:4d} {str(c['causal']):>6} {c['seqlen']:6d} {c['bf16_tflops']:6.0f} "
-                  f"{c['fp8all_tflops']:6.0f} {c['measured']:7.2f}x {c['bound_over_measured_bf16']:11.2f}x")
+                  f"{c['fp8all_tflops']:6.0f} {c['measured']:7.2f}x {c['bound_over_bf16']:11.2f}x")
     if result["mma_sync_cells"]:
         print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'ours':>6} {'FA2':>6} {'ours/FA2':>8} {'bound/FA2':>9} "
               f"{'FA2 of bound':>12}")
