@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from contextlib import contextmanager, suppress
 from typing import Iterator
 
@@ -127,17 +128,37 @@ def check_writable(path: str | None, option: str) -> None:
         raise CliError(f"{option} {path}: the folder {folder} is not writable; give another path")
 
 
-class ProgressStep:
-    """The handle a long command moves its bar with."""
+PLAIN_PROGRESS_SECONDS = 10.0  # a log's progress lines: at most one this often, and the last
 
-    def __init__(self, bar: Progress, task: TaskID):
-        self._bar, self._task = bar, task
+
+class ProgressStep:
+    """The handle a long command moves its bar with. Where the console is not a terminal (a log, a
+    pipe), rich draws no bar: a plain line `label done/total what` then says how far the command
+    is, at most every PLAIN_PROGRESS_SECONDS and when it ends, so a log of a long build or verify
+    is not silent for minutes."""
+
+    def __init__(self, bar: Progress, task: TaskID, label: str, console: Console | None):
+        self._bar, self._task, self._label = bar, task, label
+        self._console = console if console is not None and not console.is_terminal else None
+        self._printed = time.monotonic()
 
     def advance(self, description: str = "") -> None:
         self._bar.update(self._task, advance=1, description=description)
+        self._plain(description)
 
     def update(self, done: int, total: int, description: str = "") -> None:
         self._bar.update(self._task, completed=done, total=max(total, 1), description=description)
+        self._plain(description)
+
+    def _plain(self, description: str) -> None:
+        if self._console is None:
+            return
+        task = self._bar.tasks[0]
+        now = time.monotonic()
+        if task.completed >= (task.total or 0) or now - self._printed >= PLAIN_PROGRESS_SECONDS:
+            self._printed = now
+            self._console.print(f"{self._label} {task.completed:g}/{task.total:g} {description}".rstrip(),
+                                markup=False, highlight=False)
 
 
 @contextmanager
@@ -148,7 +169,7 @@ def progress_bar(label: str, console: Console | None, total: int = 1) -> Iterato
                    TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=True,
                    disable=console is None)
     with bar:
-        yield ProgressStep(bar, bar.add_task("", total=total))
+        yield ProgressStep(bar, bar.add_task("", total=total), label, console)
 
 
 def human_bytes(n: int | None) -> str | None:
