@@ -104,6 +104,8 @@
 #   sm80-loads    after `git apply lab/pending/sm80-tile-loads.patch` (and lab/make_release.sh main, lab/release-src
 #                 carried): the sm80 prefill's GPU tests under h200-sm80, then the FA grid (bf16) with the patched
 #                 kernels beside main's (release) and SDPA flash, one process (issue 35's sm80 bar)
+#   read-floor    lab/read_floor.py: a sum and a copy over the bytes of each model-bench decode call, GB/s and share
+#                 of the large copy's (issue 34's 85% bar against what PyTorch's own kernels reach at those sizes)
 #   model-layout  lab/model_layout.py: the recall model's attention alone on the bench's layout and on transformers',
 #                 beside cuDNN, then each attention kernel's time inside the model (the kernel took 1.30-1.45x its
 #                 bench time there: lab/results/2026-12-07e_h100-visit/)
@@ -296,6 +298,7 @@ for step in "$@"; do case $step in
            -m gpu tests/test_ops_gpu.py tests/test_head_dims_gpu.py tests/test_variants_prefill_gpu.py tests/test_fp8_gpu.py
          run ab-sm80-loads 280 python3 lab/release_ab.py h200-sm80 bench --profile h200-sm80 \
            --backends flashtune,release,sdpa-flash --out "$OUT/ab_sm80_loads.json" ;;
+  read-floor) run read-floor 120 python3 lab/read_floor.py "$OUT/read_floor.json" ;;
   model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
