@@ -171,6 +171,10 @@ ab() {  # ab DTYPE [ROUND]
   run ab-$tag 240 python3 lab/release_ab.py h200 bench --profile h200 --dtype $1 \
     --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_$tag.json"
 }
+sm80_grid() {  # issue 35's sm80 bar: the FA grid under h200-sm80 beside SDPA flash
+  run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
+    --out "$OUT/bench-fa-grid_sm80.json"
+}
 for step in "$@"; do case $step in
   build) run build-h200 200 python3 -m flashtune build --profile h200 --jobs 16
          run build-sm80 120 python3 -m flashtune build --profile h200-sm80 --jobs 16 ;;
@@ -209,10 +213,8 @@ for step in "$@"; do case $step in
            --backends flashtune,sdpa-cudnn --out "$OUT/bench-fa-grid_bf16_run$r.json"; done ;;
   fa-grid-more) run bench-fa-grid-fp16 280 python3 -m flashtune bench --profile h200 --dtype float16 \
            --backends flashtune,sdpa-cudnn --out "$OUT/bench-fa-grid_fp16.json"
-         run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
-           --out "$OUT/bench-fa-grid_sm80.json" ;;
-  sm80-grid) run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
-           --out "$OUT/bench-fa-grid_sm80.json" ;;
+         sm80_grid ;;
+  sm80-grid) sm80_grid ;;
   decode-anchors) for cell in "32,128 4096" "64 32768"; do set -- $cell
            run bench-decode-anchors-$1 200 python3 -m flashtune bench --profile h200 --decode --hdims 128 \
              --heads-kv 8,32 --batches $1 --caches $2 --out "$OUT/bench-decode_anchors_b${1/,/-}.json"
