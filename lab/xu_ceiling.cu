@@ -14,7 +14,7 @@ constexpr int kThreads = 1024;
 constexpr int kIters = 4096;
 constexpr int kChains = 8;  // independent chains a thread: enough to hide each pipe's latency
 
-enum Op { EX2, E4M3X2, BF16X2, FFMA, EX2_E4M3, EX2_BF16, HMMA };
+enum Op { EX2, E4M3X2, BF16X2, FFMA, EX2_E4M3, EX2_BF16, HMMA, EX2_F16X2 };
 
 template <Op op>
 __global__ void __launch_bounds__(kThreads) run(float* sink, long long* cycles) {
@@ -37,6 +37,11 @@ __global__ void __launch_bounds__(kThreads) run(float* sink, long long* cycles) 
                      "{%8, %9}, {%0, %1, %2, %3};"
                      : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
                      : "r"(a0), "r"(a1), "r"(a0 + c), "r"(a1 + c), "r"(b0), "r"(b0 ^ c));
+      }
+      if constexpr (op == EX2_F16X2) {  // two half exps an instruction in PTX; SASS: MUFU.EX2.F16 per half
+        unsigned h = __float_as_uint(x[c]);
+        asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(h));
+        x[c] = __uint_as_float(h);
       }
       if constexpr (op == FFMA) {
         asm volatile("fma.rn.f32 %0, %0, 0f3F7FF000, 0f3A83126F;" : "+f"(x[c]));
@@ -103,11 +108,14 @@ int main() {
   const double ex2_bf16 = per_cycle<EX2_BF16>(sms, sink, cycles, host, kChains);
   // a warp's m16n8k16 is 2 x 16 x 8 x 16 FLOPs: per thread, a 32nd of it per chain
   const double hmma = per_cycle<HMMA>(sms, sink, cycles, host, kChains * 4096.0 / 32);
+  // exps per cycle in halves (2 a chain step): were MUFU's half exps faster, P's exps could be halves
+  const double ex2_f16 = per_cycle<EX2_F16X2>(sms, sink, cycles, host, 2.0 * kChains);
   const cudaError_t err = cudaGetLastError();
   printf("{\"gpu\": \"%s\", \"sms\": %d, \"clock_mhz\": %.0f, \"error\": \"%s\", "
          "\"per_cycle_per_sm\": {\"ex2\": %.2f, \"cvt_e4m3x2\": %.2f, \"cvt_bf16x2\": %.2f, \"ffma\": %.2f, "
          "\"ex2_with_e4m3_pack_per_2\": %.2f, "
-         "\"ex2_with_bf16_pack_per_2\": %.2f, \"hmma_bf16_flops\": %.1f}}\n",
-         prop.name, sms, g_clock_mhz, cudaGetErrorString(err), ex2, e4m3, bf16, ffma, ex2_e4m3, ex2_bf16, hmma);
+         "\"ex2_with_bf16_pack_per_2\": %.2f, \"hmma_bf16_flops\": %.1f, \"ex2_f16_halves\": %.2f}}\n",
+         prop.name, sms, g_clock_mhz, cudaGetErrorString(err), ex2, e4m3, bf16, ffma, ex2_e4m3, ex2_bf16, hmma,
+         ex2_f16);
   return err == cudaSuccess ? 0 : 1;
 }
