@@ -79,7 +79,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if packed is not None:
         return _varlen(q, k, v, *packed, scaling, causal, extra), None
     if attention_mask is None:
-        if _decode_step(q, k, v):  # every key valid: the decode kernels over the cache as it is
+        if _decode_kernels_take(q, k, v):  # every key valid: the decode kernels over the cache as it is
             scale = checks.scale_for(scaling, q.shape[-1])
             return kvcache.padded_cache_decode(q, k, v, None, None, scale, causal, **extra), None
         return ops.flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal, **extra), None
@@ -89,12 +89,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return _padded(q, k, v, attention_mask.bool(), scaling, causal, extra), None
 
 
-def _decode_step(q, k, v) -> bool:
-    """A decode step of generation (few queries, no gradients, a dtype and head dims the decode
-    kernels take): it goes to kvcache.padded_cache_decode, which launches what flash_attn_func would
-    (the same kernel, split count and arguments) without its checks of the call's tensors, which a
-    transformers model hands over well formed (the model was checked when loaded): 55 -> 34 us a
-    call on a CPU with the launch stubbed (on an H100 that path took 44 us, flash_attn_func's 104-133)."""
+def _decode_kernels_take(q, k, v) -> bool:
+    """A decode step of generation (few queries, no gradients, one 16-bit dtype, Q's head dim for V,
+    a head dim the kernels compute): it goes to kvcache.padded_cache_decode, which launches what
+    flash_attn_func would (the same kernel, split count and arguments) without its checks of the
+    call's tensors, which a transformers model hands over well formed (the model was checked when
+    loaded): 55 -> 34 us a call on a CPU with the launch stubbed (on an H100 that path took 44 us,
+    flash_attn_func's 104-133). Anything else (a V head dim unlike Q/K's, a backward) takes the
+    checked calls, dense or varlen."""
     return (q.shape[1] <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and q.dtype == k.dtype == v.dtype
             and v.shape[-1] == q.shape[-1] and computed_head_dim(q.shape[-1]) is not None
             and not checks.needs_grad(q, k, v))
@@ -213,8 +215,7 @@ def _padded(q, k, v, kv_mask: torch.Tensor, scaling, causal: bool, extra: dict) 
     mask, kv_mask = kv_mask, kv_mask[:, -k.shape[1]:]
     if kv_mask.shape[1] < k.shape[1]:  # a static cache: the keys after the mask are not written yet
         k, v = k[:, :kv_mask.shape[1]], v[:, :kv_mask.shape[1]]
-    if (q_len <= DECODE_MAX_SEQLEN_Q and q.dtype in DTYPE_NAMES and computed_head_dim(q.shape[-1]) is not None
-            and v.shape[-1] == q.shape[-1]):  # a V head dim unlike Q/K's: the varlen call serves it
+    if _decode_kernels_take(q, k, v):
         run = _one_run(mask, kv_mask, q_len)
         if run is not None:
             scale = checks.scale_for(scaling, q.shape[-1])

@@ -111,7 +111,8 @@ def test_decode_with_a_kv_cache_matches_eager():
 def test_decode_steps_go_to_the_decode_kernels_over_the_cache_as_it_is():
     """A 16-bit model's decode steps without a mask (a dynamic cache, no padding) go straight to the
     decode kernels (kvcache.padded_cache_decode, every key), not through flash_attn_func's checks,
-    and generate what eager does; a step that needs gradients does not."""
+    and generate what eager does; a step that needs gradients does not (the decode kernels have no
+    backward), with or without a padding mask."""
     eager, ours = _pair("llama")
     eager, ours = eager.to(torch.bfloat16), ours.to(torch.bfloat16)
     ids = torch.randint(0, 128, (2, 20))  # a prefill longer than the decode kernels take
@@ -129,7 +130,10 @@ def test_decode_steps_go_to_the_decode_kernels_over_the_cache_as_it_is():
     k = v = torch.randn(2, 2, 9, 64, dtype=torch.bfloat16)
     module = torch.nn.Module()
     hf.attention_forward(module, q, k, v, None)
-    assert [c[0] for c in CALLS] == ["dense"]
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :3] = False  # left padding: a backward goes through the varlen call, not the decode kernels
+    hf.attention_forward(module, q, k, v, mask)
+    assert [c[0] for c in CALLS] == ["dense", "varlen"]
 
 
 def test_left_padded_generation_decodes_over_the_cache_in_place():
