@@ -393,11 +393,10 @@ def verify_command(profile_name, expect_kernel, sdpa, hdims, seqlens, dtypes, ca
     if not as_json:
         console.print(f"profile [bold]{profile.name}[/] ({reason})")
     kernels = verify.verify_kernels(profile, torch.cuda.current_device())
-    with progress_bar("building", None if as_json else console, len(kernels)) as bar:
-        verify.build_kernels(kernels, jobs, on_done=lambda spec, _: bar.advance(spec.name))
-    with progress_bar("verify", None if as_json else console, len(verify.correctness_cases(profile))) as bar:
+    steps = len(kernels) + len(verify.correctness_cases(profile))  # the builds, then the cases
+    with progress_bar("verify", None if as_json else console, steps) as bar:
         report = verify.run_verify(profile, expect_kernel, on_progress=lambda case: bar.advance(case.name),
-                                   jobs=jobs)
+                                   jobs=jobs, kernels=kernels, on_built=lambda spec: bar.advance(f"built {spec.name}"))
     print_json(report.to_json()) if as_json else verify.render(report, console)
     sys.exit(report.exit_code)
 

@@ -202,8 +202,13 @@ def test_verify_builds_every_kernel_its_cases_launch_side_by_side_before_the_fir
     assert all(verify.case_spec(dataclasses.replace(c, backward=False), profile, 0) in kernels for c in backward)
 
     events = []
-    monkeypatch.setattr("flashtune.kernels.build.build_specs", lambda specs, jobs=None, force=False, on_done=None:
-                        events.append(("build", list(specs), jobs)) or ([], []))
+    def build_specs(specs, jobs=None, force=False, on_done=None):
+        events.append(("build", list(specs), jobs))
+        for spec in specs:
+            on_done(spec, None)
+        return [], []
+
+    monkeypatch.setattr("flashtune.kernels.build.build_specs", build_specs)
     monkeypatch.setattr(verify, "check_case", lambda case, profile, expected, seed:
                         events.append(("case", case.name)) or ([], verify.case_spec(case, profile, 0)))
     monkeypatch.setattr("flashtune.kernels.build.build_spec", lambda spec: SimpleNamespace(library="", spills=False))
@@ -211,9 +216,10 @@ def test_verify_builds_every_kernel_its_cases_launch_side_by_side_before_the_fir
                         verify.Check("sass", spec.name, True, ""))
     monkeypatch.setattr("flashtune.kernels.toolchain.detect_toolchain", lambda: SimpleNamespace(cuobjdump_path=None))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    report = verify.run_verify(profile, jobs=3)
-    assert events[0] == ("build", kernels, 3)
-    assert [e[1] for e in events[1:]] == [c.name for c in cases]  # then the cases, in order
+    report = verify.run_verify(profile, jobs=3, on_built=lambda spec: events.append(("built", spec.name)))
+    assert events[0] == ("build", kernels, 3)  # one batch, once: the CLI's bar counts its builds, then the cases
+    assert events[1:len(kernels) + 1] == [("built", spec.name) for spec in kernels]
+    assert [e[1] for e in events[len(kernels) + 1:]] == [c.name for c in cases]  # then the cases, in order
     assert {r.kernel for r in report.rows} == {verify.case_spec(c, profile, 0).name for c in cases}
 
 

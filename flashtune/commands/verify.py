@@ -559,15 +559,17 @@ def check_case(case: Problem, profile, expected_kernel: str | None, seed: int):
 
 
 def run_verify(profile, expected_kernel: str | None = None, seed: int = 0, on_progress=None,
-               jobs: int | None = None) -> VerifyReport:
-    """All checks for a profile on the current GPU, its kernels built first (build_kernels; the
-    CLI builds them before, under a progress bar of their own, so here they are cache hits)."""
+               jobs: int | None = None, kernels: list | None = None, on_built=None) -> VerifyReport:
+    """All checks for a profile on the current GPU, its kernels (`kernels`, default verify_kernels)
+    built first, side by side (build_kernels; on_built(spec) as each is done)."""
     import torch
 
     from flashtune.kernels.build import build_spec
     from flashtune.kernels.toolchain import detect_toolchain
 
-    build_kernels(verify_kernels(profile, torch.cuda.current_device()), jobs)
+    if kernels is None:
+        kernels = verify_kernels(profile, torch.cuda.current_device())
+    build_kernels(kernels, jobs, on_done=(lambda spec, _: on_built(spec)) if on_built else None)
     report = VerifyReport(profile.name, profile.arch.name, profile.family)
     specs = {}
     for i, case in enumerate(correctness_cases(profile)):
