@@ -19,8 +19,6 @@ cu_seq_lens kwargs). A model flashtune cannot serve fails when it is loaded (che
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from flashtune.kernels.tiles import MAX_HEAD_DIM, MIN_HEAD_DIM, computed_head_dim
@@ -140,18 +138,13 @@ def _packed_sequences(q, k, attention_mask, kwargs) -> tuple | None:
     return _sequences_of(position_ids)
 
 
-# The last position_ids seen (a weak reference, so a freed tensor's address cannot be mistaken
-# for it), its version and its answer: one read per forward, not per layer.
-_packed_memo: list = [None, -1, None]
-
-
 def _sequences_of(position_ids: torch.Tensor) -> tuple | None:
     """The sequences of a row whose positions restart (a step other than +1 starts a sequence),
     as cu_seqlens; None when the row is one sequence. One read on the host per position_ids
-    tensor: every layer of a forward gets the same one."""
-    seen, version, answer = _packed_memo
-    if seen is not None and seen() is position_ids and version == position_ids._version:
-        return answer
+    tensor and version (checks.read_values): every layer of a forward gets the same one."""
+    known = checks.read_values.get((position_ids,), ("sequences",))
+    if known is not None:
+        return known or None
     row = position_ids[0]
     starts = torch.nonzero(row[1:] != row[:-1] + 1).flatten() + 1
     answer = None
@@ -160,7 +153,7 @@ def _sequences_of(position_ids: torch.Tensor) -> tuple | None:
         cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=row.device), starts, total]).to(torch.int32)
         longest = int((cu[1:] - cu[:-1]).max())
         answer = (cu, cu, longest, longest)
-    _packed_memo[:] = [weakref.ref(position_ids), position_ids._version, answer]
+    checks.read_values.put((position_ids,), ("sequences",), answer or ())
     return answer
 
 

@@ -227,6 +227,9 @@ def test_sequences_of_reads_each_position_tensor_once():
     positions[0, 4] = 7  # changed in place: read again
     assert hf._sequences_of(positions)[0].tolist() == [0, 3, 4, 5, 6]
     assert hf._sequences_of(torch.arange(6)[None]) is None
+    with torch.inference_mode():  # no version counter (it raised here): read on every call instead
+        inference = torch.tensor([[0, 1, 0]])
+    assert hf._sequences_of(inference)[0].tolist() == [0, 2, 3] == hf._sequences_of(inference)[0].tolist()
 
 
 def test_continuous_batching_with_a_block_table_is_refused():
