@@ -46,12 +46,14 @@ def test_every_trainable_call_compiles_into_one_graph_with_its_backward(name, mo
 
 
 def test_a_static_caches_decode_step_compiles_into_one_graph():
-    """transformers compiles a static cache's decode step: its attention (flashtune/hf.py, a padding mask
-    over the whole buffer) is one node, the decode kernels' selection, build and loading outside the graph."""
+    """transformers compiles a static cache's decode step, under no_grad as generate runs it: its
+    attention (flashtune/hf.py, a padding mask over the whole buffer) is one node, the decode kernels'
+    selection, build and loading outside the graph. (A step that needs gradients takes the varlen
+    call, which has a backward: the decode kernels have none.)"""
     from flashtune import hf
 
     module = torch.nn.Module().eval()
-    query, key, value = meta(3, 8, 1, 64), meta(3, 2, 512, 64), meta(3, 2, 512, 64)
+    query, key, value = (t.detach() for t in (meta(3, 8, 1, 64), meta(3, 2, 512, 64), meta(3, 2, 512, 64)))
     mask = torch.ones(3, 512, dtype=torch.bool, device="meta")
     recorder = EagerAndRecordGraphs()
     step = torch.compile(lambda q, k, v, m: hf.attention_forward(module, q, k, v, m, scaling=0.125)[0],
