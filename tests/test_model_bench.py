@@ -66,6 +66,29 @@ def test_a_backend_that_cannot_run_is_reported_not_fatal(tiny_config):
     assert ours.status.startswith("unavailable:") and "cuda" in ours.status.lower()
 
 
+def test_a_decode_step_the_harness_cannot_run_is_the_row_status_and_the_row_goes_on(monkeypatch, tiny_config):
+    """On an H100 eager's static-cache step could not be captured in a CUDA graph (a host-to-device
+    copy in it); its row keeps its prefill, consistency and generate columns and says why it has no
+    static-cache decode, as a forced SDPA backend without a mask path does."""
+    def decode(*args, **kwargs):
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture\nsecond line")
+
+    monkeypatch.setattr(model_bench, "static_decode", decode)
+    result = model_bench.run_model_bench(tiny_config, ["eager", "sdpa-math"], prefill=[24], batch=2,
+                                         decode_steps=4, dtype="float32", repeats=1, device="cpu")
+    for r in result.rows:
+        assert r.status == ("ok; no static-cache decode: Cannot copy between CPU and CUDA tensors during CUDA "
+                            "graph capture"), r
+        assert r.decode_tok_s is None and r.ttft_ms > 0 and r.generate_tok_s > 0
+        assert r.top1_agreement == 1.0 and r.greedy_identical == [True, True]
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    # a combine kernel launched as the split kernel's programmatic dependent runs inside its interval
+    assert model_bench.busy_time([(0.0, 10.0), (2.0, 11.0), (11.0, 12.0), (20.0, 25.0), (21.0, 22.0)]) == 17.0
+    assert model_bench.busy_time([]) == 0.0
+
+
 def test_flash_attn2_is_a_row_where_it_imports_and_says_why_where_it_does_not(tiny_config):
     import importlib.util
 
