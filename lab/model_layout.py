@@ -7,7 +7,15 @@ at batch 1, flashtune's did too. One process, the profile given (default: the GP
    dynamic cache's (batch, heads, seqlen, d) tensors, which torch.cat made, as views): the recall
    model's shape (batch 10, 4/2 heads of 128, causal, 4k and 16k) and llama3-8b-like's (1, 32/8, 16k);
 2. the recall model itself (random weights, bf16), one prefill per backend under the profiler: each
-   attention kernel's time, and the kernel that ran just before it.
+   attention kernel's time, and the kernel that ran just before it; the forward's wall time, its
+   kernels' busy time and each kernel name's total (where the rest of a TTFT difference goes: on an
+   H100 the kernel took less than cuDNN's inside the model, 2026-12-07f);
+3. decode, llama3-8b-like (1 x 32/8 heads of 128, one query token, 16k and 64k keys): the bench's
+   call (flash_attn_with_kvcache on a (batch, seqlen, heads, d) cache) beside the model's
+   (padded_cache_decode on a static cache's (batch, heads, seqlen, d) buffer, its end a device
+   tensor, with and without a first), CUDA-event times; and one call's kernels under the profiler,
+   their durations summed and as busy time (the combine kernel waits inside the split kernel's
+   interval: the model bench's decode GB/s summed them until 2026-12-07f).
 
     PYTHONPATH=. python3 lab/model_layout.py [PROFILE] [OUT.json]
 """
@@ -19,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from flashtune.commands.bench_model import busy_time
 from flashtune.measure.timing import time_ms
-from flashtune.runtime import ops
+from flashtune.runtime import kvcache, ops
 
 SHAPES = [("recall 4k", 10, 4, 2, 4096), ("recall 16k", 10, 4, 2, 16384), ("llama3-8b 16k", 1, 32, 8, 16384)]
 
@@ -66,15 +75,20 @@ def in_model(length: int) -> list[dict]:
     rows = []
     for impl, pattern in ((hf.NAME, "flashtune_"), ("sdpa", "cudnn")):
         model.set_attn_implementation(impl)
-        context = sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if impl == "sdpa" else torch.no_grad()
-        with context, torch.no_grad():
-            for _ in range(3):
-                model(ids, use_cache=True, logits_to_keep=1)
-            torch.cuda.synchronize()
+        context = (lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION])) if impl == "sdpa" else torch.no_grad
+        with context(), torch.no_grad():  # timed before the profiler, whose callbacks slow launches after it
+            wall = statistics.median(time_ms([lambda: model(ids, use_cache=True, logits_to_keep=1)], 2, 5))
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 model(ids, use_cache=True, logits_to_keep=1)
                 torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        totals = {}
+        for e in kernels:
+            totals[e.name[:70]] = totals.get(e.name[:70], 0.0) + e.device_time
+        busy = busy_time([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
+        top = dict(sorted(totals.items(), key=lambda kv: -kv[1])[:25])
+        rows.append({"impl": impl, "length": length, "forward ms": wall, "busy ms": busy, "kernel totals us": top})
+        print(impl, length, f"forward {wall:.3f} ms, kernels busy {busy:.3f} ms", flush=True)
         for i, e in enumerate(kernels):
             if pattern in e.name:
                 before = kernels[i - 1] if i else None
@@ -86,11 +100,47 @@ def in_model(length: int) -> list[dict]:
     return rows
 
 
+def decode_calls() -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for keys in (16384, 65536):
+        q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        contiguous = [torch.randn(1, keys, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        buffer = [torch.randn(1, 8, keys + 256, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                  for _ in range(2)]  # a static cache's layout, room for 256 more tokens
+        end = torch.tensor([keys], device="cuda", dtype=torch.int32)
+        first = torch.zeros(1, device="cuda", dtype=torch.int32)
+        scale = 128 ** -0.5
+        calls = {
+            "flash_attn_with_kvcache": lambda: kvcache.flash_attn_with_kvcache(q, *contiguous, cache_seqlens=keys,
+                                                                              causal=True),
+            "padded_cache_decode, end": lambda: kvcache.padded_cache_decode(q, *buffer, None, end, scale, True),
+            "padded_cache_decode, first and end": lambda: kvcache.padded_cache_decode(q, *buffer, first, end,
+                                                                                      scale, True),
+        }
+        row = {"keys": keys, "kv MB": 2 * keys * 8 * 128 * 2 / 1e6}
+        for name, call in calls.items():
+            ms = statistics.median(time_ms([call], 5, 50))
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                call()
+                torch.cuda.synchronize()
+            kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+            summed = sum(e.device_time for e in kernels) / 1e3
+            busy = busy_time([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
+            row[name] = {"ms": ms, "GB/s": row["kv MB"] / ms / 1e3, "kernels summed ms": summed,
+                         "kernels busy ms": busy, "kernels": [e.name[:60] for e in kernels]}
+            print(f"decode {keys} {name}: {ms * 1e3:.1f} us ({row['kv MB'] / ms / 1e3:.0f} GB/s); kernels summed "
+                  f"{summed * 1e3:.1f} us, busy {busy * 1e3:.1f} us", flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] != "-":
         ops.use_profile(sys.argv[1])
     result = {"gpu": torch.cuda.get_device_name(), "profile": ops.active_profile().name,
-              "alone": attention_alone(), "in_model": in_model(4096) + in_model(16384)}
+              "alone": attention_alone(), "in_model": in_model(4096) + in_model(16384), "decode": decode_calls()}
     if len(sys.argv) > 2:
         json.dump(result, open(sys.argv[2], "w"), indent=1)
 

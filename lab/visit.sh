@@ -101,14 +101,15 @@
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
 #                 model-b1-eager: the rows issue 34 asks for beside them (eager, SDPA math, flash-attn2 where it
 #                 imports), SDPA's default first again so that consistency compares with the same backend
-#   sm80-loads    after `git apply lab/pending/sm80-tile-loads.patch` (and lab/make_release.sh main, lab/release-src
-#                 carried): the sm80 prefill's GPU tests under h200-sm80, then the FA grid (bf16) with the patched
-#                 kernels beside main's (release) and SDPA flash, one process (issue 35's sm80 bar)
+#   sm80-ab       after a change to the sm80 prefill (and lab/make_release.sh REV, lab/release-src carried): its GPU
+#                 tests under h200-sm80, then the FA grid (bf16) with the tree's kernels beside the release's and
+#                 SDPA flash, one process (issue 35's sm80 bar; whole-tile loads: lab/results/2026-12-07f_h100-visit/)
 #   read-floor    lab/read_floor.py: a sum and a copy over the bytes of each model-bench decode call, GB/s and share
 #                 of the large copy's (issue 34's 85% bar against what PyTorch's own kernels reach at those sizes)
 #   model-layout  lab/model_layout.py: the recall model's attention alone on the bench's layout and on transformers',
-#                 beside cuDNN, then each attention kernel's time inside the model (the kernel took 1.30-1.45x its
-#                 bench time there: lab/results/2026-12-07e_h100-visit/)
+#                 beside cuDNN, then inside the model each attention kernel's time and the forward's kernel totals;
+#                 then decode calls as the bench and as the model make them (model-layout-h200: the h200 profile's
+#                 tiles, which the recall bench of 2026-12-07d ran)
 #   cupti-host    lab/cupti_host.py twice (plain, TEARDOWN_CUPTI=1): host us of a call before and after one profiler session
 #   recall-next   lab/recall_recipes.py: 128 keys and values (seeds 0, 1 and 2) and the first recipe on seed 1: after
 #                 the bench's training of the first recipe recalled only the 16 most frequent keys
@@ -293,15 +294,16 @@ for step in "$@"; do case $step in
   prefill-recall) for p in h100 h200; do run prefill-recall-$p 150 python3 -m flashtune bench --profile $p --hdims 128 \
            --seqlens 4096,16384 --batches 10 --heads 4 --heads-kv 2 --causal --backends flashtune,sdpa-cudnn \
            --out "$OUT/prefill-recall_$p.json"; done ;;
-  sm80-loads) run build-sm80-bf16 150 python3 -m flashtune build --profile h200-sm80 --dtypes bfloat16 --no-backward --jobs 16
+  sm80-ab) run build-sm80-bf16 150 python3 -m flashtune build --profile h200-sm80 --dtypes bfloat16 --no-backward --jobs 16
          run build-release-sm80 150 env PYTHONPATH=$PWD/lab/release-src python3 -m flashtune_release build \
            --profile h200-sm80 --dtypes bfloat16 --no-backward --jobs 16
-         FLASHTUNE_PROFILE=h200-sm80 run sm80-loads-tests 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+         FLASHTUNE_PROFILE=h200-sm80 run sm80-ab-tests 240 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            -m gpu tests/test_ops_gpu.py tests/test_head_dims_gpu.py tests/test_variants_prefill_gpu.py tests/test_fp8_gpu.py
-         run ab-sm80-loads 280 python3 lab/release_ab.py h200-sm80 bench --profile h200-sm80 \
-           --backends flashtune,release,sdpa-flash --out "$OUT/ab_sm80_loads.json" ;;
+         run ab-sm80 280 python3 lab/release_ab.py h200-sm80 bench --profile h200-sm80 \
+           --backends flashtune,release,sdpa-flash --out "$OUT/ab_sm80.json" ;;
   read-floor) run read-floor 120 python3 lab/read_floor.py "$OUT/read_floor.json" ;;
   model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
+  model-layout-h200) run model-layout-h200 240 python3 lab/model_layout.py h200 "$OUT/model_layout_h200.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
          run cupti-host-teardown 60 env TEARDOWN_CUPTI=1 python3 lab/cupti_host.py ;;
