@@ -75,6 +75,33 @@ def test_left_padded_batch_generates_through_the_decode_kernels(cache):
     assert any(n.startswith("flashtune_decode_") for n in names), names  # the decode step's kernel
 
 
+def test_generation_under_inference_mode_gives_the_tokens_it_gives_under_no_grad():
+    """Pipelines run generate under torch.inference_mode, whose tensors carry no version counter, so
+    the memo of index values read on the host (checks.read_values) reads them on every call there:
+    a left-padded batch generates the same tokens as under no_grad, through the decode kernels, and
+    a batch-1 forward given position_ids (the packed-sequence check) the same logits."""
+    from flashtune.measure.timing import kernel_names
+
+    _, _, ours = _qwen2_models()
+    ids = torch.randint(0, 1000, (3, 300), device="cuda")
+    mask = torch.ones(3, 300, dtype=torch.long, device="cuda")
+    mask[1, :40] = 0
+
+    def generate(context):
+        with context():
+            return ours.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+
+    assert torch.equal(generate(torch.inference_mode), generate(torch.no_grad))
+    with torch.inference_mode():
+        names = kernel_names(lambda: ours.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False))
+    assert any(n.startswith("flashtune_decode_") for n in names), names
+    positions = torch.arange(300, device="cuda")[None]
+    with torch.inference_mode():
+        inferred = ours(ids[:1], position_ids=positions).logits
+    with torch.no_grad():
+        assert torch.equal(inferred, ours(ids[:1], position_ids=positions).logits)
+
+
 def test_a_decode_step_captured_in_a_cuda_graph_replays_like_the_uncaptured_loop():
     """bench --model's decode harness: the step captured once, its token and position fed through
     the graph's input buffers; flashtune's decode kernels read the cache's ends from the device."""

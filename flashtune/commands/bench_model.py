@@ -395,8 +395,10 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     model, shape = subject.model, subject.shape
     cuda = device.startswith("cuda")
     capacity = device_memory(device)
-    result = ModelBenchResult(environment() if cuda else None, model_name, shape.layers, dtype, decode_steps,
-                              training=subject.training)
+    import transformers  # its version beside torch's: the model's attention and mask code are its
+
+    header = {**environment(), "transformers": transformers.__version__} if cuda else None
+    result = ModelBenchResult(header, model_name, shape.layers, dtype, decode_steps, training=subject.training)
 
     def measure(length: int, batch: int) -> None:
         """Every backend's row at one prefill length and batch size, compared with the first's."""
