@@ -299,7 +299,7 @@ def profiles_show_command(name_or_path: str, as_json: bool) -> None:
 @hdims_option("Only these head dims.", built=True)
 @dtypes_option("Only these dtypes.")
 @click.option("--force", is_flag=True, help="Rebuild even what the cache holds.")
-@click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: CPU count).")
+@click.option("--jobs", type=click.IntRange(min=1), help="Parallel compiles (default: one per core and 2 GB of memory).")
 @click.option("--verbose", is_flag=True, help="Print each kernel's build log path and ptxas report.")
 @click.option("--decode/--no-decode", default=True, show_default=True,
               help="Also the decode kernels (queries of at most 16 rows, the KV-cache functions): 30 per dtype, "

@@ -336,9 +336,8 @@ def build_kernels(specs: list, jobs: int | None = None, on_done=None) -> list:
     time: under h200, three tries of 270-330 s on an H100 machine finished no verify. Returns the
     failures as (spec, error); a case that needs one of those kernels raises its error when it runs."""
     from flashtune.kernels.build import build_specs
-    from flashtune.tuning.search import default_jobs
 
-    _, failures = build_specs(specs, jobs=jobs or default_jobs(), on_done=on_done)
+    _, failures = build_specs(specs, jobs=jobs, on_done=on_done)
     return failures
 
 

@@ -263,16 +263,27 @@ def build_spec(spec: KernelSpec, force: bool = False) -> BuildResult:
     return _build_entry(directory, spec.name, spec.source_hash(), force, spec.arch_facts, compile_kernel)
 
 
+def default_jobs() -> int:
+    """Parallel compiles: one per core, at most one per 2 GB of memory (nvcc's peak)."""
+    cores = os.cpu_count() or 1
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem_gb = 2 * cores
+    return max(1, min(cores, int(mem_gb // 2)))
+
+
 def build_specs(specs: Iterable[KernelSpec], jobs: int | None = None, force: bool = False,
                 on_done: Callable[[KernelSpec, BuildResult | None], None] | None = None,
                 ) -> tuple[list[BuildResult], list[tuple[KernelSpec, Exception]]]:
     """Build many specs at once; each compile is its own process, so threads suffice.
 
     Returns (results, failures): one failed spec never stops the others. A toolchain that
-    cannot build at all (ToolchainError) is raised, not recorded per spec.
+    cannot build at all (ToolchainError) is raised, not recorded per spec. jobs: parallel
+    compiles (default: default_jobs()).
     """
     specs = list(dict.fromkeys(specs))  # same spec twice: build once
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = max(1, jobs or default_jobs())
     results: list[BuildResult] = []
     failures: list[tuple[KernelSpec, Exception]] = []
 

@@ -25,7 +25,6 @@ def screen_builds(specs: list, jobs: int | None, max_spill_bytes: int,
     """Compile every spec in parallel; kernel name -> why it cannot be a candidate (it failed to
     compile, or ptxas spills more than max_spill_bytes), for those that cannot."""
     from flashtune.kernels.build import build_specs
-    from flashtune.tuning.search import default_jobs
 
     done = [0]
 
@@ -34,7 +33,7 @@ def screen_builds(specs: list, jobs: int | None, max_spill_bytes: int,
         if on_event:
             on_event("compiling", done[0], len(specs))
 
-    results, failures = build_specs(list(specs), jobs=jobs or default_jobs(), on_done=built)
+    results, failures = build_specs(list(specs), jobs=jobs, on_done=built)
     rejected = {r.name: f"ptxas spills {r.spill_stores}/{r.spill_loads} bytes (store/load)" for r in results
                 if max(r.spill_stores or 0, r.spill_loads or 0) > max_spill_bytes}
     rejected.update({spec.name: str(err).splitlines()[0][:160] for spec, err in failures})

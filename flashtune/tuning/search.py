@@ -94,16 +94,6 @@ class TuneResult:
     cache_path: str = ""
 
 
-def default_jobs() -> int:
-    """Parallel compiles: one per core, at most one per 2 GB of memory (nvcc's peak)."""
-    cores = os.cpu_count() or 1
-    try:
-        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        mem_gb = 2 * cores
-    return max(1, min(cores, int(mem_gb // 2)))
-
-
 def stamp(gpu_name: str, family: str) -> dict:
     """What a cached measurement is only valid for."""
     import hashlib
@@ -320,7 +310,7 @@ def run_tune(profile: Profile, gpu_name: str, opts: TuneOptions, cache_path: str
         done += 1
         event("compile", done, len(to_build))
 
-    results, failures = build_specs(to_build, jobs=opts.jobs or default_jobs(), on_done=built)
+    results, failures = build_specs(to_build, jobs=opts.jobs, on_done=built)
     by_name = {r.name: r for r in results}
     for spec in to_build:
         if spec.name in by_name:

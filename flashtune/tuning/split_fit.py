@@ -125,12 +125,11 @@ def measure_split_cells(profile: Profile, dtype_name: str, hdims, repeats: int,
     from flashtune.runtime.decode import run_decode
     from flashtune.runtime.decode_splits import kv_bytes, most_splits, short_call
     from flashtune.tuning.decode_search import decode_inputs
-    from flashtune.tuning.search import default_jobs
 
     dtype = getattr(torch, dtype_name)
     cells = [SplitCell(hdim, kv, batch, cache) for hdim in hdims for kv, batch, cache in CELLS]
     specs = {cell.label: spec_for_profile(profile, dtype_name, 0)(cell) for cell in cells}
-    build_specs(list(dict.fromkeys(specs.values())), jobs=default_jobs())
+    build_specs(list(dict.fromkeys(specs.values())))
     for i, cell in enumerate(cells):
         spec = specs[cell.label]
         sets = decode_inputs((cell.batch, cell.cache, 1, HEADS // cell.heads_kv), cell.hdim, dtype, seed=0)
