@@ -128,9 +128,9 @@ def decode_calls() -> list[dict]:
             kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
             summed = sum(e.device_time for e in kernels) / 1e3
             busy = busy_time([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
-            row[name] = {"ms": ms, "GB/s": row["kv MB"] / ms / 1e3, "kernels summed ms": summed,
+            row[name] = {"ms": ms, "GB/s": row["kv MB"] / ms, "kernels summed ms": summed,
                          "kernels busy ms": busy, "kernels": [e.name[:60] for e in kernels]}
-            print(f"decode {keys} {name}: {ms * 1e3:.1f} us ({row['kv MB'] / ms / 1e3:.0f} GB/s); kernels summed "
+            print(f"decode {keys} {name}: {ms * 1e3:.1f} us ({row['kv MB'] / ms:,.0f} GB/s); kernels summed "
                   f"{summed * 1e3:.1f} us, busy {busy * 1e3:.1f} us", flush=True)
         rows.append(row)
     return rows

@@ -77,6 +77,7 @@
 #   fp8all        issue 36's all-FP8 prefill under lab/profiles/h100-fp8all.yaml: its GPU tests (and the FP8 Q/K ones),
 #                 then lab/fp8all_tiles.py (hdim 128 non-causal 4k-16k: bf16, FP8 Q/K, all-FP8 on 128x128, 128x192 (and
 #                 without pingpong) and 192x64)
+#   fp8all-h100   the all-FP8 tests, then bench --profile h100 at hdim 128 (its all-FP8 tiles beside bf16 and cuDNN)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
 #   fp8-ceiling   lab/power_clock.py --dtype e4m3 under h100 (FP8_PROFILE=h200 on an H200): bf16 and e4m3 matrix products (the two ceilings) beside
@@ -99,6 +100,7 @@
 #                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
 #                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
+#                 (MODEL_LENGTHS and MODEL_BACKENDS others)
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
 #                 model-b1-eager: the rows issue 34 asks for beside them (eager, SDPA math, flash-attn2 where it
 #                 imports), SDPA's default first again so that consistency compares with the same backend
@@ -320,9 +322,9 @@ for step in "$@"; do case $step in
   model-b1-eager) run bench-model-b1-eager 590 python3 -m flashtune bench --model llama3-8b-like --prefill 1024,16384 \
            --batches 1 --decode-steps 256 --backends sdpa,eager,sdpa-math,flash-attn2 \
            --out "$OUT/bench-model_b1-eager.json" ;;
-  model-b1|model-b16) b=${step#model-b}; lengths=1024,16384
+  model-b1|model-b16) b=${step#model-b}; lengths=${MODEL_LENGTHS:-1024,16384}
          run bench-model-b$b 590 python3 -m flashtune bench --model llama3-8b-like --prefill $lengths \
-           --batches $b --decode-steps 256 --backends sdpa,flashtune,sdpa-cudnn,sdpa-flash \
+           --batches $b --decode-steps 256 --backends ${MODEL_BACKENDS:-sdpa,flashtune,sdpa-cudnn,sdpa-flash} \
            --out "$OUT/bench-model_b$b.json" --plot "$OUT/bench-model_b$b.png" ;;
   vdim-tests) FLASHTUNE_PROFILE=h200 run vdim-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_v_head_dim_gpu.py "tests/test_hf_gpu.py::test_models_with_windows_softcap_and_sinks_generate_like_eager" ;;
@@ -438,6 +440,10 @@ for step in "$@"; do case $step in
            --seqlens 4096,16384 --backends flashtune,flashtune-fp8,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-pv.json"
          run tune-fp8all 300 python3 -m flashtune tune --profile "${FP8_PROFILE:-h100}" --fp8-all --hdims 128 \
            --time-budget 240 --max-candidates 6 --out "$OUT/${FP8_PROFILE:-h100}-pv-tuned.yaml" ;;
+  fp8all-h100) FLASHTUNE_PROFILE=h100 run fp8all-h100-tests 200 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
+           tests/test_fp8_all_gpu.py
+         run bench-fp8all-h100 240 python3 -m flashtune bench --profile h100 --hdims 128 --seqlens 4096,16384 \
+           --backends flashtune,flashtune-fp8all,sdpa-cudnn --out "$OUT/bench-fp8all-h100.json" ;;
   fp8-ceiling) run fp8-ceiling 240 python3 lab/power_clock.py --profile "${FP8_PROFILE:-h100}" --dtype e4m3 --matmuls 4096,8192,16384 \
            --json "$OUT/fp8_ceiling.json"
          run fp8-ceiling-bench 200 python3 lab/power_clock.py --profile "${FP8_PROFILE:-h100}" --dtype e4m3 --timer bench \
