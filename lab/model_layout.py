@@ -17,7 +17,10 @@ at batch 1, flashtune's did too. One process, the profile given (default: the GP
    their durations summed and as busy time (the combine kernel waits inside the split kernel's
    interval: the model bench's decode GB/s summed them until 2026-12-07f).
 
-    PYTHONPATH=. python3 lab/model_layout.py [PROFILE] [OUT.json]
+    PYTHONPATH=. python3 lab/model_layout.py [PROFILE] [OUT.json] [trained]
+
+`trained`: step 2 alone, with the bench's trained recall model and its prompts beside random weights (the
+kernel's speculative step, spec_max, fails its vote on a trained model's sharp attention: lab/spec_vote.py).
 """
 import json
 import statistics
@@ -64,14 +67,19 @@ def attention_alone() -> list[dict]:
     return rows
 
 
-def in_model(length: int) -> list[dict]:
+def in_model(length: int, trained: bool = False) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     from flashtune import hf
     from flashtune.measure.recall_model import Recipe, build
 
-    model = build(Recipe(), torch.bfloat16).cuda().eval()
-    ids = torch.randint(1, 100, (10, length), device="cuda")
+    if trained:  # the bench's own: its trained weights (trained here first, ~100 s, then cached) and prompts
+        from flashtune.commands.bench_model import _subject
+        subject = _subject("recall", None, "bfloat16", "cuda", 0, None)
+        model, ids = subject.model, subject.prompts(10, length)
+    else:
+        model = build(Recipe(), torch.bfloat16).cuda().eval()
+        ids = torch.randint(1, 100, (10, length), device="cuda")
     rows = []
     for impl, pattern in ((hf.NAME, "flashtune_"), ("sdpa", "cudnn")):
         model.set_attn_implementation(impl)
@@ -87,8 +95,10 @@ def in_model(length: int) -> list[dict]:
             totals[e.name[:70]] = totals.get(e.name[:70], 0.0) + e.device_time
         busy = busy_time([(e.time_range.start, e.time_range.end) for e in kernels]) / 1e3
         top = dict(sorted(totals.items(), key=lambda kv: -kv[1])[:25])
-        rows.append({"impl": impl, "length": length, "forward ms": wall, "busy ms": busy, "kernel totals us": top})
-        print(impl, length, f"forward {wall:.3f} ms, kernels busy {busy:.3f} ms", flush=True)
+        rows.append({"impl": impl, "length": length, "trained": trained, "forward ms": wall, "busy ms": busy,
+                     "kernel totals us": top})
+        print(impl, length, "trained" if trained else "random", f"forward {wall:.3f} ms, kernels busy {busy:.3f} ms",
+              flush=True)
         for i, e in enumerate(kernels):
             if pattern in e.name:
                 before = kernels[i - 1] if i else None
@@ -139,8 +149,12 @@ def decode_calls() -> list[dict]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] != "-":
         ops.use_profile(sys.argv[1])
-    result = {"gpu": torch.cuda.get_device_name(), "profile": ops.active_profile().name,
-              "alone": attention_alone(), "in_model": in_model(4096) + in_model(16384), "decode": decode_calls()}
+    result = {"gpu": torch.cuda.get_device_name(), "profile": ops.active_profile().name}
+    if sys.argv[3:] == ["trained"]:  # the recall model's forward alone, random weights beside trained ones
+        result["in_model"] = [row for length in (4096, 16384) for trained in (False, True)
+                              for row in in_model(length, trained)]
+    else:
+        result.update(alone=attention_alone(), in_model=in_model(4096) + in_model(16384), decode=decode_calls())
     if len(sys.argv) > 2:
         json.dump(result, open(sys.argv[2], "w"), indent=1)
 

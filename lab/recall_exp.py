@@ -138,3 +138,5 @@ def by_rank(length, prompts, top=16):
 log["by_rank"] = {4 * L: by_rank(4 * L, 8)}
 print(json.dumps({k: log[k] for k in ("name", "steps", "train_seconds", "final_loss", "reached95", "acc", "by_rank", "eval_seconds")}))
 json.dump(log, open(f"{name}.json", "w"), indent=1)
+if os.environ.get("SAVE"):  # the trained model, for lab/spec_vote.py (SAVE=DIR)
+    model.save_pretrained(os.environ["SAVE"])

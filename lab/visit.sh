@@ -99,6 +99,10 @@
 #   prefill-recall  the recall model's attention shape (hdim 128, 4 query heads over 2 KV heads, batch 10, causal 4k
 #                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
 #                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
+#   gpu-spec      the sm90 prefill's GPU tests (ops, prefill variants, KV cache, head dims) under $FLASHTUNE_PROFILE
+#                 (default h200): what a change to the mainloop (spec-until-fail.patch) must pass
+#   model-layout-trained  lab/model_layout.py's recall forward, random weights beside the bench's trained ones
+#                 (trains them first, ~100 s): flashtune beside cuDNN, each kernel's total (spec_max's vote)
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (MODEL_LENGTHS and MODEL_BACKENDS others)
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
@@ -266,6 +270,9 @@ for step in "$@"; do case $step in
   decode-tests) FLASHTUNE_PROFILE=h200 run decode-tests 420 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
     tests/test_kvcache_gpu.py tests/test_kv_fp8_gpu.py tests/test_variants_gpu.py tests/test_head_dims_gpu.py \
     tests/test_bench_decode_gpu.py ;;
+  gpu-spec) FLASHTUNE_PROFILE=${FLASHTUNE_PROFILE:-h200} run gpu-spec 400 python3 -m pytest -q -n 16 --tb=short \
+           -p no:cacheprovider tests/test_ops_gpu.py tests/test_variants_prefill_gpu.py tests/test_kvcache_gpu.py \
+           tests/test_head_dims_gpu.py ;;
   kvcache-tests) FLASHTUNE_PROFILE=h200 run kvcache-tests 300 python3 -m pytest -q -n 16 --tb=short -p no:cacheprovider \
            tests/test_kvcache_gpu.py ;;
   decode-q4) run bench-decode-q4 300 python3 -m flashtune bench --profile h200 --decode --hdims 64,128 --heads-kv 1 \
@@ -306,6 +313,7 @@ for step in "$@"; do case $step in
            --backends flashtune,release,sdpa-flash --out "$OUT/ab_sm80.json" ;;
   read-floor) run read-floor 120 python3 lab/read_floor.py "$OUT/read_floor.json" ;;
   model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
+  model-layout-trained) run model-layout-trained 420 python3 lab/model_layout.py - "$OUT/model_layout_trained.json" trained ;;
   model-layout-h200) run model-layout-h200 240 python3 lab/model_layout.py h200 "$OUT/model_layout_h200.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py

@@ -1,0 +1,136 @@
+"""How often the sm90 kernel's speculative step (spec_max) fails its vote on a model's own queries and keys,
+against the random-normal inputs the kernel grid times. On the CPU, no kernel: the vote of
+csrc/sm90/softmax.cuh replayed in fp32 on the scores.
+
+Why: the recall bench (benchmarks/h100/2026-12-07d_model_recall.json, a trained model) put flashtune's
+prefill kernels at 38% of a 53.0 ms forward at 16k (5.0 ms a layer), where the same model with random
+weights (lab/model_layout.py, lab/results/2026-12-07g_h100-visit/) took 3.5 ms a layer; cuDNN's took 4.1-4.3
+in both. spec_max is the kernel's data-dependent step: from a tile's block 1 on, a block's exps are taken
+against the rows' maxima as they stand, and if any thread's sum of a row's exps passes 2^8 anywhere in the
+64-row warpgroup, S_j is computed again from K_j and the full step runs (a second QK^T GEMM, the P V
+waited for). A query that finds its match far above every earlier key (recall, induction, retrieval heads)
+fails it.
+
+The replay, per (batch, head) and causal prefill: tiles of BLOCK_M rows (64-row warpgroups), blocks of
+BLOCK_N keys, block 0 a full step; each later block the vote (a thread holds the columns 8 (i / 4) +
+2 t + i % 2 of its two rows, t its place in the quad), then on failure the full step with lazy rescaling
+(a maximum moves only when the block's is more than 2^8 above it in exp2's domain). It reports the
+fraction of (warpgroup, block >= 1) steps that fail.
+
+    PYTHONPATH=. python3 lab/spec_vote.py [MODEL_DIR] [OUT.json]
+
+MODEL_DIR: a recall model saved by lab/recall_exp.py (SAVE=DIR); without it, the rows on random inputs
+and on the recall architecture with random weights alone.
+"""
+import json
+import math
+import sys
+
+import torch
+
+BLOCK_M, BLOCK_N, RESCALE_LOG2 = 128, 128, 8.0
+
+
+def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure: bool = False) -> tuple[int, int]:
+    """(failed, speculative steps) over one head's causal prefill; q, k: (seqlen, d) fp32.
+    until_failure: a warpgroup stops speculating for the rest of its tile at its first failed vote
+    (lab/pending/spec-until-fail.patch), and its later blocks take the full step."""
+    seqlen = q.shape[0]
+    scores = q @ k.T
+    scale_log2 = scale * math.log2(math.e)
+    t_of_column = (torch.arange(BLOCK_N) % 8) // 2  # the quad thread that holds a column
+    failed = steps = 0
+    for m0 in range(0, seqlen, BLOCK_M):
+        for g0 in range(m0, min(m0 + BLOCK_M, seqlen), 64):
+            rows = torch.arange(g0, min(g0 + 64, seqlen))
+            n_blocks = math.ceil(min(seqlen, m0 + BLOCK_M) / BLOCK_N)  # the tile's blocks (its last row's)
+            row_max = torch.full((len(rows),), -math.inf)
+            speculate = True
+            for j in range(n_blocks):
+                cols = torch.arange(j * BLOCK_N, min((j + 1) * BLOCK_N, seqlen))
+                s = scores[rows][:, cols]
+                s = torch.where(cols[None, :] <= rows[:, None], s, torch.tensor(-math.inf))
+                if j > 0 and speculate:
+                    steps += 1
+                    no_max = row_max == -math.inf
+                    offset = torch.where(no_max, 0.0, row_max * scale_log2)
+                    p = torch.exp2(s * scale_log2 - offset[:, None])
+                    sums = torch.zeros(len(rows), 4).index_add_(1, t_of_column[:len(cols)], p)
+                    small = (sums <= 2 ** RESCALE_LOG2) & (~no_max[:, None] | (sums == 0))
+                    if bool(small.all()):
+                        continue
+                    failed += 1
+                    speculate = not until_failure
+                block_max = torch.maximum(row_max, s.max(dim=1).values)
+                moves = (row_max == -math.inf) | ((block_max - row_max) * scale_log2 > RESCALE_LOG2)
+                row_max = torch.where(moves, block_max, row_max)
+    return failed, steps
+
+
+def rate(pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> dict:
+    """Over every (warpgroup, block >= 1) of the heads' prefills: the share of speculative steps whose
+    vote fails, as the kernel speculates today; and, stopping at a tile's first failure, the share of
+    blocks that still speculate (and pass) and of blocks whose vote fails."""
+    blocks = failed = until_failed = until_steps = 0
+    for q, k in pairs:
+        f, s = vote_failures(q.float(), k.float(), scale)
+        uf, us = vote_failures(q.float(), k.float(), scale, until_failure=True)
+        blocks, failed, until_failed, until_steps = blocks + s, failed + f, until_failed + uf, until_steps + us
+    share = lambda n: round(n / max(blocks, 1), 4)  # noqa: E731
+    return {"blocks": blocks, "failed": share(failed),
+            "until_failure": {"speculated": share(until_steps - until_failed), "failed": share(until_failed)}}
+
+
+def captured_qk(model, ids: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each layer's (q, k) per (batch, query head) after RoPE, k that head's KV head, through an attention
+    function registered with transformers that records them and then runs SDPA."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layers: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def record(module, query, key, value, attention_mask, **kwargs):
+        ratio = query.shape[1] // key.shape[1]
+        layers.append([(query[b, h], key[b, h // ratio]) for b in range(query.shape[0])
+                       for h in range(query.shape[1])])
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("spec_vote_record", record)
+    model.set_attn_implementation("spec_vote_record")
+    with torch.no_grad():
+        model(ids)
+    return layers
+
+
+def main() -> None:
+    from flashtune.measure.recall_model import RecallTask
+    torch.manual_seed(0)
+    out: dict = {"block_m": BLOCK_M, "block_n": BLOCK_N, "rows": []}
+    for d in (64, 128):
+        for seqlen in (2048,):
+            pairs = [(torch.randn(seqlen, d), torch.randn(seqlen, d)) for _ in range(4)]
+            row = {"inputs": f"random normal, d {d}", "seqlen": seqlen, **rate(pairs, d ** -0.5)}
+            out["rows"].append(row)
+            print(row, flush=True)
+    model_dir = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None
+    if model_dir:
+        import transformers
+        model = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        cfg = model.config
+        task = RecallTask(keys=(cfg.vocab_size - 1) // 2, values=(cfg.vocab_size - 1) // 2)
+        for trained in (True, False):
+            if not trained:  # the same architecture with its initial weights' scale
+                model = transformers.LlamaForCausalLM._from_config(cfg, torch_dtype=torch.float32).eval()
+            for seqlen in (512, 2048):
+                ids, _ = task.sample(2, seqlen, torch.Generator().manual_seed(10_000 + seqlen))
+                for layer, pairs in enumerate(captured_qk(model, ids)):
+                    row = {"inputs": f"recall model {'trained' if trained else 'random weights'}, layer {layer}",
+                           "seqlen": seqlen, **rate(pairs, cfg.head_dim ** -0.5)}
+                    out["rows"].append(row)
+                    print(row, flush=True)
+    if len(sys.argv) > 2:
+        json.dump(out, open(sys.argv[2], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
