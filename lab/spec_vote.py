@@ -31,15 +31,17 @@ import torch
 BLOCK_M, BLOCK_N, RESCALE_LOG2 = 128, 128, 8.0
 
 
-def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure: bool = False) -> tuple[int, int]:
-    """(failed, speculative steps) over one head's causal prefill; q, k: (seqlen, d) fp32.
-    until_failure: a warpgroup stops speculating for the rest of its tile at its first failed vote
-    (lab/pending/spec-until-fail.patch), and its later blocks take the full step."""
+def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure: bool = False) -> tuple[int, int, int]:
+    """(failed, speculative steps, failed with an exp that overflowed) over one head's causal prefill;
+    q, k: (seqlen, d) fp32. until_failure: a warpgroup stops speculating for the rest of its tile at
+    its first failed vote (lab/pending/spec-until-fail.patch), and its later blocks take the full step.
+    A failed vote without an overflow (or a row without a maximum that sees a key) is one that
+    lab/pending/spec-recover.patch mends from the exps themselves, without computing S again."""
     seqlen = q.shape[0]
     scores = q @ k.T
     scale_log2 = scale * math.log2(math.e)
     t_of_column = (torch.arange(BLOCK_N) % 8) // 2  # the quad thread that holds a column
-    failed = steps = 0
+    failed = steps = overflowed = 0
     for m0 in range(0, seqlen, BLOCK_M):
         for g0 in range(m0, min(m0 + BLOCK_M, seqlen), 64):
             rows = torch.arange(g0, min(g0 + 64, seqlen))
@@ -61,23 +63,27 @@ def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure:
                         continue
                     failed += 1
                     speculate = not until_failure
+                    overflowed += int(bool((~torch.isfinite(p)).any() or (sums > 3.0e38).any()
+                                           or (no_max & (p.amax(dim=1) > 0)).any()))
                 block_max = torch.maximum(row_max, s.max(dim=1).values)
                 moves = (row_max == -math.inf) | ((block_max - row_max) * scale_log2 > RESCALE_LOG2)
                 row_max = torch.where(moves, block_max, row_max)
-    return failed, steps
+    return failed, steps, overflowed
 
 
 def rate(pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> dict:
     """Over every (warpgroup, block >= 1) of the heads' prefills: the share of speculative steps whose
-    vote fails, as the kernel speculates today; and, stopping at a tile's first failure, the share of
-    blocks that still speculate (and pass) and of blocks whose vote fails."""
-    blocks = failed = until_failed = until_steps = 0
+    vote fails, as the kernel speculates today, and of those with an exp that overflowed (which only
+    S computed again mends); and, stopping at a tile's first failure, the share of blocks that still
+    speculate (and pass) and of blocks whose vote fails."""
+    blocks = failed = overflowed = until_failed = until_steps = 0
     for q, k in pairs:
-        f, s = vote_failures(q.float(), k.float(), scale)
-        uf, us = vote_failures(q.float(), k.float(), scale, until_failure=True)
-        blocks, failed, until_failed, until_steps = blocks + s, failed + f, until_failed + uf, until_steps + us
+        f, s, o = vote_failures(q.float(), k.float(), scale)
+        uf, us, _ = vote_failures(q.float(), k.float(), scale, until_failure=True)
+        blocks, failed, overflowed = blocks + s, failed + f, overflowed + o
+        until_failed, until_steps = until_failed + uf, until_steps + us
     share = lambda n: round(n / max(blocks, 1), 4)  # noqa: E731
-    return {"blocks": blocks, "failed": share(failed),
+    return {"blocks": blocks, "failed": share(failed), "failed with an overflow": share(overflowed),
             "until_failure": {"speculated": share(until_steps - until_failed), "failed": share(until_failed)}}
 
 
