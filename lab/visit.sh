@@ -100,7 +100,7 @@
 #                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
 #                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
 #   gpu-spec      the sm90 prefill's GPU tests (ops, prefill variants, KV cache, head dims) under $FLASHTUNE_PROFILE
-#                 (default h200): what a change to the mainloop (spec-until-fail.patch) must pass
+#                 (default h200): what a change to the mainloop (lab/pending/spec-*.patch) must pass
 #   model-layout-trained  lab/model_layout.py's recall forward, random weights beside the bench's trained ones
 #                 (trains them first, ~100 s): flashtune beside cuDNN, each kernel's total (spec_max's vote)
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
