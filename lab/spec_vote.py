@@ -87,9 +87,10 @@ def rate(pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> dict:
             "until_failure": {"speculated": share(until_steps - until_failed), "failed": share(until_failed)}}
 
 
-def captured_qk(model, ids: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Each layer's (q, k) per (batch, query head) after RoPE, k that head's KV head, through an attention
-    function registered with transformers that records them and then runs SDPA."""
+def captured_qk(model, ids: torch.Tensor, values: bool = False) -> list[list[tuple[torch.Tensor, ...]]]:
+    """Each layer's (q, k) per (batch, query head) after RoPE, k that head's KV head (and v, with
+    values), through an attention function registered with transformers that records them and then
+    runs SDPA."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -97,8 +98,8 @@ def captured_qk(model, ids: torch.Tensor) -> list[list[tuple[torch.Tensor, torch
 
     def record(module, query, key, value, attention_mask, **kwargs):
         ratio = query.shape[1] // key.shape[1]
-        layers.append([(query[b, h], key[b, h // ratio]) for b in range(query.shape[0])
-                       for h in range(query.shape[1])])
+        layers.append([(query[b, h], key[b, h // ratio]) + ((value[b, h // ratio],) if values else ())
+                       for b in range(query.shape[0]) for h in range(query.shape[1])])
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("spec_vote_record", record)
