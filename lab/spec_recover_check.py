@@ -14,53 +14,40 @@ import sys
 
 import torch
 
-from spec_vote import BLOCK_M, BLOCK_N, RESCALE_LOG2, captured_qk
+from spec_vote import RESCALE_LOG2, captured_qk, lazy_max, speculative_exps, warpgroup_blocks
 
 
 def attention_as_the_patch(q, k, v, scale):
     """(out, lse, mended, recomputed) of one head's causal prefill, fp32, as the patched kernel computes it."""
-    seqlen, sl2 = q.shape[0], scale * math.log2(math.e)
-    scores = q @ k.T
-    out, lse = torch.empty(seqlen, v.shape[1]), torch.empty(seqlen)
-    t_of_column = (torch.arange(BLOCK_N) % 8) // 2
+    sl2 = scale * math.log2(math.e)
+    out, lse = torch.empty(q.shape[0], v.shape[1]), torch.empty(q.shape[0])
     mended = recomputed = 0
-    for m0 in range(0, seqlen, BLOCK_M):
-        for g0 in range(m0, min(m0 + BLOCK_M, seqlen), 64):
-            rows = torch.arange(g0, min(g0 + 64, seqlen))
-            m = torch.full((len(rows),), -math.inf)
-            l, o = torch.zeros(len(rows)), torch.zeros(len(rows), v.shape[1])
-            for j in range(math.ceil(min(seqlen, m0 + BLOCK_M) / BLOCK_N)):
-                cols = torch.arange(j * BLOCK_N, min((j + 1) * BLOCK_N, seqlen))
-                s = torch.where(cols[None, :] <= rows[:, None], scores[rows][:, cols], torch.tensor(-math.inf))
-                if j > 0:  # the speculative step
-                    no_max = m == -math.inf
-                    p = torch.exp2(s * sl2 - torch.where(no_max, 0.0, m * sl2)[:, None])
-                    sums = torch.zeros(len(rows), 4).index_add_(1, t_of_column[:len(cols)], p)
-                    if bool(((sums <= 2 ** RESCALE_LOG2) & (~no_max[:, None] | (sums == 0))).all()):
-                        l, o = l + p.sum(1), o + p @ v[cols]
-                        continue
-                    exact = (sums <= 3.0e38) & (~no_max[:, None] | (sums == 0))
-                    if bool(exact.all()):  # mended
-                        mended += 1
-                        largest = p.max(dim=1).values
-                        up = torch.where(largest > 2 ** RESCALE_LOG2, torch.log2(largest), torch.zeros(()))
-                        alpha = torch.exp2(-up)
-                        m = m + up / sl2
-                        p = p * alpha[:, None]
-                        l = (l + sums.sum(1)) * alpha
-                        o = o * alpha[:, None] + p @ v[cols]
-                        continue
-                    recomputed += 1
-                # the full step (lazy rescaling)
-                block_max = torch.maximum(m, s.max(dim=1).values)
-                moves = (m == -math.inf) | ((block_max - m) * sl2 > RESCALE_LOG2)
-                m_new = torch.where(moves, block_max, m)
-                m_scaled = torch.where(m_new == -math.inf, 0.0, m_new * sl2)
-                alpha = torch.where(moves & (m != -math.inf), torch.exp2(m * sl2 - m_scaled), torch.ones(()))
-                p = torch.exp2(s * sl2 - m_scaled[:, None])
-                l, o, m = l * alpha + p.sum(1), o * alpha[:, None] + p @ v[cols], m_new
-            out[rows] = o / l[:, None]
-            lse[rows] = m * scale + torch.log(l)
+    for rows, blocks in warpgroup_blocks(q @ k.T):
+        m = torch.full((len(rows),), -math.inf)
+        l, o = torch.zeros(len(rows)), torch.zeros(len(rows), v.shape[1])
+        for j, cols, s in blocks:
+            if j > 0:  # the speculative step
+                p, sums, stands, exact = speculative_exps(s, m, sl2)
+                if stands:
+                    l, o = l + p.sum(1), o + p @ v[cols]
+                    continue
+                if exact:  # mended
+                    mended += 1
+                    largest = p.max(dim=1).values
+                    up = torch.where(largest > 2 ** RESCALE_LOG2, torch.log2(largest), torch.zeros(()))
+                    alpha = torch.exp2(-up)
+                    m = m + up / sl2
+                    l = (l + sums.sum(1)) * alpha
+                    o = o * alpha[:, None] + (p * alpha[:, None]) @ v[cols]
+                    continue
+                recomputed += 1
+            m_new, moves = lazy_max(m, s, sl2)  # the full step
+            m_scaled = torch.where(m_new == -math.inf, 0.0, m_new * sl2)
+            alpha = torch.where(moves & (m != -math.inf), torch.exp2(m * sl2 - m_scaled), torch.ones(()))
+            p = torch.exp2(s * sl2 - m_scaled[:, None])
+            l, o, m = l * alpha + p.sum(1), o * alpha[:, None] + p @ v[cols], m_new
+        out[rows] = o / l[:, None]
+        lse[rows] = m * scale + torch.log(l)
     return out, lse, mended, recomputed
 
 

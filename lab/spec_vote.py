@@ -31,43 +31,66 @@ import torch
 BLOCK_M, BLOCK_N, RESCALE_LOG2 = 128, 128, 8.0
 
 
+def warpgroup_blocks(scores: torch.Tensor):
+    """The kernel's walk of one head's causal prefill: per 64-row warpgroup of each BLOCK_M-row tile,
+    (rows, blocks), blocks yielding (j, cols, s): block j's keys and their raw scores, masked to -inf
+    past each row's diagonal, in the order the mainloop takes them (block 0 holds key 0)."""
+    seqlen = scores.shape[0]
+    for m0 in range(0, seqlen, BLOCK_M):
+        for g0 in range(m0, min(m0 + BLOCK_M, seqlen), 64):
+            rows = torch.arange(g0, min(g0 + 64, seqlen))
+
+            def blocks(rows=rows, m0=m0):
+                for j in range(math.ceil(min(seqlen, m0 + BLOCK_M) / BLOCK_N)):  # the tile's last row's
+                    cols = torch.arange(j * BLOCK_N, min((j + 1) * BLOCK_N, seqlen))
+                    s = torch.where(cols[None, :] <= rows[:, None], scores[rows][:, cols], torch.tensor(-math.inf))
+                    yield j, cols, s
+            yield rows, blocks()
+
+
+def speculative_exps(s: torch.Tensor, row_max: torch.Tensor, scale_log2: float):
+    """softmax.cuh's speculative step on one block: (p, sums, stands, exact). p: the exps against the
+    maxima as they stand; sums: each quad thread's sum of its columns (a thread holds 8 (i / 4) + 2 t +
+    i % 2); stands: the warpgroup's vote passes; exact: no sum overflowed and no row without a maximum
+    saw a key (what spec-recover.patch needs to mend a failed vote from p)."""
+    no_max = row_max == -math.inf
+    p = torch.exp2(s * scale_log2 - torch.where(no_max, 0.0, row_max * scale_log2)[:, None])
+    t_of_column = (torch.arange(s.shape[1]) % 8) // 2
+    sums = torch.zeros(s.shape[0], 4).index_add_(1, t_of_column, p)
+    stands = bool(((sums <= 2 ** RESCALE_LOG2) & (~no_max[:, None] | (sums == 0))).all())
+    exact = bool(((sums <= 3.0e38) & (~no_max[:, None] | (sums == 0))).all())  # inf and NaN fail
+    return p, sums, stands, exact
+
+
+def lazy_max(row_max: torch.Tensor, s: torch.Tensor, scale_log2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full step's maxima (lazy rescaling: a row's moves only when the block's is more than 2^8
+    above it in exp2's domain, or from -inf): (new maxima, which moved)."""
+    block_max = torch.maximum(row_max, s.max(dim=1).values)
+    moves = (row_max == -math.inf) | ((block_max - row_max) * scale_log2 > RESCALE_LOG2)
+    return torch.where(moves, block_max, row_max), moves
+
+
 def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure: bool = False) -> tuple[int, int, int]:
     """(failed, speculative steps, failed with an exp that overflowed) over one head's causal prefill;
     q, k: (seqlen, d) fp32. until_failure: a warpgroup stops speculating for the rest of its tile at
     its first failed vote (lab/pending/spec-until-fail.patch), and its later blocks take the full step.
     A failed vote without an overflow (or a row without a maximum that sees a key) is one that
     lab/pending/spec-recover.patch mends from the exps themselves, without computing S again."""
-    seqlen = q.shape[0]
-    scores = q @ k.T
     scale_log2 = scale * math.log2(math.e)
-    t_of_column = (torch.arange(BLOCK_N) % 8) // 2  # the quad thread that holds a column
     failed = steps = overflowed = 0
-    for m0 in range(0, seqlen, BLOCK_M):
-        for g0 in range(m0, min(m0 + BLOCK_M, seqlen), 64):
-            rows = torch.arange(g0, min(g0 + 64, seqlen))
-            n_blocks = math.ceil(min(seqlen, m0 + BLOCK_M) / BLOCK_N)  # the tile's blocks (its last row's)
-            row_max = torch.full((len(rows),), -math.inf)
-            speculate = True
-            for j in range(n_blocks):
-                cols = torch.arange(j * BLOCK_N, min((j + 1) * BLOCK_N, seqlen))
-                s = scores[rows][:, cols]
-                s = torch.where(cols[None, :] <= rows[:, None], s, torch.tensor(-math.inf))
-                if j > 0 and speculate:
-                    steps += 1
-                    no_max = row_max == -math.inf
-                    offset = torch.where(no_max, 0.0, row_max * scale_log2)
-                    p = torch.exp2(s * scale_log2 - offset[:, None])
-                    sums = torch.zeros(len(rows), 4).index_add_(1, t_of_column[:len(cols)], p)
-                    small = (sums <= 2 ** RESCALE_LOG2) & (~no_max[:, None] | (sums == 0))
-                    if bool(small.all()):
-                        continue
-                    failed += 1
-                    speculate = not until_failure
-                    overflowed += int(bool((~torch.isfinite(p)).any() or (sums > 3.0e38).any()
-                                           or (no_max & (p.amax(dim=1) > 0)).any()))
-                block_max = torch.maximum(row_max, s.max(dim=1).values)
-                moves = (row_max == -math.inf) | ((block_max - row_max) * scale_log2 > RESCALE_LOG2)
-                row_max = torch.where(moves, block_max, row_max)
+    for rows, blocks in warpgroup_blocks(q @ k.T):
+        row_max = torch.full((len(rows),), -math.inf)
+        speculate = True
+        for j, _, s in blocks:
+            if j > 0 and speculate:
+                steps += 1
+                p, sums, stands, exact = speculative_exps(s, row_max, scale_log2)
+                if stands:
+                    continue
+                failed += 1
+                speculate = not until_failure
+                overflowed += int(not exact)
+            row_max, _ = lazy_max(row_max, s, scale_log2)
     return failed, steps, overflowed
 
 
