@@ -118,6 +118,25 @@ def test_scores_that_grow_along_the_keys(dtype, hdim, causal):
     _check(out, lse, q, k, v, causal)
 
 
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_keys_that_stand_out_after_blocks_of_ordinary_ones(hdim, causal):
+    """Random keys with a few 40x their size, spread along the sequence, as a trained model's
+    queries find one key far above the rest: a tile's speculative steps (spec_max) hold for the
+    blocks before the first such key and fail at it, and the blocks after it take the full step,
+    where the later such keys move the maxima again."""
+    from flashtune import flash_attn_func
+
+    sk = 2048
+    q = _rand(2, sk, 3, hdim, dtype=torch.bfloat16)
+    k = _rand(2, sk, 3, hdim, dtype=torch.float32)
+    k[:, [700, 1100, 1500, 1900]] *= 40  # blocks 5, 8, 11 and 14 of 128 keys (all 64-key blocks too)
+    k = k.bfloat16()
+    v = _rand(2, sk, 3, hdim, dtype=torch.bfloat16)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    _check(out, lse, q, k, v, causal)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_varlen_mixed_lengths(causal, hdim):

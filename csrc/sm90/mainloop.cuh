@@ -185,7 +185,12 @@ struct Mainloop {
   // Blocks 1 .. n_blocks - 1 of the tile: S_j with P_(j-1) V_(j-1) in one turn, S_j's softmax while
   // the P V runs (spec_max: against the maxima as they stand, and S_j again from K_j, still held,
   // where that fails), then P_j packed over P_(j-1)'s registers.
+  // spec_max speculates until the tile's first failed vote, then takes the full step: a trained
+  // model's queries that find their key far above every earlier one (recall, retrieval heads) fail
+  // it block after block, each failure a second QK^T GEMM with the P V waited for; random inputs
+  // never fail it. The vote is the warpgroup's, so `speculate` is uniform across it.
   __device__ __forceinline__ void middle_blocks(int n_blocks) {
+    bool speculate = true;
     for (int j = 1; j < n_blocks; ++j) {
       const int kv = kv_iter + j, stage = kv % T::kStages, prev = (kv - 1) % T::kStages;
       mbarrier_wait(&pipe().full_k[stage], (kv / T::kStages) & 1);
@@ -194,18 +199,22 @@ struct Mainloop {
       wgmma_wait<1>();
       fence_operands(acc_s);
       if constexpr (T::kSpecMax) {
-        if (softmax.speculative(acc_s, j, vote_barrier)) {
-          rescale = false;
-        } else {  // a maximum moved (or worse): S_j again, and the full step
-          fence_operands(acc_s);
-          wgmma_fence();
-          // K_j's slot address made anew: else the compiler keeps the turn's K descriptors (two
-          // registers each, for this rare path) live through the speculative step, and spills
-          issue_qk(opaque(k_tile(stage)));
-          wgmma_wait<0>();  // and P_(j-1) V_(j-1) with it
-          fence_operands(acc_s);
-          rescale = softmax.step(acc_s, j, alpha);
+        bool full_step = true;
+        if (speculate) {
+          if (softmax.speculative(acc_s, j, vote_barrier)) {
+            full_step = false;
+          } else {  // a maximum moved (or worse): S_j again, the full step, and no more speculation
+            speculate = false;
+            fence_operands(acc_s);
+            wgmma_fence();
+            // K_j's slot address made anew: else the compiler keeps the turn's K descriptors (two
+            // registers each, for this rare path) live through the speculative step, and spills
+            issue_qk(opaque(k_tile(stage)));
+            wgmma_wait<0>();  // and P_(j-1) V_(j-1) with it (groups complete in order)
+            fence_operands(acc_s);
+          }
         }
+        rescale = full_step ? softmax.step(acc_s, j, alpha) : false;
         release(&pipe().empty_k[stage]);
       } else {
         release(&pipe().empty_k[stage]);  // S_j is done: K_j's slot may take K_(j+stages)
