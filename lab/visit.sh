@@ -8,8 +8,9 @@
 #   gpu-h200, gpu-sm80   every GPU test under that profile, 16 pytest-xdist workers (the kernels they JIT build in parallel)
 #   verify-h200   flashtune verify --profile h200
 #   sanitize      compute-sanitizer memcheck, racecheck and synccheck on tools/sanitize_case.py h200
-#   ab-bf16, ab-fp16     the FA grid: today's h200 kernels, the release's and SDPA's cuDNN in one
-#                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own
+#   ab-bf16, ab-fp16     the FA grid: today's kernels, the release's and SDPA's cuDNN in one
+#                 process (lab/release_ab.py), JSON in $OUT; ab-bf16-2 etc.: another round, files of its own;
+#                 AB_PROFILE (h200) the profile, AB_ARGS more bench options (e.g. "--hdims 128")
 #   decode-smoke  lab/decode_smoke.py under h200 (a minute: a few decode kernels and cases)
 #   decode-64, decode-128, decode-256   flashtune bench --decode for that head dim (h200), JSON and plot
 #   fa-grid       issue 35's prefill grid: bench --profile h200 beside cuDNN, bf16, two runs; fa-grid-more: fp16
@@ -103,6 +104,9 @@
 #                 (default h200): what a change to the mainloop (lab/pending/spec-*.patch) must pass
 #   model-layout-trained  lab/model_layout.py's recall forward, random weights beside the bench's trained ones
 #                 (trains them first, ~100 s): flashtune beside cuDNN, each kernel's total (spec_max's vote)
+#   spec-ab       lab/spec_ab.py: the trained recall model's captured attention inputs (and random ones of their shape),
+#                 today's prefill beside each SPEC_AB_TREES tree (lab/make_release.sh COMMIT NAME; default: main
+#                 untilfail) and cuDNN, under SPEC_AB_PROFILE (h100): time and error against fp32 (spec_max's vote)
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (MODEL_LENGTHS and MODEL_BACKENDS others)
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
@@ -176,7 +180,7 @@ run() {  # run NAME MAX_SECONDS CMD...: bounded by MAX_SECONDS and by the visit'
 }
 ab() {  # ab DTYPE [ROUND]
   local tag=$1${2:+_$2}
-  run ab-$tag 240 python3 lab/release_ab.py h200 bench --profile h200 --dtype $1 \
+  run ab-$tag 240 python3 lab/release_ab.py ${AB_PROFILE:-h200} bench --profile ${AB_PROFILE:-h200} --dtype $1 ${AB_ARGS:-} \
     --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_$tag.json"
 }
 sm80_grid() {  # issue 35's sm80 bar: the FA grid under h200-sm80 beside SDPA flash
@@ -314,6 +318,12 @@ for step in "$@"; do case $step in
   read-floor) run read-floor 120 python3 lab/read_floor.py "$OUT/read_floor.json" ;;
   model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
   model-layout-trained) run model-layout-trained 420 python3 lab/model_layout.py - "$OUT/model_layout_trained.json" trained ;;
+  spec-ab) trees=${SPEC_AB_TREES:-main untilfail}; profile=${SPEC_AB_PROFILE:-h100}
+         flags="--profile $profile --dtypes bfloat16 --hdims 128 --no-decode --no-backward --no-narrow --jobs 6"
+         run spec-ab-build 240 bash -c "python3 -m flashtune build $flags & for n in $trees; do
+           env PYTHONPATH=$PWD/lab/\$n-src:$PWD FLASHTUNE_\${n^^}_CACHE_DIR=/tmp/ftc-\$n python3 -m flashtune_\$n build $flags &
+           done; wait"
+         run spec-ab 360 python3 lab/spec_ab.py $profile "$OUT/spec_ab.json" $trees ;;
   model-layout-h200) run model-layout-h200 240 python3 lab/model_layout.py h200 "$OUT/model_layout_h200.json" ;;
   recall-recipes) run recall-recipes 480 python3 lab/recall_recipes.py "$OUT/recall_recipes.json" first before repeat ;;
   cupti-host) run cupti-host 60 python3 lab/cupti_host.py
