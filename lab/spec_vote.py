@@ -52,7 +52,7 @@ def speculative_exps(s: torch.Tensor, row_max: torch.Tensor, scale_log2: float):
     """softmax.cuh's speculative step on one block: (p, sums, stands, exact). p: the exps against the
     maxima as they stand; sums: each quad thread's sum of its columns (a thread holds 8 (i / 4) + 2 t +
     i % 2); stands: the warpgroup's vote passes; exact: no sum overflowed and no row without a maximum
-    saw a key (what spec-recover.patch needs to mend a failed vote from p)."""
+    saw a key (what mending a failed vote from p needed: docs/experiments.md, the spec-recover row)."""
     no_max = row_max == -math.inf
     p = torch.exp2(s * scale_log2 - torch.where(no_max, 0.0, row_max * scale_log2)[:, None])
     t_of_column = (torch.arange(s.shape[1]) % 8) // 2
@@ -73,9 +73,9 @@ def lazy_max(row_max: torch.Tensor, s: torch.Tensor, scale_log2: float) -> tuple
 def vote_failures(q: torch.Tensor, k: torch.Tensor, scale: float, until_failure: bool = False) -> tuple[int, int, int]:
     """(failed, speculative steps, failed with an exp that overflowed) over one head's causal prefill;
     q, k: (seqlen, d) fp32. until_failure: a warpgroup stops speculating for the rest of its tile at
-    its first failed vote (lab/pending/spec-until-fail.patch), and its later blocks take the full step.
-    A failed vote without an overflow (or a row without a maximum that sees a key) is one that
-    lab/pending/spec-recover.patch mends from the exps themselves, without computing S again."""
+    its first failed vote, and its later blocks take the full step (the kernel since 2026-12-07; without
+    it, the kernel before). A failed vote without an overflow (or a row without a maximum that sees a
+    key) is one that the spec-recover experiment (docs/experiments.md) mended from the exps."""
     scale_log2 = scale * math.log2(math.e)
     failed = steps = overflowed = 0
     for rows, blocks in warpgroup_blocks(q @ k.T):
