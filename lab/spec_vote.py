@@ -20,15 +20,19 @@ fraction of (warpgroup, block >= 1) steps that fail.
     PYTHONPATH=. python3 lab/spec_vote.py [MODEL_DIR] [OUT.json]
 
 MODEL_DIR: a recall model saved by lab/recall_exp.py (SAVE=DIR); without it, the rows on random inputs
-and on the recall architecture with random weights alone.
+and on the recall architecture with random weights alone. RESCALE_LOG2=N replays a bound of 2^N in place
+of the kernels' 2^8.
 """
 import json
 import math
+import os
 import sys
 
 import torch
 
-BLOCK_M, BLOCK_N, RESCALE_LOG2 = 128, 128, 8.0
+BLOCK_M, BLOCK_N = 128, 128
+# lazy rescaling's bound (and the vote's), log2: the kernels' 2^8 unless RESCALE_LOG2=N asks another
+RESCALE_LOG2 = float(os.environ.get("RESCALE_LOG2", 8))
 
 
 def warpgroup_blocks(scores: torch.Tensor):

@@ -22,7 +22,8 @@ namespace sm90 {
 //   persistent    one CTA per SM loops over the tiles (causal and varlen ones from a counter)
 //   lazy_rescale  a row keeps its running maximum until a block's exceeds it by more than 2^8
 //   spec_max      from block 1 on, a block's exps are taken against the maxima as they stand;
-//                 S is computed again in the rare block that moves one
+//                 S is computed again in a block that moves one, and the tile takes the full
+//                 step from then on
 //   tma_store     O is staged in shared memory (stmatrix) and stored by the TMA; else each thread
 //                 stores 16-byte chunks (and varlen calls always do)
 //   defer         a tile's epilogue runs under the next tile's S_0 (brings a second Q buffer)
