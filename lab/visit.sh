@@ -101,12 +101,12 @@
 #                 and 16k) in the kernel grid under h100 and under h200, beside cuDNN: was its TTFT of 0.94x SDPA's
 #                 default (2026-12-07d, under h200) h200's 128x176 tile on an H100?
 #   gpu-spec      the sm90 prefill's GPU tests (ops, prefill variants, KV cache, head dims) under $FLASHTUNE_PROFILE
-#                 (default h200): what a change to the mainloop (lab/pending/spec-*.patch) must pass
+#                 (default h200): what a change to the mainloop or the softmax must pass
 #   model-layout-trained  lab/model_layout.py's recall forward, random weights beside the bench's trained ones
 #                 (trains them first, ~100 s): flashtune beside cuDNN, each kernel's total (spec_max's vote)
 #   spec-ab       lab/spec_ab.py: the trained recall model's captured attention inputs (and random ones of their shape),
-#                 today's prefill beside each SPEC_AB_TREES tree (lab/make_release.sh COMMIT NAME; default: main
-#                 untilfail) and cuDNN, under SPEC_AB_PROFILE (h100): time and error against fp32 (spec_max's vote)
+#                 today's prefill beside each SPEC_AB_TREES tree (lab/make_release.sh COMMIT NAME; default:
+#                 main) and cuDNN, under SPEC_AB_PROFILE (h100): time and error against fp32 (spec_max's vote)
 #   model-b1, model-b16   bench --model llama3-8b-like at full depth (32 layers), batch 1 or 16, 1k and 16k
 #                 (MODEL_LENGTHS and MODEL_BACKENDS others)
 #                 (1k/16k/64k at batch 1 ran past 590 s on an H100 on 2026-12-07); model-b1-64k: 64k at batch 1;
@@ -318,7 +318,7 @@ for step in "$@"; do case $step in
   read-floor) run read-floor 120 python3 lab/read_floor.py "$OUT/read_floor.json" ;;
   model-layout) run model-layout 240 python3 lab/model_layout.py - "$OUT/model_layout.json" ;;
   model-layout-trained) run model-layout-trained 420 python3 lab/model_layout.py - "$OUT/model_layout_trained.json" trained ;;
-  spec-ab) trees=${SPEC_AB_TREES:-main untilfail}; profile=${SPEC_AB_PROFILE:-h100}
+  spec-ab) trees=${SPEC_AB_TREES:-main}; profile=${SPEC_AB_PROFILE:-h100}
          flags="--profile $profile --dtypes bfloat16 --hdims 128 --no-decode --no-backward --no-narrow --jobs 6"
          run spec-ab-build 240 bash -c "python3 -m flashtune build $flags & for n in $trees; do
            env PYTHONPATH=$PWD/lab/\$n-src:$PWD FLASHTUNE_\${n^^}_CACHE_DIR=/tmp/ftc-\$n python3 -m flashtune_\$n build $flags &
