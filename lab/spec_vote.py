@@ -114,26 +114,33 @@ def rate(pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> dict:
             "until_failure": {"speculated": share(until_steps - until_failed), "failed": share(until_failed)}}
 
 
-def captured_qk(model, ids: torch.Tensor, values: bool = False) -> list[list[tuple[torch.Tensor, ...]]]:
-    """Each layer's (q, k) per (batch, query head) after RoPE, k that head's KV head (and v, with
-    values), through an attention function registered with transformers that records them and then
+def captured_layers(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each layer's (q, k, v) as transformers hands them to attention, (batch, heads, seqlen, d) after
+    RoPE, through an attention function registered with transformers that records them and then
     runs SDPA."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    layers: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    layers = []
 
     def record(module, query, key, value, attention_mask, **kwargs):
-        ratio = query.shape[1] // key.shape[1]
-        layers.append([(query[b, h], key[b, h // ratio]) + ((value[b, h // ratio],) if values else ())
-                       for b in range(query.shape[0]) for h in range(query.shape[1])])
+        layers.append((query, key, value))
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("spec_vote_record", record)
     model.set_attn_implementation("spec_vote_record")
     with torch.no_grad():
-        model(ids)
+        model(ids, use_cache=False, logits_to_keep=1)
     return layers
+
+
+def captured_qk(model, ids: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each layer's (q, k) per (batch, query head), k that head's KV head."""
+    pairs = []
+    for q, k, _ in captured_layers(model, ids):
+        ratio = q.shape[1] // k.shape[1]
+        pairs.append([(q[b, h], k[b, h // ratio]) for b in range(q.shape[0]) for h in range(q.shape[1])])
+    return pairs
 
 
 def main() -> None:
