@@ -386,8 +386,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     to need more than the GPU has (not run). `batch`: one batch size or several, each
     length run at each (rows in that order, each compared with the first backend at its own batch).
     Every row's clocks run before any profiler session (profile_rows says why); TTFT is the median
-    of `repeats` prefills after untimed ones (PREFILL_WARMUP_SECONDS), and generate is timed after a short
-    untimed one. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
+    of `repeats` prefills after untimed ones (PREFILL_WARMUP_SECONDS), and generate is timed after an
+    untimed one of the same length. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     batches = [batch] if isinstance(batch, int) else list(batch)
@@ -450,7 +450,9 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                             raise                # eager, whose step a CUDA graph could not capture on an H100
                         tokens = None
                         row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                    model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # its first call, untimed
+                    # untimed, at every cache length the timed call meets: SDPA's cuDNN builds a plan per
+                    # new length, which only the first such backend in the process would pay otherwise
+                    model.generate(ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False)
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
                         generated, gen_seconds = _timed(lambda: model.generate(
