@@ -80,6 +80,7 @@
 #                 without pingpong) and 192x64)
 #   fp8all-h100   the all-FP8 tests, then bench --profile h100 at hdim 128 (its all-FP8 tiles beside bf16 and cuDNN)
 #   fp8all-quick  the all-FP8 test without keys, then lab/fp8all_tiles.py (a visit with little time)
+#   fp8all-tiles  lab/fp8all_tiles.py alone
 #   fp8all-sanitize  the all-FP8 kernels built in parallel, then compute-sanitizer memcheck on tools/sanitize_case.py --fp8all
 #   fp8-ceiling   lab/power_clock.py --dtype e4m3 under h100 (FP8_PROFILE=h200 on an H200): bf16 and e4m3 matrix products (the two ceilings) beside
 #                 flashtune's bf16 and all-FP8 kernels (hdim 128 16k, hdim 256 8k), back to back with clock and power
@@ -452,6 +453,7 @@ for step in "$@"; do case $step in
   fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+  fp8all-tiles) run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
   fp8all-pv) FLASHTUNE_PROFILE=${FP8_PROFILE:-h100} run fp8all-pv-tests 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
          run bench-fp8all-pv 200 python3 -m flashtune bench --profile "${FP8_PROFILE:-h100}" --hdims 64,128,256 \
