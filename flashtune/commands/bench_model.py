@@ -450,8 +450,8 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                             raise                # eager, whose step a CUDA graph could not capture on an H100
                         tokens = None
                         row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                    # untimed, at every cache length the timed call meets: SDPA's cuDNN builds a plan per
-                    # new length, which only the first such backend in the process would pay otherwise
+                    # untimed, at every cache length the timed call meets: a backend that plans per shape
+                    # (SDPA's cuDNN) would otherwise pay each new length's plan in the first row only
                     model.generate(ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False)
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
