@@ -83,6 +83,31 @@ def test_a_decode_step_the_harness_cannot_run_is_the_row_status_and_the_row_goes
         assert r.top1_agreement == 1.0 and r.greedy_identical == [True, True]
 
 
+def test_generate_is_timed_before_a_capture_can_fail(monkeypatch, tiny_config):
+    """On an H100 the generate after eager's failed capture failed with the capture's own message, and
+    the row lost its generate columns too: generate now runs before the static-cache loop."""
+    import transformers
+
+    spoiled = []
+    real_generate = transformers.GenerationMixin.generate
+
+    def decode(*args, **kwargs):
+        spoiled.append(True)
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+
+    def generate(self, *args, **kwargs):
+        if spoiled and spoiled.pop():
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_bench, "static_decode", decode)
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", generate)
+    result = model_bench.run_model_bench(tiny_config, ["eager"], prefill=[24], batch=1, decode_steps=4,
+                                         dtype="float32", repeats=1, device="cpu")
+    (row,) = result.rows
+    assert row.status.startswith("ok; no static-cache decode:") and row.generate_tok_s > 0, row
+
+
 def test_busy_time_counts_overlapping_kernels_once():
     # a combine kernel launched as the split kernel's programmatic dependent runs inside its interval
     assert model_bench.busy_time([(0.0, 10.0), (2.0, 11.0), (11.0, 12.0), (20.0, 25.0), (21.0, 22.0)]) == 17.0

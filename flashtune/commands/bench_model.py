@@ -442,16 +442,10 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                         row.peak_mem_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
                     row.ttft_ms = 1e3 * statistics.median(ttfts)
                     logits = model(ids, logits_to_keep=keep).logits  # for the consistency columns
-                    try:
-                        tokens, step_seconds = static_decode(model, ids, decode_steps, graph=cuda)
-                        row.decode_tok_s = batch / max(step_seconds, 1e-9)
-                    except RuntimeError as e:  # a backend the harness cannot run: a forced SDPA backend
-                        if name == "flashtune":  # that takes no mask (flash), which a static cache needs;
-                            raise                # eager, whose step a CUDA graph could not capture on an H100
-                        tokens = None
-                        row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
-                    # untimed, at every cache length the timed call meets: a backend that plans per shape
-                    # (SDPA's cuDNN) would otherwise pay each new length's plan in the first row only
+                    # generate before the static-cache loop, whose CUDA graph capture may fail (eager's
+                    # step on an H100): whatever a failed capture leaves behind cannot reach generate's row.
+                    # Untimed first, at every cache length the timed call meets: a backend that plans per
+                    # shape (SDPA's cuDNN) would otherwise pay each new length's plan in the first row only
                     model.generate(ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False)
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
@@ -461,6 +455,14 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                         row.attention_host_us = 1e6 * statistics.median(host_seconds)
                     decode_seconds = gen_seconds - statistics.median(ttfts)
                     row.generate_tok_s = batch * (decode_steps - 1) / max(decode_seconds, 1e-9)
+                    try:
+                        tokens, step_seconds = static_decode(model, ids, decode_steps, graph=cuda)
+                        row.decode_tok_s = batch / max(step_seconds, 1e-9)
+                    except RuntimeError as e:  # a backend the harness cannot run: a forced SDPA backend
+                        if name == "flashtune":  # that takes no mask (flash), which a static cache needs;
+                            raise                # eager, whose step a CUDA graph could not capture on an H100
+                        tokens = None
+                        row.status = f"ok; no static-cache decode: {str(e).splitlines()[0][:160]}"
             except torch.cuda.OutOfMemoryError as e:  # this length does not fit this backend
                 row.status = f"out of memory: {str(e).splitlines()[0][:200]}"
                 _add(result, row, checkpoint, free=cuda)
