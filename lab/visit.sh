@@ -166,6 +166,8 @@
 #                 over 280 s compiling the rest under the sanitizer on 2026-12-07)
 #   mla           the sm90 kernels with V's own head dim (192/128, 128/64): test_v_head_dim_gpu.py under h200 (the kernel
 #                 that ran checked), then bench-mla's command (issue 38's bar: 192/128 at 1.0x cuDNN or more)
+#   eager-capture lab/eager_capture.py: the tracebacks of bench --model's eager row (its decode step's capture,
+#                 then generate) and the stream's state after the capture
 #   pack          every .txt log in $OUT into logs.tgz (the device returns at most 8 files a run)
 set -uo pipefail
 BUDGET=$1; shift
@@ -341,6 +343,7 @@ for step in "$@"; do case $step in
   model-b1-eager) run bench-model-b1-eager 590 python3 -m flashtune bench --model llama3-8b-like --prefill 1024,16384 \
            --batches 1 --decode-steps 256 --backends sdpa,eager,sdpa-math,flash-attn2 \
            --out "$OUT/bench-model_b1-eager.json" ;;
+  eager-capture) run eager-capture 120 python3 lab/eager_capture.py ;;
   model-b1|model-b16) b=${step#model-b}; lengths=${MODEL_LENGTHS:-1024,16384}
          run bench-model-b$b 590 python3 -m flashtune bench --model llama3-8b-like --prefill $lengths \
            --batches $b --decode-steps 256 --backends ${MODEL_BACKENDS:-sdpa,flashtune,sdpa-cudnn,sdpa-flash} \
