@@ -186,6 +186,9 @@ ab() {  # ab DTYPE [ROUND]
   run ab-$tag 240 python3 lab/release_ab.py ${AB_PROFILE:-h200} bench --profile ${AB_PROFILE:-h200} --dtype $1 ${AB_ARGS:-} \
     --backends flashtune,release,sdpa-cudnn --out "$OUT/ab_$tag.json"
 }
+fp8all_tiles() {  # issue 36: all-FP8 tiles outside the profile beside bf16, one process
+  run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json"
+}
 sm80_grid() {  # issue 35's sm80 bar: the FA grid under h200-sm80 beside SDPA flash
   run bench-fa-grid-sm80 280 python3 -m flashtune bench --profile h200-sm80 --backends flashtune,sdpa-flash \
     --out "$OUT/bench-fa-grid_sm80.json"
@@ -455,8 +458,8 @@ for step in "$@"; do case $step in
          run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
   fp8all-quick) FLASHTUNE_PROFILE=lab/profiles/h100-fp8all.yaml run fp8all-nokeys 60 python3 -m pytest -q --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py -k without_keys
-         run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
-  fp8all-tiles) run fp8all-tiles 150 python3 lab/fp8all_tiles.py "$OUT/fp8all_tiles.json" ;;
+         fp8all_tiles ;;
+  fp8all-tiles) fp8all_tiles ;;
   fp8all-pv) FLASHTUNE_PROFILE=${FP8_PROFILE:-h100} run fp8all-pv-tests 240 python3 -m pytest -q -n 16 --tb=short \
            -p no:cacheprovider tests/test_fp8_all_gpu.py tests/test_fp8_gpu.py
          run bench-fp8all-pv 200 python3 -m flashtune bench --profile "${FP8_PROFILE:-h100}" --hdims 64,128,256 \

@@ -387,7 +387,7 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
     length run at each (rows in that order, each compared with the first backend at its own batch).
     Every row's clocks run before any profiler session (profile_rows says why); TTFT is the median
     of `repeats` prefills after untimed ones (PREFILL_WARMUP_SECONDS), and generate is timed after an
-    untimed one of the same length. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
+    untimed one of the same length, both before the static-cache loop. `shares`: the attention-share columns, from the profiler (default: on a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     batches = [batch] if isinstance(batch, int) else list(batch)
@@ -446,11 +446,13 @@ def run_model_bench(model_name: str, backends: list[str], prefill: list[int], ba
                     # step on an H100): whatever a failed capture leaves behind cannot reach generate's row.
                     # Untimed first, at every cache length the timed call meets: a backend that plans per
                     # shape (SDPA's cuDNN) would otherwise pay each new length's plan in the first row only
-                    model.generate(ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False)
+                    def generate():
+                        return model.generate(ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps,
+                                              do_sample=False)
+                    generate()
                     host_seconds: list[float] = []
                     with _decode_attention_host_time(model, impl, host_seconds):
-                        generated, gen_seconds = _timed(lambda: model.generate(
-                            ids, max_new_tokens=decode_steps, min_new_tokens=decode_steps, do_sample=False), device)
+                        generated, gen_seconds = _timed(generate, device)
                     if host_seconds:
                         row.attention_host_us = 1e6 * statistics.median(host_seconds)
                     decode_seconds = gen_seconds - statistics.median(ttfts)
